@@ -1,0 +1,305 @@
+//! Configuration: one `Config` whose `Default` holds every default in one place. A TOML file
+//! (`--config FILE`) overrides the defaults, and command-line flags override the file. Short flags
+//! follow memcached and MemcacheDB (`-p -l -c -t -I -H -N -v`).
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use clap::{ArgAction, Parser, ValueEnum};
+use serde::Deserialize;
+
+/// When a committed write reaches the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SyncMode {
+    /// Every reply is sent only after the write it acknowledges is fsynced.
+    Always,
+    /// Commits are not fsynced; a timer fsyncs every `sync_interval_ms`.
+    Periodic,
+    /// Commits are not fsynced; the OS writes pages back when it likes.
+    Never,
+}
+
+impl fmt::Display for SyncMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SyncMode::Always => "always",
+            SyncMode::Periodic => "periodic",
+            SyncMode::Never => "never",
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// memcached text protocol port; 0 disables it.
+    pub port: u16,
+    /// Redis RESP port; 0 disables it.
+    pub resp_port: u16,
+    /// Address both ports listen on.
+    pub listen: String,
+    /// Most client connections served at once; the next one is told and closed.
+    pub max_connections: usize,
+    /// Worker threads running event loops; 0 means one per core.
+    pub threads: usize,
+    /// Largest value accepted, in bytes (suffixes k, m, g in the file and on the command line).
+    #[serde(deserialize_with = "de_size")]
+    pub max_item_size: u64,
+    /// Directory holding the LMDB environment.
+    pub data_dir: PathBuf,
+    /// always | periodic | never.
+    pub sync: SyncMode,
+    /// fsync interval for `sync = "periodic"`.
+    pub sync_interval_ms: u64,
+    /// LMDB map size: the most data the store can hold. The file grows only as it is used.
+    #[serde(deserialize_with = "de_size")]
+    pub map_size: u64,
+    /// Most write requests the writer applies in one transaction.
+    pub max_batch: usize,
+    /// Verbosity: 0 warnings, 1 info, 2 debug, 3 trace.
+    pub verbosity: u8,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            port: 11211,
+            resp_port: 6380,
+            listen: "127.0.0.1".to_string(),
+            max_connections: 1024,
+            threads: 0,
+            max_item_size: 1024 * 1024,
+            data_dir: PathBuf::from("./data"),
+            sync: SyncMode::Always,
+            sync_interval_ms: 1000,
+            map_size: 64 << 30,
+            max_batch: 1024,
+            verbosity: 0,
+        }
+    }
+}
+
+/// Command-line flags. Every option is optional so that an absent flag leaves the config file's
+/// (or the default) value in place.
+#[derive(Debug, Parser)]
+#[command(name = "memkeep", version, about = "A persistent memcached- and Redis-compatible cache on LMDB")]
+pub struct Cli {
+    /// TOML configuration file; flags given here override it.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// memcached text protocol TCP port (0 disables) [default: 11211]
+    #[arg(short = 'p', long)]
+    pub port: Option<u16>,
+    /// Redis RESP TCP port (0 disables) [default: 6380]
+    #[arg(long)]
+    pub resp_port: Option<u16>,
+    /// Listen address [default: 127.0.0.1]
+    #[arg(short = 'l', long)]
+    pub listen: Option<String>,
+    /// Maximum simultaneous connections [default: 1024]
+    #[arg(short = 'c', long)]
+    pub max_connections: Option<usize>,
+    /// Worker threads (0 = number of cores) [default: 0]
+    #[arg(short = 't', long)]
+    pub threads: Option<usize>,
+    /// Maximum item size, e.g. 1m, 512k [default: 1m]
+    #[arg(short = 'I', long, value_parser = parse_size)]
+    pub max_item_size: Option<u64>,
+    /// Data directory (LMDB environment home) [default: ./data]
+    #[arg(short = 'H', long)]
+    pub data_dir: Option<PathBuf>,
+    /// Sync mode [default: always]
+    #[arg(long, value_enum)]
+    pub sync: Option<SyncMode>,
+    /// fsync interval in milliseconds for --sync periodic [default: 1000]
+    #[arg(long)]
+    pub sync_interval_ms: Option<u64>,
+    /// Do not fsync commits: the same as --sync never (MemcacheDB's -N)
+    #[arg(short = 'N', action = ArgAction::SetTrue)]
+    pub no_sync: bool,
+    /// LMDB map size, the store's capacity, e.g. 64g [default: 64g]
+    #[arg(long, value_parser = parse_size)]
+    pub map_size: Option<u64>,
+    /// Most writes committed in one transaction [default: 1024]
+    #[arg(long)]
+    pub max_batch: Option<usize>,
+    /// Verbose logging; repeat for more (-vv)
+    #[arg(short = 'v', action = ArgAction::Count)]
+    pub verbose: u8,
+    /// Test only: run on a frozen manual clock starting at this unix time in milliseconds,
+    /// moved by the `debug_advance_clock <seconds>` command.
+    #[arg(long, hide = true, value_name = "UNIX_MS")]
+    pub debug_clock: Option<u64>,
+}
+
+#[derive(Debug)]
+pub struct ConfigError(pub String);
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl Config {
+    /// Reads a TOML config file; unknown keys are errors so typos are caught.
+    pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError(format!("cannot read config file {}: {e}", path.display())))?;
+        Config::from_toml(&text)
+            .map_err(|e| ConfigError(format!("config file {}: {}", path.display(), e.0)))
+    }
+
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError(e.message().to_string()))
+    }
+
+    /// Defaults, then the config file if one is named, then the flags.
+    pub fn from_cli(cli: &Cli) -> Result<Config, ConfigError> {
+        let mut c = match &cli.config {
+            Some(path) => Config::from_file(path)?,
+            None => Config::default(),
+        };
+        macro_rules! take {
+            ($($field:ident),*) => { $( if let Some(v) = &cli.$field { c.$field = v.clone(); } )* };
+        }
+        take!(port, resp_port, listen, max_connections, threads, max_item_size, data_dir, sync,
+              sync_interval_ms, map_size, max_batch);
+        if cli.no_sync {
+            c.sync = SyncMode::Never;
+        }
+        if cli.verbose > 0 {
+            c.verbosity = cli.verbose;
+        }
+        c.validate()?;
+        Ok(c)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let err = |m: &str| Err(ConfigError(m.to_string()));
+        if self.max_connections == 0 {
+            return err("max_connections must be at least 1");
+        }
+        if self.max_item_size == 0 || self.max_item_size > 1 << 30 {
+            return err("max_item_size must be between 1 byte and 1g");
+        }
+        if self.map_size < 1 << 20 {
+            return err("map_size must be at least 1m");
+        }
+        if self.max_item_size.saturating_mul(2) > self.map_size {
+            return err("map_size must be at least twice max_item_size");
+        }
+        if self.max_batch == 0 {
+            return err("max_batch must be at least 1");
+        }
+        if self.sync == SyncMode::Periodic && self.sync_interval_ms == 0 {
+            return err("sync_interval_ms must be at least 1 with sync = periodic");
+        }
+        if self.port == 0 && self.resp_port == 0 {
+            return err("both ports are disabled: nothing to serve");
+        }
+        if self.port != 0 && self.port == self.resp_port {
+            return err("port and resp_port must differ");
+        }
+        Ok(())
+    }
+
+    /// Worker threads to start.
+    pub fn worker_threads(&self) -> usize {
+        if self.threads > 0 {
+            self.threads
+        } else {
+            std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+        }
+    }
+}
+
+/// Parses a byte size: a decimal number with an optional k/m/g suffix (powers of 1024).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (digits, mult) = match t.as_bytes().last() {
+        Some(b'k' | b'K') => (&t[..t.len() - 1], 1u64 << 10),
+        Some(b'm' | b'M') => (&t[..t.len() - 1], 1 << 20),
+        Some(b'g' | b'G') => (&t[..t.len() - 1], 1 << 30),
+        _ => (t, 1),
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| format!("invalid size '{s}': expected a number with an optional k, m or g suffix"))
+}
+
+fn de_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Size {
+        Num(u64),
+        Text(String),
+    }
+    match Size::deserialize(d)? {
+        Size::Num(n) => Ok(n),
+        Size::Text(s) => parse_size(&s).map_err(serde::de::Error::custom),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn example_config_file_equals_builtin_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("conf/memkeep.toml");
+        let from_file = Config::from_file(&path).expect("conf/memkeep.toml parses");
+        assert_eq!(from_file, Config::default());
+        // Every field must be spelled out in the example file, not left to the default.
+        let text = std::fs::read_to_string(&path).expect("read");
+        for key in [
+            "port", "resp_port", "listen", "max_connections", "threads", "max_item_size",
+            "data_dir", "sync", "sync_interval_ms", "map_size", "max_batch", "verbosity",
+        ] {
+            assert!(
+                text.lines().any(|l| l.trim_start().starts_with(&format!("{key} ="))),
+                "conf/memkeep.toml does not list {key}"
+            );
+        }
+    }
+
+    #[test]
+    fn flags_override_file_and_n_means_never() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("m.toml");
+        std::fs::write(&file, "port = 2000\nsync = \"periodic\"\nmax_item_size = \"2m\"\n").expect("write");
+        let cli = Cli::parse_from(["memkeep", "--config", file.to_str().expect("utf8"), "-p", "3000", "-N"]);
+        let c = Config::from_cli(&cli).expect("valid");
+        assert_eq!(c.port, 3000);
+        assert_eq!(c.sync, SyncMode::Never);
+        assert_eq!(c.max_item_size, 2 << 20);
+    }
+
+    #[test]
+    fn unknown_key_in_file_is_an_error() {
+        let e = Config::from_toml("prot = 1\n").expect_err("typo must fail");
+        assert!(e.0.contains("prot"), "{}", e.0);
+    }
+
+    #[test]
+    fn sizes_take_suffixes() {
+        assert_eq!(parse_size("1m"), Ok(1 << 20));
+        assert_eq!(parse_size("512k"), Ok(512 << 10));
+        assert_eq!(parse_size("100"), Ok(100));
+        assert!(parse_size("1x").is_err());
+        assert!(parse_size("").is_err());
+    }
+
+    #[test]
+    fn invalid_values_are_rejected() {
+        let cli = Cli::parse_from(["memkeep", "-c", "0"]);
+        assert!(Config::from_cli(&cli).is_err());
+        let cli = Cli::parse_from(["memkeep", "-p", "7000", "--resp-port", "7000"]);
+        assert!(Config::from_cli(&cli).is_err());
+    }
+}

@@ -1,0 +1,307 @@
+//! The rules of every write, as one match over `WriteOp`, pure apart from the `WriteView` it is
+//! given: the LMDB store and the in-memory model run exactly this code.
+//!
+//! memcached's rules: append/prepend keep the old flags and expiry; touch and gat keep the CAS
+//! unique; every other change takes a fresh one; incr wraps at 2^64, decr floors at 0, and a
+//! shorter result keeps the old length padded with spaces (as memcached's in-place update does).
+
+use crate::command::{KeyValue, Outcome, StoreMode, ValueOut, WriteOp};
+use crate::storage::{ItemMeta, Kind, StoreError, WriteView};
+
+/// memcached's REALTIME_MAXDELTA: exptimes up to 30 days are relative, larger are unix times.
+pub const REALTIME_MAXDELTA: i64 = 60 * 60 * 24 * 30;
+
+/// Absolute expiry in unix ms for a memcached exptime (0 = never; negative = already expired).
+pub fn expire_at(exptime: i64, now_ms: u64) -> u64 {
+    if exptime == 0 {
+        0
+    } else if exptime < 0 {
+        1
+    } else if exptime <= REALTIME_MAXDELTA {
+        now_ms.saturating_add(exptime as u64 * 1000)
+    } else {
+        (exptime as u64).saturating_mul(1000)
+    }
+}
+
+/// When a `flush_all <delay>` takes effect: None for now, else the future unix ms. The delay
+/// follows the exptime rule (relative up to 30 days, else a unix time).
+pub fn flush_deadline(delay: i64, now_ms: u64) -> Option<u64> {
+    let at = if delay <= 0 { 0 } else { expire_at(delay, now_ms) };
+    (at > now_ms).then_some(at)
+}
+
+/// What a write needs besides the store: the time and the size limit.
+#[derive(Debug, Clone, Copy)]
+pub struct Ctx {
+    pub now_ms: u64,
+    pub item_size_max: usize,
+}
+
+/// Applies one write. `Err` is a failure of the store; the caller decides what the client sees.
+pub fn apply<S: WriteView>(s: &mut S, op: &WriteOp, ctx: Ctx) -> Result<Outcome, StoreError> {
+    match op {
+        WriteOp::Store { mode, kv, flags, exptime, cas } => store(s, *mode, kv, *flags, *exptime, *cas, ctx),
+        WriteOp::Delete { key } => {
+            let live = live_meta(s, key, ctx.now_ms)?.is_some();
+            if s.delete(key)? && live { Ok(Outcome::Deleted) } else { Ok(Outcome::NotFound) }
+        }
+        WriteOp::Arith { key, incr, delta } => arith(s, key, *incr, *delta, ctx),
+        WriteOp::Touch { key, exptime } => {
+            if touch(s, key, expire_at(*exptime, ctx.now_ms), ctx.now_ms)?.is_some() {
+                Ok(Outcome::Touched)
+            } else {
+                Ok(Outcome::NotFound)
+            }
+        }
+        WriteOp::Gat { keys, exptime } => {
+            let at = expire_at(*exptime, ctx.now_ms);
+            let mut out = Vec::new();
+            for key in keys.split(|&b| b == b' ').filter(|k| !k.is_empty()) {
+                if let Some(v) = touch(s, key, at, ctx.now_ms)? {
+                    out.push(v);
+                }
+            }
+            Ok(Outcome::Values(out))
+        }
+        WriteOp::FlushAll { delay } => {
+            match flush_deadline(*delay, ctx.now_ms) {
+                None => s.clear()?,
+                Some(at) => s.schedule_flush(at)?,
+            }
+            Ok(Outcome::Done)
+        }
+    }
+}
+
+fn live_meta<S: WriteView>(s: &S, key: &[u8], now: u64) -> Result<Option<ItemMeta>, StoreError> {
+    Ok(s.get(key)?.map(|i| i.meta).filter(|m| !m.is_expired(now)))
+}
+
+fn store<S: WriteView>(
+    s: &mut S,
+    mode: StoreMode,
+    kv: &KeyValue,
+    flags: u32,
+    exptime: i64,
+    cas_in: u64,
+    ctx: Ctx,
+) -> Result<Outcome, StoreError> {
+    let key = kv.key();
+    let fresh = |s: &mut S| ItemMeta {
+        kind: Kind::String,
+        flags,
+        expire_at: expire_at(exptime, ctx.now_ms),
+        cas: s.next_cas(),
+    };
+    match mode {
+        StoreMode::Set => {}
+        StoreMode::Add => {
+            if live_meta(s, key, ctx.now_ms)?.is_some() {
+                return Ok(Outcome::NotStored);
+            }
+        }
+        StoreMode::Replace => {
+            if live_meta(s, key, ctx.now_ms)?.is_none() {
+                return Ok(Outcome::NotStored);
+            }
+        }
+        StoreMode::Cas => match live_meta(s, key, ctx.now_ms)? {
+            None => return Ok(Outcome::NotFound),
+            Some(m) if m.cas != cas_in => return Ok(Outcome::Exists),
+            Some(_) => {}
+        },
+        StoreMode::Append | StoreMode::Prepend => {
+            let Some(item) = s.get(key)?.filter(|i| !i.meta.is_expired(ctx.now_ms)) else {
+                return Ok(Outcome::NotStored);
+            };
+            if item.value.len() + kv.value().len() > ctx.item_size_max {
+                return Ok(Outcome::TooLarge);
+            }
+            let old = item.value.to_vec();
+            let mut meta = item.meta;
+            meta.cas = s.next_cas();
+            let parts: [&[u8]; 2] = if mode == StoreMode::Append {
+                [&old, kv.value()]
+            } else {
+                [kv.value(), &old]
+            };
+            s.put(key, &meta, &parts)?;
+            return Ok(Outcome::Stored);
+        }
+    }
+    let meta = fresh(s);
+    s.put(key, &meta, &[kv.value()])?;
+    Ok(Outcome::Stored)
+}
+
+/// Parses a stored counter as memcached does: optional surrounding whitespace, then decimal
+/// digits that fit a u64.
+pub fn parse_counter(v: &[u8]) -> Option<u64> {
+    let t = v.trim_ascii();
+    if t.is_empty() || t.len() > 20 || !t.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(t).ok()?.parse().ok()
+}
+
+fn arith<S: WriteView>(s: &mut S, key: &[u8], incr: bool, delta: u64, ctx: Ctx) -> Result<Outcome, StoreError> {
+    let Some(item) = s.get(key)?.filter(|i| !i.meta.is_expired(ctx.now_ms)) else {
+        return Ok(Outcome::NotFound);
+    };
+    let Some(n) = parse_counter(item.value) else {
+        return Ok(Outcome::NonNumeric);
+    };
+    let old_len = item.value.len();
+    let mut meta = item.meta;
+    let new = if incr { n.wrapping_add(delta) } else { n.saturating_sub(delta) };
+    let mut text = new.to_string().into_bytes();
+    if text.len() < old_len {
+        text.resize(old_len, b' ');
+    }
+    meta.cas = s.next_cas();
+    s.put(key, &meta, &[&text])?;
+    Ok(Outcome::Number(new))
+}
+
+/// Sets a live item's expiry, keeping its value and CAS; returns it, or None when absent.
+fn touch<S: WriteView>(s: &mut S, key: &[u8], at: u64, now: u64) -> Result<Option<ValueOut>, StoreError> {
+    let Some(item) = s.get(key)?.filter(|i| !i.meta.is_expired(now)) else {
+        return Ok(None);
+    };
+    let mut meta = item.meta;
+    let value = item.value.to_vec();
+    meta.expire_at = at;
+    s.put(key, &meta, &[&value])?;
+    Ok(Some(ValueOut { key: key.to_vec(), flags: meta.flags, cas: meta.cas, value }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::ReadView;
+    use crate::storage::model::ModelStore;
+
+    const NOW: u64 = 1_700_000_000_000;
+
+    fn ctx() -> Ctx {
+        Ctx { now_ms: NOW, item_size_max: 1024 }
+    }
+
+    fn set(s: &mut ModelStore, mode: StoreMode, k: &str, v: &str, exptime: i64, cas: u64) -> Outcome {
+        let op = WriteOp::Store { mode, kv: KeyValue::new(k.as_bytes(), v.as_bytes()), flags: 3, exptime, cas };
+        apply(s, &op, ctx()).expect("model never fails")
+    }
+
+    fn value(s: &ModelStore, k: &str) -> Option<Vec<u8>> {
+        s.get(k.as_bytes()).expect("get").filter(|i| !i.meta.is_expired(NOW)).map(|i| i.value.to_vec())
+    }
+
+    #[test]
+    fn exptime_rule_matches_memcached() {
+        assert_eq!(expire_at(0, NOW), 0);
+        assert_eq!(expire_at(-1, NOW), 1);
+        assert_eq!(expire_at(10, NOW), NOW + 10_000);
+        assert_eq!(expire_at(REALTIME_MAXDELTA, NOW), NOW + REALTIME_MAXDELTA as u64 * 1000);
+        assert_eq!(expire_at(REALTIME_MAXDELTA + 1, NOW), (REALTIME_MAXDELTA as u64 + 1) * 1000);
+    }
+
+    #[test]
+    fn add_and_replace_depend_on_a_live_item() {
+        let mut s = ModelStore::default();
+        assert_eq!(set(&mut s, StoreMode::Replace, "k", "a", 0, 0), Outcome::NotStored);
+        assert_eq!(set(&mut s, StoreMode::Add, "k", "a", 0, 0), Outcome::Stored);
+        assert_eq!(set(&mut s, StoreMode::Add, "k", "b", 0, 0), Outcome::NotStored);
+        assert_eq!(set(&mut s, StoreMode::Replace, "k", "c", 0, 0), Outcome::Stored);
+        assert_eq!(value(&s, "k"), Some(b"c".to_vec()));
+        // An expired item counts as absent.
+        assert_eq!(set(&mut s, StoreMode::Set, "e", "x", -1, 0), Outcome::Stored);
+        assert_eq!(set(&mut s, StoreMode::Add, "e", "y", 0, 0), Outcome::Stored);
+    }
+
+    #[test]
+    fn append_prepend_keep_flags_and_expiry() {
+        let mut s = ModelStore::default();
+        assert_eq!(set(&mut s, StoreMode::Append, "k", "x", 0, 0), Outcome::NotStored);
+        set(&mut s, StoreMode::Set, "k", "mid", 100, 0);
+        let before = s.get(b"k").expect("get").expect("present").meta;
+        let op = WriteOp::Store { mode: StoreMode::Append, kv: KeyValue::new(b"k", b">"), flags: 9, exptime: 0, cas: 0 };
+        assert_eq!(apply(&mut s, &op, ctx()).expect("ok"), Outcome::Stored);
+        set(&mut s, StoreMode::Prepend, "k", "<", 0, 0);
+        let after = s.get(b"k").expect("get").expect("present");
+        assert_eq!(after.value, b"<mid>");
+        assert_eq!(after.meta.flags, before.flags);
+        assert_eq!(after.meta.expire_at, before.expire_at);
+        assert!(after.meta.cas > before.cas);
+    }
+
+    #[test]
+    fn append_beyond_item_limit_is_refused() {
+        let mut s = ModelStore::default();
+        set(&mut s, StoreMode::Set, "k", &"a".repeat(1000), 0, 0);
+        assert_eq!(set(&mut s, StoreMode::Append, "k", &"b".repeat(100), 0, 0), Outcome::TooLarge);
+        assert_eq!(value(&s, "k").map(|v| v.len()), Some(1000));
+    }
+
+    #[test]
+    fn cas_checks_the_unique() {
+        let mut s = ModelStore::default();
+        assert_eq!(set(&mut s, StoreMode::Cas, "k", "a", 0, 1), Outcome::NotFound);
+        set(&mut s, StoreMode::Set, "k", "a", 0, 0);
+        let cas = s.get(b"k").expect("get").expect("present").meta.cas;
+        assert_eq!(set(&mut s, StoreMode::Cas, "k", "b", 0, cas + 1), Outcome::Exists);
+        assert_eq!(set(&mut s, StoreMode::Cas, "k", "b", 0, cas), Outcome::Stored);
+        assert_eq!(set(&mut s, StoreMode::Cas, "k", "c", 0, cas), Outcome::Exists);
+    }
+
+    #[test]
+    fn incr_wraps_decr_floors_and_pads() {
+        let mut s = ModelStore::default();
+        let arith = |s: &mut ModelStore, k: &str, incr, delta| {
+            apply(s, &WriteOp::Arith { key: k.as_bytes().to_vec(), incr, delta }, ctx()).expect("ok")
+        };
+        assert_eq!(arith(&mut s, "n", true, 1), Outcome::NotFound);
+        set(&mut s, StoreMode::Set, "n", "18446744073709551615", 0, 0);
+        assert_eq!(arith(&mut s, "n", true, 1), Outcome::Number(0));
+        set(&mut s, StoreMode::Set, "n", "5", 0, 0);
+        assert_eq!(arith(&mut s, "n", false, 9), Outcome::Number(0));
+        set(&mut s, StoreMode::Set, "n", "100", 0, 0);
+        assert_eq!(arith(&mut s, "n", false, 1), Outcome::Number(99));
+        assert_eq!(value(&s, "n"), Some(b"99 ".to_vec()));
+        assert_eq!(arith(&mut s, "n", true, 1), Outcome::Number(100));
+        set(&mut s, StoreMode::Set, "n", "x1", 0, 0);
+        assert_eq!(arith(&mut s, "n", true, 1), Outcome::NonNumeric);
+    }
+
+    #[test]
+    fn touch_and_gat_keep_cas_and_set_expiry() {
+        let mut s = ModelStore::default();
+        set(&mut s, StoreMode::Set, "k", "v", 0, 0);
+        let cas = s.get(b"k").expect("get").expect("present").meta.cas;
+        let out = apply(&mut s, &WriteOp::Gat { keys: b"k missing".to_vec(), exptime: 5 }, ctx()).expect("ok");
+        assert_eq!(out, Outcome::Values(vec![ValueOut { key: b"k".to_vec(), flags: 3, cas, value: b"v".to_vec() }]));
+        assert_eq!(s.get(b"k").expect("get").expect("present").meta.expire_at, NOW + 5000);
+        let t = apply(&mut s, &WriteOp::Touch { key: b"nope".to_vec(), exptime: 1 }, ctx()).expect("ok");
+        assert_eq!(t, Outcome::NotFound);
+    }
+
+    #[test]
+    fn delete_of_expired_item_is_not_found() {
+        let mut s = ModelStore::default();
+        set(&mut s, StoreMode::Set, "k", "v", -1, 0);
+        let d = apply(&mut s, &WriteOp::Delete { key: b"k".to_vec() }, ctx()).expect("ok");
+        assert_eq!(d, Outcome::NotFound);
+        set(&mut s, StoreMode::Set, "k", "v", 0, 0);
+        let d = apply(&mut s, &WriteOp::Delete { key: b"k".to_vec() }, ctx()).expect("ok");
+        assert_eq!(d, Outcome::Deleted);
+    }
+
+    #[test]
+    fn counters_parse_like_strtoull() {
+        assert_eq!(parse_counter(b"42"), Some(42));
+        assert_eq!(parse_counter(b"99 "), Some(99));
+        assert_eq!(parse_counter(b""), None);
+        assert_eq!(parse_counter(b"-1"), None);
+        assert_eq!(parse_counter(b"18446744073709551616"), None);
+    }
+}

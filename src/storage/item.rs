@@ -1,0 +1,158 @@
+//! Item codec: how one item (header + value) is laid out in the `items` database.
+//!
+//! ```text
+//! byte 0      format version (1)
+//! byte 1      kind (low nibble) | HAS_FLAGS 0x10 | HAS_EXPIRY 0x20
+//! bytes 2..10 cas, u64 little-endian
+//! [u32 LE]    client flags, only when HAS_FLAGS
+//! [u64 LE]    expire_at in unix ms, only when HAS_EXPIRY
+//! rest        the value
+//! ```
+//! Flags and expiry are usually 0, so the common header is 10 bytes: on-disk size matters
+//! for small values.
+
+use super::StoreError;
+
+pub const FORMAT_VERSION: u8 = 1;
+const HAS_FLAGS: u8 = 0x10;
+const HAS_EXPIRY: u8 = 0x20;
+const KIND_MASK: u8 = 0x0f;
+const BASE_LEN: usize = 10;
+/// Longest possible header.
+pub const MAX_HEADER: usize = BASE_LEN + 4 + 8;
+
+/// What an item holds. Only strings exist so far; RESP collections add kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    String = 0,
+}
+
+impl Kind {
+    fn from_u8(b: u8) -> Option<Kind> {
+        match b {
+            0 => Some(Kind::String),
+            _ => None,
+        }
+    }
+}
+
+/// Everything about an item except its value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ItemMeta {
+    pub kind: Kind,
+    pub flags: u32,
+    /// Absolute expiry in unix milliseconds; 0 = never.
+    pub expire_at: u64,
+    pub cas: u64,
+}
+
+impl ItemMeta {
+    pub fn is_expired(&self, now_ms: u64) -> bool {
+        self.expire_at != 0 && self.expire_at <= now_ms
+    }
+
+    pub fn header_len(&self) -> usize {
+        BASE_LEN
+            + if self.flags != 0 { 4 } else { 0 }
+            + if self.expire_at != 0 { 8 } else { 0 }
+    }
+
+    /// The encoded header: a buffer and how many of its bytes are used.
+    pub fn header(&self) -> ([u8; MAX_HEADER], usize) {
+        let mut out = [0u8; MAX_HEADER];
+        let mut tag = self.kind as u8;
+        if self.flags != 0 {
+            tag |= HAS_FLAGS;
+        }
+        if self.expire_at != 0 {
+            tag |= HAS_EXPIRY;
+        }
+        out[0] = FORMAT_VERSION;
+        out[1] = tag;
+        out[2..10].copy_from_slice(&self.cas.to_le_bytes());
+        let mut at = BASE_LEN;
+        if self.flags != 0 {
+            out[at..at + 4].copy_from_slice(&self.flags.to_le_bytes());
+            at += 4;
+        }
+        if self.expire_at != 0 {
+            out[at..at + 8].copy_from_slice(&self.expire_at.to_le_bytes());
+            at += 8;
+        }
+        (out, at)
+    }
+}
+
+/// A decoded item borrowing its value from the store (zero-copy out of LMDB's map).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ItemRef<'a> {
+    pub meta: ItemMeta,
+    pub value: &'a [u8],
+}
+
+/// Decodes an item record.
+pub fn decode(bytes: &[u8]) -> Result<ItemRef<'_>, StoreError> {
+    let corrupt = |m: &str| StoreError::Corrupt(m.to_string());
+    if bytes.len() < BASE_LEN {
+        return Err(corrupt("item shorter than its header"));
+    }
+    if bytes[0] != FORMAT_VERSION {
+        return Err(StoreError::Corrupt(format!("unknown item format version {}", bytes[0])));
+    }
+    let tag = bytes[1];
+    let kind = Kind::from_u8(tag & KIND_MASK).ok_or_else(|| corrupt("unknown item kind"))?;
+    let mut at = 2;
+    let mut take = |n: usize| -> Result<&[u8], StoreError> {
+        let s = bytes.get(at..at + n).ok_or_else(|| corrupt("item header truncated"))?;
+        at += n;
+        Ok(s)
+    };
+    let cas = u64::from_le_bytes(take(8)?.try_into().map_err(|_| corrupt("cas"))?);
+    let flags = if tag & HAS_FLAGS != 0 {
+        u32::from_le_bytes(take(4)?.try_into().map_err(|_| corrupt("flags"))?)
+    } else {
+        0
+    };
+    let expire_at = if tag & HAS_EXPIRY != 0 {
+        u64::from_le_bytes(take(8)?.try_into().map_err(|_| corrupt("expiry"))?)
+    } else {
+        0
+    };
+    Ok(ItemRef { meta: ItemMeta { kind, flags, expire_at, cas }, value: &bytes[at..] })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roundtrip(meta: ItemMeta, value: &[u8]) {
+        let (hdr, n) = meta.header();
+        assert_eq!(n, meta.header_len());
+        let mut buf = hdr[..n].to_vec();
+        buf.extend_from_slice(value);
+        let item = decode(&buf).expect("decodes");
+        assert_eq!(item.meta, meta);
+        assert_eq!(item.value, value);
+    }
+
+    #[test]
+    fn items_roundtrip_with_and_without_optional_fields() {
+        roundtrip(ItemMeta { kind: Kind::String, flags: 0, expire_at: 0, cas: 1 }, b"v");
+        roundtrip(ItemMeta { kind: Kind::String, flags: u32::MAX, expire_at: 0, cas: 7 }, b"");
+        roundtrip(ItemMeta { kind: Kind::String, flags: 0, expire_at: 99, cas: u64::MAX }, b"xy");
+        roundtrip(ItemMeta { kind: Kind::String, flags: 5, expire_at: 1 << 40, cas: 3 }, &[0; 300]);
+    }
+
+    #[test]
+    fn common_header_is_ten_bytes() {
+        assert_eq!(ItemMeta { kind: Kind::String, flags: 0, expire_at: 0, cas: 9 }.header_len(), 10);
+    }
+
+    #[test]
+    fn damaged_records_are_errors_not_panics() {
+        assert!(decode(b"").is_err());
+        assert!(decode(&[2, 0, 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
+        assert!(decode(&[1, 0x30, 0, 0, 0, 0, 0, 0, 0, 0, 1]).is_err());
+        assert!(decode(&[1, 0x0f, 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
+    }
+}

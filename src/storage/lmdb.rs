@@ -1,0 +1,317 @@
+//! The LMDB store (through heed 0.22, whose `Database` handles are plain `Copy` values with no
+//! lifetime: workers and the writer each hold a copy, and the environment can be closed at
+//! shutdown once every thread has been joined).
+//!
+//! Named databases:
+//! - `items`:  key -> item record (see `item.rs`)
+//! - `expiry`: expire_at (u64 big-endian) ++ key -> empty, a time-ordered index for the sweeper.
+//!   It is written on every store with an expiry and never updated in place: an entry whose time
+//!   no longer matches its item is stale and simply dropped when the sweeper reaches it.
+//! - `meta`:   `format` -> [FORMAT_VERSION], `cas` -> u64 LE counter, `flush_at` -> u64 LE.
+
+use std::io::Write;
+use std::ops::Bound;
+use std::path::Path;
+
+use heed::types::Bytes;
+use heed::{Database, Env, EnvFlags, EnvOpenOptions, RoTxn, RwTxn, WithTls};
+
+use super::item::{self, FORMAT_VERSION};
+use super::{ItemMeta, ItemRef, ReadView, StoreError, WriteView};
+use crate::config::SyncMode;
+
+const META_FORMAT: &[u8] = b"format";
+const META_CAS: &[u8] = b"cas";
+const META_FLUSH_AT: &[u8] = b"flush_at";
+
+/// Opening the store failed: the message is one line for the operator.
+#[derive(Debug)]
+pub struct OpenError(pub String);
+
+impl std::fmt::Display for OpenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for OpenError {}
+
+#[derive(Clone)]
+pub struct LmdbStore {
+    env: Env<WithTls>,
+    items: Database<Bytes, Bytes>,
+    expiry: Database<Bytes, Bytes>,
+    meta: Database<Bytes, Bytes>,
+}
+
+/// State the writer restores from the store at startup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Persisted {
+    pub cas: u64,
+    pub flush_at: Option<u64>,
+}
+
+impl LmdbStore {
+    /// Opens (creating if needed) the environment in `dir`.
+    pub fn open(dir: &Path, map_size: u64, sync: SyncMode, max_readers: u32) -> Result<(LmdbStore, Persisted), OpenError> {
+        let at = |what: &str, e: &dyn std::fmt::Display| OpenError(format!("{what} {}: {e}", dir.display()));
+        std::fs::create_dir_all(dir).map_err(|e| at("cannot create data directory", &e))?;
+        // LMDB needs the map size in whole pages; 64 KiB covers every page size in use.
+        let map_size = usize::try_from(map_size.div_ceil(1 << 16) << 16)
+            .map_err(|_| OpenError("map_size does not fit this machine's address space".into()))?;
+        let mut opts = EnvOpenOptions::new();
+        opts.map_size(map_size).max_dbs(8).max_readers(max_readers);
+        // The one place sync-weakening flags are set. `always` keeps LMDB's default: every
+        // commit fsyncs the data pages, then the meta page, so a reply sent after commit is
+        // durable. `periodic` and `never` commit without fsync (NO_SYNC); the page cache still
+        // holds every commit, so a process crash loses nothing, only an OS crash or power loss
+        // can undo the most recent commits (LMDB keeps the file consistent without WRITE_MAP).
+        let flags = match sync {
+            SyncMode::Always => EnvFlags::empty(),
+            SyncMode::Periodic | SyncMode::Never => EnvFlags::NO_SYNC,
+        };
+        // Safety: the environment is opened once per process on a local directory that only
+        // this process writes; `flags` holds only NO_SYNC, which does not affect memory safety.
+        let env = unsafe { opts.flags(flags).open(dir) }.map_err(|e| at("cannot open data directory", &e))?;
+        let mut wtxn = env.write_txn().map_err(|e| at("cannot write to data directory", &e))?;
+        let db = |wtxn: &mut RwTxn, name: &str| {
+            env.create_database::<Bytes, Bytes>(wtxn, Some(name)).map_err(|e| at("cannot create database in", &e))
+        };
+        let items = db(&mut wtxn, "items")?;
+        let expiry = db(&mut wtxn, "expiry")?;
+        let meta = db(&mut wtxn, "meta")?;
+        match meta.get(&wtxn, META_FORMAT).map_err(|e| at("cannot read", &e))? {
+            None => meta.put(&mut wtxn, META_FORMAT, &[FORMAT_VERSION]).map_err(|e| at("cannot write to", &e))?,
+            Some([v]) if *v == FORMAT_VERSION => {}
+            Some(other) => {
+                return Err(OpenError(format!(
+                    "{} holds data in format {:?}, this memkeep reads format {FORMAT_VERSION}",
+                    dir.display(),
+                    other
+                )));
+            }
+        }
+        let read_u64 = |wtxn: &RwTxn, k: &[u8]| -> Result<Option<u64>, OpenError> {
+            match meta.get(wtxn, k).map_err(|e| at("cannot read", &e))? {
+                None => Ok(None),
+                Some(b) => b
+                    .try_into()
+                    .map(|a: [u8; 8]| Some(u64::from_le_bytes(a)))
+                    .map_err(|_| at("corrupt meta record in", &"bad length")),
+            }
+        };
+        let cas = read_u64(&wtxn, META_CAS)?.unwrap_or(0);
+        let flush_at = read_u64(&wtxn, META_FLUSH_AT)?;
+        wtxn.commit().map_err(|e| at("cannot write to data directory", &e))?;
+        Ok((LmdbStore { env, items, expiry, meta }, Persisted { cas, flush_at }))
+    }
+
+    pub fn env(&self) -> &Env<WithTls> {
+        &self.env
+    }
+
+    pub fn read_txn(&self) -> Result<RoTxn<'_, WithTls>, StoreError> {
+        Ok(self.env.read_txn()?)
+    }
+
+    pub fn write_txn(&self) -> Result<RwTxn<'_>, StoreError> {
+        Ok(self.env.write_txn()?)
+    }
+
+    /// The item under `key` (expired or not), borrowed from the map.
+    pub fn get<'t>(&self, txn: &'t RoTxn, key: &[u8]) -> Result<Option<ItemRef<'t>>, StoreError> {
+        match self.items.get(txn, key)? {
+            None => Ok(None),
+            Some(bytes) => item::decode(bytes).map(Some),
+        }
+    }
+
+    /// Number of stored items (expired ones not yet swept included).
+    pub fn len(&self, txn: &RoTxn) -> Result<u64, StoreError> {
+        Ok(self.items.len(txn)?)
+    }
+
+    /// Opens a write view on `txn` that hands out CAS uniques from `cas`.
+    pub fn writer<'t, 'e>(&'t self, txn: &'t mut RwTxn<'e>, cas: &'t mut u64) -> LmdbWrite<'t, 'e> {
+        LmdbWrite { store: self, txn, cas }
+    }
+
+    /// Deletes up to `limit` items whose expiry has passed, and their index entries.
+    pub fn sweep_expired(&self, txn: &mut RwTxn, now_ms: u64, limit: usize) -> Result<usize, StoreError> {
+        let upper = now_ms.saturating_add(1).to_be_bytes();
+        let range = (Bound::Unbounded, Bound::Excluded(&upper[..]));
+        let due: Vec<Vec<u8>> = self
+            .expiry
+            .range(txn, &range)?
+            .take(limit)
+            .map(|r| r.map(|(k, _)| k.to_vec()))
+            .collect::<Result<_, _>>()?;
+        let mut removed = 0;
+        for entry in &due {
+            let Some((t, key)) = entry.split_first_chunk::<8>() else { continue };
+            let t = u64::from_be_bytes(*t);
+            if let Some(bytes) = self.items.get(txn, key)?
+                && item::decode(bytes)?.meta.expire_at == t
+            {
+                self.items.delete(txn, key)?;
+                removed += 1;
+            }
+            self.expiry.delete(txn, entry)?;
+        }
+        Ok(removed)
+    }
+
+    pub fn put_cas(&self, txn: &mut RwTxn, cas: u64) -> Result<(), StoreError> {
+        Ok(self.meta.put(txn, META_CAS, &cas.to_le_bytes())?)
+    }
+
+    /// Runs a scheduled flush whose time has come; true if it did.
+    pub fn run_due_flush(&self, txn: &mut RwTxn, now_ms: u64) -> Result<bool, StoreError> {
+        match self.meta.get(txn, META_FLUSH_AT)? {
+            Some(b) if b.len() == 8 && u64::from_le_bytes(b.try_into().unwrap_or([0; 8])) <= now_ms => {
+                self.clear_all(txn)?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    fn clear_all(&self, txn: &mut RwTxn) -> Result<(), StoreError> {
+        self.items.clear(txn)?;
+        self.expiry.clear(txn)?;
+        self.meta.delete(txn, META_FLUSH_AT)?;
+        Ok(())
+    }
+}
+
+/// A write transaction seen through `WriteView`.
+pub struct LmdbWrite<'t, 'e> {
+    store: &'t LmdbStore,
+    txn: &'t mut RwTxn<'e>,
+    cas: &'t mut u64,
+}
+
+impl ReadView for LmdbWrite<'_, '_> {
+    fn get(&self, key: &[u8]) -> Result<Option<ItemRef<'_>>, StoreError> {
+        self.store.get(self.txn, key)
+    }
+}
+
+impl WriteView for LmdbWrite<'_, '_> {
+    fn put(&mut self, key: &[u8], meta: &ItemMeta, parts: &[&[u8]]) -> Result<(), StoreError> {
+        let (hdr, n) = meta.header();
+        let len = n + parts.iter().map(|p| p.len()).sum::<usize>();
+        // Write header and value straight into the page LMDB reserves: no intermediate copy.
+        self.store.items.put_reserved(self.txn, key, len, |space| {
+            space.write_all(&hdr[..n])?;
+            for p in parts {
+                space.write_all(p)?;
+            }
+            Ok(())
+        })?;
+        if meta.expire_at != 0 {
+            let mut ix = Vec::with_capacity(8 + key.len());
+            ix.extend_from_slice(&meta.expire_at.to_be_bytes());
+            ix.extend_from_slice(key);
+            self.store.expiry.put(self.txn, &ix, &[])?;
+        }
+        Ok(())
+    }
+
+    fn delete(&mut self, key: &[u8]) -> Result<bool, StoreError> {
+        Ok(self.store.items.delete(self.txn, key)?)
+    }
+
+    fn clear(&mut self) -> Result<(), StoreError> {
+        self.store.clear_all(self.txn)
+    }
+
+    fn schedule_flush(&mut self, at_ms: u64) -> Result<(), StoreError> {
+        Ok(self.store.meta.put(self.txn, META_FLUSH_AT, &at_ms.to_le_bytes())?)
+    }
+
+    fn next_cas(&mut self) -> u64 {
+        *self.cas += 1;
+        *self.cas
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::Kind;
+
+    fn meta(cas: u64, expire_at: u64) -> ItemMeta {
+        ItemMeta { kind: Kind::String, flags: 7, expire_at, cas }
+    }
+
+    #[test]
+    fn items_and_cas_counter_survive_reopen() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let (store, p) = LmdbStore::open(dir.path(), 1 << 24, SyncMode::Always, 16).expect("open");
+            assert_eq!(p.cas, 0);
+            let mut txn = store.write_txn().expect("txn");
+            let mut cas = p.cas;
+            let mut w = store.writer(&mut txn, &mut cas);
+            let c = w.next_cas();
+            w.put(b"k", &meta(c, 0), &[b"he", b"llo"]).expect("put");
+            store.put_cas(&mut txn, cas).expect("cas");
+            txn.commit().expect("commit");
+        }
+        let (store, p) = LmdbStore::open(dir.path(), 1 << 24, SyncMode::Always, 16).expect("reopen");
+        assert_eq!(p.cas, 1);
+        let txn = store.read_txn().expect("txn");
+        let item = store.get(&txn, b"k").expect("get").expect("present");
+        assert_eq!(item.value, b"hello");
+        assert_eq!(item.meta, meta(1, 0));
+    }
+
+    #[test]
+    fn sweeper_removes_due_items_and_skips_stale_index_entries() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (store, _) = LmdbStore::open(dir.path(), 1 << 24, SyncMode::Never, 16).expect("open");
+        let mut txn = store.write_txn().expect("txn");
+        let mut cas = 0;
+        let mut w = store.writer(&mut txn, &mut cas);
+        w.put(b"a", &meta(1, 100), &[b"1"]).expect("put");
+        w.put(b"b", &meta(2, 100), &[b"2"]).expect("put");
+        // b's expiry moved later: its old index entry is stale.
+        w.put(b"b", &meta(2, 500), &[b"2"]).expect("put");
+        w.put(b"c", &meta(3, 0), &[b"3"]).expect("put");
+        assert_eq!(store.sweep_expired(&mut txn, 200, 100).expect("sweep"), 1);
+        assert!(store.get(&txn, b"a").expect("get").is_none());
+        assert!(store.get(&txn, b"b").expect("get").is_some());
+        assert_eq!(store.sweep_expired(&mut txn, 600, 100).expect("sweep"), 1);
+        assert!(store.get(&txn, b"b").expect("get").is_none());
+        assert!(store.get(&txn, b"c").expect("get").is_some());
+    }
+
+    #[test]
+    fn full_map_is_a_typed_error() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (store, _) = LmdbStore::open(dir.path(), 1 << 20, SyncMode::Never, 16).expect("open");
+        let mut txn = store.write_txn().expect("txn");
+        let mut cas = 0;
+        let mut w = store.writer(&mut txn, &mut cas);
+        let big = vec![0u8; 64 * 1024];
+        let mut result = Ok(());
+        for i in 0..64u32 {
+            result = w.put(&i.to_be_bytes(), &meta(1, 0), &[&big]);
+            if result.is_err() {
+                break;
+            }
+        }
+        assert!(matches!(result, Err(StoreError::Full)), "{result:?}");
+    }
+
+    #[test]
+    fn open_reports_unusable_directory_in_one_line() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("f");
+        std::fs::write(&file, b"x").expect("write");
+        let err = LmdbStore::open(&file.join("sub"), 1 << 20, SyncMode::Never, 16).err().expect("must fail");
+        assert!(err.0.contains("cannot create data directory"), "{}", err.0);
+        assert!(!err.0.contains('\n'));
+    }
+}

@@ -1,0 +1,287 @@
+//! The group-commit writer: the only thread that writes to LMDB.
+//!
+//! Workers send `Submission`s (every write a worker parsed in one event-loop pass). The writer
+//! takes everything waiting, up to `max_batch` writes, applies it in one transaction, commits
+//! once (fsyncing per the sync mode), and only then hands each write's `Outcome` back to its
+//! worker's `Mailbox` and wakes that worker. So nothing is acknowledged before it is committed,
+//! and one fsync covers every write of the batch.
+//!
+//! A write that fails (the map is full) must not fail its batch-mates: the batch is then
+//! aborted and replayed one transaction per write, so each write gets its own outcome.
+//!
+//! Housekeeping happens here too, between batches: a delayed `flush_all` that has come due,
+//! the expiry sweep, and the periodic fsync.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use heed::RwTxn;
+use log::{debug, error, warn};
+
+use super::StoreError;
+use super::lmdb::{LmdbStore, Persisted};
+use crate::clock::Clock;
+use crate::command::{Outcome, WriteOp};
+use crate::config::SyncMode;
+use crate::semantics::{self, Ctx};
+
+/// One write and the tag its worker uses to route and encode the reply.
+pub struct WriteRequest<T> {
+    pub tag: T,
+    pub op: WriteOp,
+}
+
+/// Writes from one worker's event-loop pass, in the order they were received.
+pub struct Submission<T> {
+    pub worker: usize,
+    pub reqs: Vec<WriteRequest<T>>,
+}
+
+pub struct Completion<T> {
+    pub tag: T,
+    pub outcome: Outcome,
+}
+
+/// Where the writer leaves a worker's completions; the worker drains it when woken.
+pub struct Mailbox<T> {
+    queue: Mutex<Vec<Completion<T>>>,
+    waker: mio::Waker,
+}
+
+impl<T> Mailbox<T> {
+    pub fn new(waker: mio::Waker) -> Mailbox<T> {
+        Mailbox { queue: Mutex::new(Vec::new()), waker }
+    }
+
+    /// Moves every waiting completion into `out` (in commit order).
+    pub fn drain_into(&self, out: &mut Vec<Completion<T>>) {
+        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        out.append(&mut q);
+    }
+
+    fn deliver(&self, items: &mut Vec<Completion<T>>) {
+        if items.is_empty() {
+            return;
+        }
+        self.queue.lock().unwrap_or_else(|p| p.into_inner()).append(items);
+        if let Err(e) = self.waker.wake() {
+            error!("cannot wake worker: {e}");
+        }
+    }
+
+    pub fn wake(&self) {
+        if let Err(e) = self.waker.wake() {
+            error!("cannot wake worker: {e}");
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct WriterConfig {
+    pub sync: SyncMode,
+    pub sync_interval: Duration,
+    pub max_batch: usize,
+    pub item_size_max: usize,
+}
+
+/// Time between expiry sweeps, and the most items one sweep deletes.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+const SWEEP_LIMIT: usize = 1000;
+
+/// A delayed `flush_all` deadline in unix ms (0 = none), shared with the workers so reads treat
+/// every item as gone once it has passed, even before the writer has cleared the store.
+pub type FlushAt = Arc<AtomicU64>;
+
+pub struct Writer<T> {
+    store: LmdbStore,
+    clock: Arc<Clock>,
+    cfg: WriterConfig,
+    cas: u64,
+    flush_at: FlushAt,
+    mailboxes: Vec<Arc<Mailbox<T>>>,
+    outboxes: Vec<Vec<Completion<T>>>,
+}
+
+impl<T: Send> Writer<T> {
+    pub fn new(
+        store: LmdbStore,
+        persisted: Persisted,
+        clock: Arc<Clock>,
+        cfg: WriterConfig,
+        flush_at: FlushAt,
+        mailboxes: Vec<Arc<Mailbox<T>>>,
+    ) -> Writer<T> {
+        flush_at.store(persisted.flush_at.unwrap_or(0), Ordering::Release);
+        let outboxes = mailboxes.iter().map(|_| Vec::new()).collect();
+        Writer { store, clock, cfg, cas: persisted.cas, flush_at, mailboxes, outboxes }
+    }
+
+    /// Runs until every sender is gone, then syncs and returns.
+    pub fn run(mut self, rx: Receiver<Submission<T>>) {
+        let mut batch: Vec<Submission<T>> = Vec::new();
+        let mut next_sweep = Instant::now();
+        let mut next_sync = Instant::now() + self.cfg.sync_interval;
+        let mut unsynced = false;
+        loop {
+            let now = Instant::now();
+            let mut wait = next_sweep.saturating_duration_since(now);
+            if self.cfg.sync == SyncMode::Periodic && unsynced {
+                wait = wait.min(next_sync.saturating_duration_since(now));
+            }
+            let mut disconnected = false;
+            match rx.recv_timeout(wait) {
+                Ok(sub) => batch.push(sub),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => disconnected = true,
+            }
+            let mut count: usize = batch.iter().map(|s| s.reqs.len()).sum();
+            while count < self.cfg.max_batch {
+                match rx.try_recv() {
+                    Ok(sub) => {
+                        count += sub.reqs.len();
+                        batch.push(sub);
+                    }
+                    Err(_) => break,
+                }
+            }
+            let sweep = Instant::now() >= next_sweep;
+            if count > 0 || sweep || self.flush_due() {
+                let swept = self.commit(&mut batch, sweep);
+                unsynced = true;
+                if sweep {
+                    // A full sweep means more are due: come back soon rather than in a second.
+                    next_sweep = Instant::now() + if swept >= SWEEP_LIMIT { Duration::ZERO } else { SWEEP_EVERY };
+                }
+            }
+            if self.cfg.sync == SyncMode::Periodic && unsynced && Instant::now() >= next_sync {
+                self.sync();
+                unsynced = false;
+                next_sync = Instant::now() + self.cfg.sync_interval;
+            }
+            if disconnected {
+                break;
+            }
+        }
+        self.sync();
+    }
+
+    fn flush_due(&self) -> bool {
+        let at = self.flush_at.load(Ordering::Acquire);
+        at != 0 && at <= self.clock.now_ms()
+    }
+
+    fn sync(&self) {
+        if let Err(e) = self.store.env().force_sync() {
+            error!("fsync of the data file failed: {e}");
+        }
+    }
+
+    /// Applies and commits `batch` (emptying it), then delivers the outcomes. Returns how many
+    /// expired items the sweep removed.
+    fn commit(&mut self, batch: &mut Vec<Submission<T>>, sweep: bool) -> usize {
+        let ctx = Ctx { now_ms: self.clock.now_ms(), item_size_max: self.cfg.item_size_max };
+        let mut outcomes: Vec<Outcome> = Vec::with_capacity(batch.iter().map(|s| s.reqs.len()).sum());
+        let mut swept = 0;
+        let mut ran_due = false;
+        let result = (|| -> Result<(), StoreError> {
+            let mut txn = self.store.write_txn()?;
+            ran_due = self.housekeeping(&mut txn, ctx.now_ms, sweep, &mut swept)?;
+            let mut cas = self.cas;
+            for sub in batch.iter() {
+                for req in &sub.reqs {
+                    let mut w = self.store.writer(&mut txn, &mut cas);
+                    outcomes.push(semantics::apply(&mut w, &req.op, ctx)?);
+                }
+            }
+            if cas != self.cas {
+                self.store.put_cas(&mut txn, cas)?;
+            }
+            txn.commit()?;
+            self.cas = cas;
+            Ok(())
+        })();
+        match result {
+            Ok(()) => {
+                let ops = batch.iter().flat_map(|s| s.reqs.iter().map(|r| &r.op));
+                self.publish_flush(ran_due, ops, ctx.now_ms);
+            }
+            Err(e) => {
+                if !matches!(e, StoreError::Full) {
+                    error!("batch commit failed, retrying each write alone: {e}");
+                } else {
+                    debug!("store full: retrying the batch one write at a time");
+                }
+                outcomes.clear();
+                for sub in batch.iter() {
+                    for req in &sub.reqs {
+                        outcomes.push(self.commit_one(&req.op, ctx));
+                    }
+                }
+            }
+        }
+        let mut outcomes = outcomes.into_iter();
+        for sub in batch.drain(..) {
+            let outbox = &mut self.outboxes[sub.worker];
+            for req in sub.reqs {
+                let outcome = outcomes.next().unwrap_or(Outcome::Failed);
+                outbox.push(Completion { tag: req.tag, outcome });
+            }
+        }
+        for (mailbox, outbox) in self.mailboxes.iter().zip(self.outboxes.iter_mut()) {
+            mailbox.deliver(outbox);
+        }
+        swept
+    }
+
+    /// Publishes what a committed batch did to the delayed-flush deadline: a due flush that ran
+    /// clears it, and each `flush_all` in the batch sets (or cancels) it, in order.
+    fn publish_flush<'a>(&self, ran_due: bool, ops: impl Iterator<Item = &'a WriteOp>, now: u64) {
+        let mut state = ran_due.then_some(0);
+        for op in ops {
+            if let WriteOp::FlushAll { delay } = op {
+                state = Some(semantics::flush_deadline(*delay, now).unwrap_or(0));
+            }
+        }
+        if let Some(at) = state {
+            self.flush_at.store(at, Ordering::Release);
+        }
+    }
+
+    /// Runs a due delayed flush (returning true if it ran) and, when asked, the expiry sweep.
+    fn housekeeping(&self, txn: &mut RwTxn, now: u64, sweep: bool, swept: &mut usize) -> Result<bool, StoreError> {
+        let ran = self.flush_due() && self.store.run_due_flush(txn, now)?;
+        if sweep {
+            *swept = self.store.sweep_expired(txn, now, SWEEP_LIMIT)?;
+        }
+        Ok(ran)
+    }
+
+    /// One write in its own transaction: the fallback when a batch could not commit.
+    fn commit_one(&mut self, op: &WriteOp, ctx: Ctx) -> Outcome {
+        let mut cas = self.cas;
+        let result = (|| -> Result<Outcome, StoreError> {
+            let mut txn = self.store.write_txn()?;
+            let mut w = self.store.writer(&mut txn, &mut cas);
+            let outcome = semantics::apply(&mut w, op, ctx)?;
+            self.store.put_cas(&mut txn, cas)?;
+            txn.commit()?;
+            Ok(outcome)
+        })();
+        // CAS uniques handed out by an aborted write are skipped, never reused.
+        self.cas = cas;
+        match result {
+            Ok(o) => {
+                self.publish_flush(false, std::iter::once(op), ctx.now_ms);
+                o
+            }
+            Err(StoreError::Full) => Outcome::Full,
+            Err(e) => {
+                warn!("write failed: {e}");
+                Outcome::Failed
+            }
+        }
+    }
+
+}
