@@ -17,4 +17,5 @@ pub mod command;
 pub mod config;
 pub mod protocol;
 pub mod semantics;
+pub mod server;
 pub mod storage;

@@ -131,6 +131,12 @@ impl LmdbStore {
         Ok(self.items.len(txn)?)
     }
 
+    /// Bytes of the data file in use (up to the highest page ever written).
+    pub fn used_bytes(&self) -> u64 {
+        let page = self.env.stat().page_size as u64;
+        (self.env.info().last_page_number as u64 + 1) * page
+    }
+
     /// Opens a write view on `txn` that hands out CAS uniques from `cas`.
     pub fn writer<'t, 'e>(&'t self, txn: &'t mut RwTxn<'e>, cas: &'t mut u64) -> LmdbWrite<'t, 'e> {
         LmdbWrite { store: self, txn, cas }

@@ -1,0 +1,183 @@
+//! One client connection: its socket and bounded buffers.
+//!
+//! The read buffer is a zero-filled `Vec` with `[rpos, rend)` the unparsed bytes, so reads go
+//! straight into it without unsafe code; it grows up to `read_cap` (enough for the largest
+//! request) and shrinks back when idle. The write buffer holds encoded replies not yet sent;
+//! past `WRITE_HIGH` pending bytes the connection stops taking requests until the client reads.
+
+use std::io::{self, Read, Write};
+
+use mio::net::TcpStream;
+
+use super::stats::Counters;
+
+/// Initial (and idle) read buffer size.
+const READ_INITIAL: usize = 16 * 1024;
+/// Above this much unsent output, stop parsing requests until the client catches up.
+pub const WRITE_HIGH: usize = 4 * 1024 * 1024;
+/// Write buffers larger than this are released once flushed.
+const WRITE_KEEP: usize = 256 * 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Proto {
+    Memcache,
+}
+
+pub struct Conn {
+    pub stream: TcpStream,
+    pub proto: Proto,
+    /// Distinguishes this connection from earlier ones that used the same slab slot, so a late
+    /// write completion never reaches the wrong client.
+    pub epoch: u32,
+    rbuf: Vec<u8>,
+    rpos: usize,
+    rend: usize,
+    read_cap: usize,
+    pub wbuf: Vec<u8>,
+    wpos: usize,
+    /// Bytes still to discard from the input (a refused data block).
+    pub swallow: usize,
+    /// Writes sent to the writer whose completions have not come back.
+    pub inflight: usize,
+    /// The socket may have more bytes to read (we stopped before WouldBlock).
+    pub readable: bool,
+    /// The peer closed its sending side.
+    pub eof: bool,
+    /// Close once the pending output is flushed (quit, fatal protocol error).
+    pub closing: bool,
+    /// The socket failed: close now.
+    pub broken: bool,
+    /// WRITABLE interest is registered.
+    pub want_write: bool,
+    /// Queued for processing in the current event-loop pass.
+    pub dirty: bool,
+}
+
+impl Conn {
+    pub fn new(stream: TcpStream, proto: Proto, epoch: u32, read_cap: usize) -> Conn {
+        Conn {
+            stream,
+            proto,
+            epoch,
+            rbuf: vec![0; READ_INITIAL.min(read_cap)],
+            rpos: 0,
+            rend: 0,
+            read_cap,
+            wbuf: Vec::new(),
+            wpos: 0,
+            swallow: 0,
+            inflight: 0,
+            readable: true,
+            eof: false,
+            closing: false,
+            broken: false,
+            want_write: false,
+            dirty: false,
+        }
+    }
+
+    /// The unparsed input.
+    pub fn input(&self) -> &[u8] {
+        &self.rbuf[self.rpos..self.rend]
+    }
+
+    /// The unparsed input and the output buffer, borrowed together.
+    pub fn io(&mut self) -> (&[u8], &mut Vec<u8>) {
+        (&self.rbuf[self.rpos..self.rend], &mut self.wbuf)
+    }
+
+    pub fn consume(&mut self, n: usize) {
+        self.rpos += n;
+        debug_assert!(self.rpos <= self.rend);
+        if self.rpos == self.rend {
+            self.rpos = 0;
+            self.rend = 0;
+            if self.rbuf.len() > READ_INITIAL {
+                self.rbuf = vec![0; READ_INITIAL.min(self.read_cap)];
+            }
+        }
+    }
+
+    /// Discards as much of a pending swallow as is buffered.
+    pub fn swallow_buffered(&mut self) {
+        let n = self.swallow.min(self.rend - self.rpos);
+        self.swallow -= n;
+        self.consume(n);
+    }
+
+    /// Unsent output bytes.
+    pub fn pending_output(&self) -> usize {
+        self.wbuf.len() - self.wpos
+    }
+
+    /// Whether reading more now is allowed: the input buffer has room and the client is keeping
+    /// up with its replies.
+    pub fn may_read(&self) -> bool {
+        !self.eof && !self.broken && !self.closing && self.rend - self.rpos < self.read_cap
+            && self.pending_output() < WRITE_HIGH
+    }
+
+    /// Reads until the socket would block, the peer closes, or the buffer is at its cap.
+    pub fn fill(&mut self, counters: &Counters) {
+        while self.may_read() {
+            if self.rend == self.rbuf.len() {
+                if self.rpos > 0 {
+                    self.rbuf.copy_within(self.rpos..self.rend, 0);
+                    self.rend -= self.rpos;
+                    self.rpos = 0;
+                } else {
+                    let grown = (self.rbuf.len() * 2).clamp(READ_INITIAL, self.read_cap);
+                    self.rbuf.resize(grown, 0);
+                }
+            }
+            match self.stream.read(&mut self.rbuf[self.rend..]) {
+                Ok(0) => {
+                    self.eof = true;
+                    self.readable = false;
+                }
+                Ok(n) => {
+                    self.rend += n;
+                    Counters::add(&counters.bytes_read, n as u64);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.readable = false;
+                    return;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    self.broken = true;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Writes pending output until done or the socket would block; returns true when some
+    /// output is still pending.
+    pub fn flush(&mut self, counters: &Counters) -> bool {
+        while self.wpos < self.wbuf.len() {
+            match self.stream.write(&self.wbuf[self.wpos..]) {
+                Ok(0) => {
+                    self.broken = true;
+                    return false;
+                }
+                Ok(n) => {
+                    self.wpos += n;
+                    Counters::add(&counters.bytes_written, n as u64);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    self.broken = true;
+                    return false;
+                }
+            }
+        }
+        self.wbuf.clear();
+        self.wpos = 0;
+        if self.wbuf.capacity() > WRITE_KEEP {
+            self.wbuf = Vec::new();
+        }
+        false
+    }
+}

@@ -1,0 +1,381 @@
+//! Runs memcached text-protocol requests for one connection: reads are answered at once from
+//! the pass's LMDB read transaction, writes become `WriteOp`s for the writer, and write
+//! completions are encoded here when they come back.
+
+use std::sync::atomic::Ordering;
+
+use log::{error, warn};
+
+use super::conn::{Conn, WRITE_HIGH};
+use super::stats::{Counters, Totals, rusage};
+use super::worker::{Pass, Reply, Stop, Tag};
+use crate::command::{KeyValue, Outcome, StoreMode, WriteOp};
+use crate::protocol::memcache::{Frame, Incomplete, KeyList, Request, parse};
+use crate::storage::ItemRef;
+
+/// How to answer a memcached write once it commits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum McReply {
+    Store(StoreMode),
+    /// `set` of an over-size value: the old value was deleted; the answer is an error.
+    TooLarge,
+    Delete,
+    Incr,
+    Decr,
+    Touch,
+    Gat { with_cas: bool },
+    Flush,
+}
+
+pub const VERSION: &str = concat!("1.6.18-memkeep-", env!("CARGO_PKG_VERSION"));
+
+/// Parses and runs up to `budget` requests from `conn`'s input.
+pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -> Stop {
+    let mut left = budget;
+    loop {
+        if conn.swallow > 0 {
+            conn.swallow_buffered();
+            if conn.swallow > 0 {
+                return Stop::NeedInput;
+            }
+        }
+        if left == 0 {
+            return Stop::Budget;
+        }
+        if conn.pending_output() >= WRITE_HIGH {
+            return Stop::Blocked;
+        }
+        let epoch = conn.epoch;
+        let inflight = conn.inflight;
+        let (input, out) = conn.io();
+        let parsed = match parse(input, &pass.limits) {
+            Err(Incomplete) => return Stop::NeedInput,
+            Ok(p) => p,
+        };
+        let (consumed, swallow) = (parsed.consumed, parsed.swallow);
+        let tag = |noreply: bool, kind: McReply| Tag { slot, epoch, reply: Reply::Mc { noreply, kind } };
+        let write = match parsed.frame {
+            Frame::Close => {
+                conn.closing = true;
+                return Stop::Close;
+            }
+            Frame::Request(ref req) => write_op(req).map(|(op, noreply, kind)| (op, tag(noreply, kind))),
+            Frame::Error(_) => None,
+        };
+        match write {
+            Some((op, tag)) => {
+                count_submit(&pass.counters, &tag);
+                pass.pending.push(crate::storage::writer::WriteRequest { tag, op });
+                conn.inflight += 1;
+            }
+            // Everything else answers at once, so it waits for earlier writes' replies.
+            None if inflight > 0 => return Stop::Blocked,
+            None => match parsed.frame {
+                Frame::Error(msg) => line(out, msg),
+                Frame::Request(req) => {
+                    if immediate(req, out, pass) {
+                        conn.closing = true;
+                        conn.consume(consumed);
+                        return Stop::Close;
+                    }
+                }
+                Frame::Close => unreachable!("handled above"),
+            },
+        }
+        conn.consume(consumed);
+        conn.swallow = swallow;
+        left -= 1;
+    }
+}
+
+/// The write a request turns into, if it is one: (op, noreply, how to answer).
+fn write_op(req: &Request<'_>) -> Option<(WriteOp, bool, McReply)> {
+    Some(match *req {
+        Request::Store { mode, key, flags, exptime, cas, data, noreply } => (
+            WriteOp::Store { mode, kv: KeyValue::new(key, data), flags, exptime, cas },
+            noreply,
+            McReply::Store(mode),
+        ),
+        Request::TooLarge { mode: StoreMode::Set, key, noreply } => {
+            (WriteOp::Delete { key: key.to_vec() }, noreply, McReply::TooLarge)
+        }
+        Request::Delete { key, noreply } => (WriteOp::Delete { key: key.to_vec() }, noreply, McReply::Delete),
+        Request::Arith { key, incr, delta, noreply } => (
+            WriteOp::Arith { key: key.to_vec(), incr, delta },
+            noreply,
+            if incr { McReply::Incr } else { McReply::Decr },
+        ),
+        Request::Touch { key, exptime, noreply } => {
+            (WriteOp::Touch { key: key.to_vec(), exptime }, noreply, McReply::Touch)
+        }
+        Request::Gat { exptime, keys, with_cas } => {
+            (WriteOp::Gat { keys: keys.0.to_vec(), exptime }, false, McReply::Gat { with_cas })
+        }
+        Request::FlushAll { delay, noreply } => (WriteOp::FlushAll { delay }, noreply, McReply::Flush),
+        _ => return None,
+    })
+}
+
+fn count_submit(c: &Counters, tag: &Tag) {
+    let Reply::Mc { kind, .. } = tag.reply;
+    match kind {
+        McReply::Store(_) | McReply::TooLarge => Counters::bump(&c.cmd_set),
+        McReply::Flush => Counters::bump(&c.cmd_flush),
+        McReply::Touch => Counters::bump(&c.cmd_touch),
+        _ => {}
+    }
+}
+
+fn line(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(s.as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+fn number(out: &mut Vec<u8>, n: impl itoa::Integer) {
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+}
+
+fn value_line(out: &mut Vec<u8>, key: &[u8], flags: u32, value: &[u8], cas: Option<u64>) {
+    out.extend_from_slice(b"VALUE ");
+    out.extend_from_slice(key);
+    out.push(b' ');
+    number(out, flags);
+    out.push(b' ');
+    number(out, value.len());
+    if let Some(cas) = cas {
+        out.push(b' ');
+        number(out, cas);
+    }
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Runs a request answered on the worker; returns true when the connection should close.
+fn immediate(req: Request<'_>, out: &mut Vec<u8>, pass: &mut Pass<'_>) -> bool {
+    match req {
+        Request::Get { keys, with_cas } => get(keys, with_cas, out, pass),
+        Request::TooLarge { .. } => {
+            Counters::bump(&pass.counters.store_too_large);
+            line(out, "SERVER_ERROR object too large for cache")
+        }
+        Request::Stats { args } => stats(args, out, pass),
+        Request::Version => {
+            out.extend_from_slice(b"VERSION ");
+            line(out, VERSION);
+        }
+        Request::Verbosity { .. } => line(out, "OK"),
+        Request::Quit => return true,
+        Request::DebugAdvanceClock { seconds } => {
+            if pass.shared.clock.advance(seconds.saturating_mul(1000)) {
+                pass.now_ms = pass.shared.clock.now_ms();
+                line(out, "OK");
+            } else {
+                line(out, "ERROR");
+            }
+        }
+        // Writes never get here.
+        Request::Store { .. }
+        | Request::Delete { .. }
+        | Request::Arith { .. }
+        | Request::Touch { .. }
+        | Request::Gat { .. }
+        | Request::FlushAll { .. } => {
+            error!("write request reached the read path");
+            line(out, "SERVER_ERROR internal error");
+        }
+    }
+    false
+}
+
+fn get(keys: KeyList<'_>, with_cas: bool, out: &mut Vec<u8>, pass: &mut Pass<'_>) {
+    let start = out.len();
+    let flushed = pass.flushed();
+    let now = pass.now_ms;
+    let counters = pass.counters;
+    let (store, txn) = match pass.txn() {
+        Ok(t) => t,
+        Err(e) => {
+            error!("cannot open read transaction: {e}");
+            return line(out, "SERVER_ERROR temporary failure");
+        }
+    };
+    for key in keys.iter() {
+        Counters::bump(&counters.cmd_get);
+        match store.get(txn, key) {
+            Ok(Some(ItemRef { meta, value })) if !flushed && !meta.is_expired(now) => {
+                Counters::bump(&counters.get_hits);
+                value_line(out, key, meta.flags, value, with_cas.then_some(meta.cas));
+            }
+            Ok(Some(_)) => {
+                Counters::bump(&counters.get_misses);
+                Counters::bump(if flushed { &counters.get_flushed } else { &counters.get_expired });
+            }
+            Ok(None) => Counters::bump(&counters.get_misses),
+            Err(e) => {
+                error!("read of a stored item failed: {e}");
+                out.truncate(start);
+                return line(out, "SERVER_ERROR temporary failure");
+            }
+        }
+    }
+    line(out, "END");
+}
+
+/// Encodes a write's reply once it has committed.
+pub fn complete(out: &mut Vec<u8>, counters: &Counters, noreply: bool, kind: McReply, outcome: Outcome) {
+    let c = counters;
+    match (&outcome, kind) {
+        (Outcome::Stored, McReply::Store(mode)) => {
+            Counters::bump(&c.total_items);
+            if mode == StoreMode::Cas {
+                Counters::bump(&c.cas_hits);
+            }
+        }
+        (Outcome::Exists, _) => Counters::bump(&c.cas_badval),
+        (Outcome::NotFound, McReply::Store(StoreMode::Cas)) => Counters::bump(&c.cas_misses),
+        (Outcome::Deleted, _) => Counters::bump(&c.delete_hits),
+        (Outcome::NotFound, McReply::Delete) => Counters::bump(&c.delete_misses),
+        (Outcome::Number(_), McReply::Incr) => Counters::bump(&c.incr_hits),
+        (Outcome::Number(_), McReply::Decr) => Counters::bump(&c.decr_hits),
+        (Outcome::NotFound, McReply::Incr) => Counters::bump(&c.incr_misses),
+        (Outcome::NotFound, McReply::Decr) => Counters::bump(&c.decr_misses),
+        (Outcome::Touched, _) => Counters::bump(&c.touch_hits),
+        (Outcome::NotFound, McReply::Touch) => Counters::bump(&c.touch_misses),
+        (Outcome::Full, _) => Counters::bump(&c.store_no_memory),
+        (_, McReply::TooLarge) | (Outcome::TooLarge, _) => Counters::bump(&c.store_too_large),
+        _ => {}
+    }
+    // Failures of the store are errors the client must see, even with noreply.
+    let failed = matches!(outcome, Outcome::Full | Outcome::Failed);
+    if noreply && !failed {
+        return;
+    }
+    if kind == McReply::TooLarge && !failed {
+        return line(out, "SERVER_ERROR object too large for cache");
+    }
+    match outcome {
+        Outcome::Stored => line(out, "STORED"),
+        Outcome::NotStored => line(out, "NOT_STORED"),
+        Outcome::Exists => line(out, "EXISTS"),
+        Outcome::NotFound => line(out, "NOT_FOUND"),
+        Outcome::Deleted => line(out, "DELETED"),
+        Outcome::Touched => line(out, "TOUCHED"),
+        Outcome::Done => line(out, "OK"),
+        Outcome::Number(n) => {
+            number(out, n);
+            out.extend_from_slice(b"\r\n");
+        }
+        Outcome::NonNumeric => line(out, "CLIENT_ERROR cannot increment or decrement non-numeric value"),
+        Outcome::Values(values) => {
+            let with_cas = matches!(kind, McReply::Gat { with_cas: true });
+            for v in &values {
+                Counters::bump(&c.cmd_get);
+                Counters::bump(&c.get_hits);
+                value_line(out, &v.key, v.flags, &v.value, with_cas.then_some(v.cas));
+            }
+            line(out, "END");
+        }
+        Outcome::TooLarge => line(out, "SERVER_ERROR object too large for cache"),
+        Outcome::Full => line(out, "SERVER_ERROR out of memory storing object"),
+        Outcome::Failed => {
+            warn!("a write failed in the store; the client was told");
+            line(out, "SERVER_ERROR storage failure")
+        }
+    }
+}
+
+fn stat(out: &mut Vec<u8>, name: &str, value: impl std::fmt::Display) {
+    use std::io::Write;
+    let _ = write!(out, "STAT {name} {value}\r\n");
+}
+
+fn stats(args: &[u8], out: &mut Vec<u8>, pass: &mut Pass<'_>) {
+    let shared = pass.shared;
+    let cfg = &shared.config;
+    match args {
+        b"" => {
+            let mut t = Totals::default();
+            for c in shared.counters.iter() {
+                t.add(c);
+            }
+            let now_s = pass.now_ms / 1000;
+            let (user, sys) = rusage();
+            let (curr_items, bytes) = match pass.txn() {
+                Ok((store, txn)) => (store.len(txn).unwrap_or(0), store.used_bytes()),
+                Err(_) => (0, 0),
+            };
+            stat(out, "pid", std::process::id());
+            stat(out, "uptime", shared.started.elapsed().as_secs());
+            stat(out, "time", now_s);
+            stat(out, "version", VERSION);
+            stat(out, "pointer_size", usize::BITS);
+            stat(out, "rusage_user", format!("{user:.6}"));
+            stat(out, "rusage_system", format!("{sys:.6}"));
+            stat(out, "max_connections", cfg.max_connections);
+            stat(out, "curr_connections", shared.gauges.curr_connections.load(Ordering::Relaxed));
+            stat(out, "total_connections", t.total_connections);
+            stat(out, "rejected_connections", t.rejected_connections);
+            stat(out, "cmd_get", t.cmd_get);
+            stat(out, "cmd_set", t.cmd_set);
+            stat(out, "cmd_flush", t.cmd_flush);
+            stat(out, "cmd_touch", t.cmd_touch);
+            stat(out, "get_hits", t.get_hits);
+            stat(out, "get_misses", t.get_misses);
+            stat(out, "get_expired", t.get_expired);
+            stat(out, "get_flushed", t.get_flushed);
+            stat(out, "delete_misses", t.delete_misses);
+            stat(out, "delete_hits", t.delete_hits);
+            stat(out, "incr_misses", t.incr_misses);
+            stat(out, "incr_hits", t.incr_hits);
+            stat(out, "decr_misses", t.decr_misses);
+            stat(out, "decr_hits", t.decr_hits);
+            stat(out, "cas_misses", t.cas_misses);
+            stat(out, "cas_hits", t.cas_hits);
+            stat(out, "cas_badval", t.cas_badval);
+            stat(out, "touch_hits", t.touch_hits);
+            stat(out, "touch_misses", t.touch_misses);
+            stat(out, "store_too_large", t.store_too_large);
+            stat(out, "store_no_memory", t.store_no_memory);
+            stat(out, "auth_cmds", 0);
+            stat(out, "auth_errors", 0);
+            stat(out, "bytes_read", t.bytes_read);
+            stat(out, "bytes_written", t.bytes_written);
+            stat(out, "limit_maxbytes", cfg.map_size);
+            stat(out, "accepting_conns", 1);
+            stat(out, "threads", cfg.worker_threads());
+            stat(out, "curr_items", curr_items);
+            stat(out, "total_items", t.total_items);
+            stat(out, "bytes", bytes);
+            stat(out, "evictions", 0);
+            stat(out, "reclaimed", 0);
+            line(out, "END");
+        }
+        b"settings" => {
+            stat(out, "maxbytes", cfg.map_size);
+            stat(out, "maxconns", cfg.max_connections);
+            stat(out, "tcpport", cfg.port);
+            stat(out, "udpport", 0);
+            stat(out, "inter", &cfg.listen);
+            stat(out, "verbosity", cfg.verbosity);
+            stat(out, "evictions", "off");
+            stat(out, "num_threads", cfg.worker_threads());
+            stat(out, "cas_enabled", "yes");
+            stat(out, "item_size_max", cfg.max_item_size);
+            stat(out, "data_dir", cfg.data_dir.display());
+            stat(out, "sync", cfg.sync);
+            stat(out, "sync_interval_ms", cfg.sync_interval_ms);
+            stat(out, "resp_port", cfg.resp_port);
+            line(out, "END");
+        }
+        b"reset" => {
+            for c in shared.counters.iter() {
+                c.reset();
+            }
+            line(out, "RESET");
+        }
+        // memkeep has no slab classes or item LRU; these answer the empty form.
+        b"items" | b"slabs" | b"sizes" | b"conns" => line(out, "END"),
+        _ => line(out, "ERROR"),
+    }
+}

@@ -1,0 +1,260 @@
+//! The server: listeners and the acceptor on the main thread, worker threads each running an
+//! event loop, and the writer thread. Shutdown (SIGINT/SIGTERM) stops accepting, lets workers
+//! finish what is in flight, lets the writer commit and sync, then closes the environment.
+
+pub mod conn;
+pub mod memcache;
+pub mod stats;
+pub mod worker;
+
+use std::io::{self, Write};
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use log::{error, info, warn};
+use mio::net::TcpListener;
+use mio::{Events, Interest, Poll, Token, Waker};
+
+use self::conn::Proto;
+use self::stats::{Counters, Gauges};
+use self::worker::{WAKER, Worker, WorkerHandle};
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::storage::lmdb::{LmdbStore, Persisted};
+use crate::storage::writer::{FlushAt, Mailbox, Writer, WriterConfig};
+
+/// State every thread reads.
+pub struct Shared {
+    pub config: Config,
+    pub clock: Arc<Clock>,
+    pub store: LmdbStore,
+    pub flush_at: FlushAt,
+    /// One per worker.
+    pub counters: Vec<Counters>,
+    pub gauges: Gauges,
+    pub started: Instant,
+    pub shutdown: AtomicBool,
+}
+
+/// A startup failure, one line for the operator.
+#[derive(Debug)]
+pub struct ServerError(pub String);
+
+impl std::fmt::Display for ServerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ServerError {}
+
+const MC_LISTENER: Token = Token(0);
+
+fn bind(listen: &str, port: u16) -> Result<TcpListener, ServerError> {
+    let addr: SocketAddr = (listen, port)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| ServerError(format!("cannot resolve listen address '{listen}'")))?;
+    TcpListener::bind(addr).map_err(|e| ServerError(format!("cannot listen on {addr}: {e}")))
+}
+
+fn is_loopback(listen: &str) -> bool {
+    (listen, 0u16).to_socket_addrs().map(|mut a| a.all(|s| s.ip().is_loopback())).unwrap_or(false)
+}
+
+/// Opens the store, binds the ports and serves until SIGINT or SIGTERM.
+pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
+    let threads = config.worker_threads();
+    let (store, persisted): (LmdbStore, Persisted) =
+        LmdbStore::open(&config.data_dir, config.map_size, config.sync, (threads as u32 + 8).max(126))
+            .map_err(|e| ServerError(e.0))?;
+    let mut mc_listener = if config.port != 0 { Some(bind(&config.listen, config.port)?) } else { None };
+
+    let mut acceptor = Poll::new().map_err(|e| ServerError(format!("cannot create poll: {e}")))?;
+    let accept_waker = Arc::new(
+        Waker::new(acceptor.registry(), WAKER).map_err(|e| ServerError(format!("cannot create waker: {e}")))?,
+    );
+    if let Some(l) = mc_listener.as_mut() {
+        acceptor
+            .registry()
+            .register(l, MC_LISTENER, Interest::READABLE)
+            .map_err(|e| ServerError(format!("cannot register listener: {e}")))?;
+    }
+
+    let shared = Arc::new(Shared {
+        clock: Arc::new(clock),
+        store: store.clone(),
+        flush_at: Arc::new(AtomicU64::new(0)),
+        counters: (0..threads).map(|_| Counters::default()).collect(),
+        gauges: Gauges::default(),
+        started: Instant::now(),
+        shutdown: AtomicBool::new(false),
+        config,
+    });
+    let cfg = &shared.config;
+    if !is_loopback(&cfg.listen) {
+        warn!("listening on {} beyond loopback without authentication: anyone who can reach it can read and change every item", cfg.listen);
+    }
+
+    // Workers: a Poll each, whose Waker both the acceptor and the writer use.
+    let mut polls = Vec::new();
+    let mut handles = Vec::new();
+    for _ in 0..threads {
+        let poll = Poll::new().map_err(|e| ServerError(format!("cannot create poll: {e}")))?;
+        let waker = Waker::new(poll.registry(), WAKER).map_err(|e| ServerError(format!("cannot create waker: {e}")))?;
+        handles.push(Arc::new(WorkerHandle { mailbox: Arc::new(Mailbox::new(waker)), incoming: Mutex::new(Vec::new()) }));
+        polls.push(poll);
+    }
+
+    let (tx, rx) = mpsc::channel();
+    let writer = Writer::new(
+        store,
+        persisted,
+        shared.clock.clone(),
+        WriterConfig {
+            sync: cfg.sync,
+            sync_interval: Duration::from_millis(cfg.sync_interval_ms),
+            max_batch: cfg.max_batch,
+            item_size_max: cfg.max_item_size as usize,
+        },
+        shared.flush_at.clone(),
+        handles.iter().map(|h| h.mailbox.clone()).collect(),
+    );
+    let writer_thread = thread::Builder::new()
+        .name("memkeep-writer".into())
+        .spawn(move || writer.run(rx))
+        .map_err(|e| ServerError(format!("cannot start writer thread: {e}")))?;
+    let mut worker_threads = Vec::new();
+    for (id, poll) in polls.into_iter().enumerate() {
+        let w = Worker::new(id, poll, shared.clone(), handles[id].clone(), tx.clone());
+        worker_threads.push(
+            thread::Builder::new()
+                .name(format!("memkeep-worker-{id}"))
+                .spawn(move || w.run())
+                .map_err(|e| ServerError(format!("cannot start worker thread: {e}")))?,
+        );
+    }
+    drop(tx);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])
+        .map_err(|e| ServerError(format!("cannot install signal handlers: {e}")))?;
+    let signals_handle = signals.handle();
+    {
+        let stop = stop.clone();
+        let waker = accept_waker.clone();
+        thread::Builder::new()
+            .name("memkeep-signals".into())
+            .spawn(move || {
+                if let Some(sig) = signals.forever().next() {
+                    info!("signal {sig} received: shutting down");
+                    stop.store(true, Ordering::Release);
+                    let _ = waker.wake();
+                }
+            })
+            .map_err(|e| ServerError(format!("cannot start signal thread: {e}")))?;
+    }
+
+    info!(
+        "memkeep {} serving memcached on {}:{} with {} worker threads, data in {}, sync {}{}",
+        env!("CARGO_PKG_VERSION"),
+        cfg.listen,
+        cfg.port,
+        threads,
+        cfg.data_dir.display(),
+        cfg.sync,
+        if cfg.sync == crate::config::SyncMode::Periodic { format!(" every {} ms", cfg.sync_interval_ms) } else { String::new() },
+    );
+
+    accept_loop(&mut acceptor, mc_listener.as_ref(), &shared, &handles, &stop);
+
+    // Shutdown: no new connections; workers finish in-flight writes and flush replies, then
+    // drop their senders, which lets the writer commit what is left, sync and stop.
+    drop(mc_listener);
+    shared.shutdown.store(true, Ordering::Release);
+    for h in &handles {
+        h.mailbox.wake();
+    }
+    for t in worker_threads {
+        if t.join().is_err() {
+            error!("a worker thread panicked");
+        }
+    }
+    if writer_thread.join().is_err() {
+        error!("the writer thread panicked");
+    }
+    signals_handle.close();
+    drop(handles);
+    let env = shared.store.env().clone();
+    drop(shared);
+    env.prepare_for_closing().wait();
+    info!("memkeep stopped");
+    Ok(())
+}
+
+fn accept_loop(poll: &mut Poll, mc: Option<&TcpListener>, shared: &Shared, handles: &[Arc<WorkerHandle>], stop: &AtomicBool) {
+    let mut events = Events::with_capacity(64);
+    let mut next_worker = 0usize;
+    let mut retry: Option<Duration> = None;
+    while !stop.load(Ordering::Acquire) {
+        if let Err(e) = poll.poll(&mut events, retry) {
+            if e.kind() != io::ErrorKind::Interrupted {
+                error!("acceptor poll failed: {e}");
+                return;
+            }
+        }
+        retry = None;
+        // Accept on every listener each time: cheap, and it also retries after a failed accept.
+        let listeners = [(mc, Proto::Memcache)];
+        for (listener, proto) in listeners {
+            let Some(listener) = listener else { continue };
+            loop {
+                match listener.accept() {
+                    Ok((stream, peer)) => {
+                        let stream = into_std(stream);
+                        let curr = shared.gauges.curr_connections.load(Ordering::Relaxed);
+                        if curr >= shared.config.max_connections {
+                            Counters::bump(&shared.counters[0].rejected_connections);
+                            reject(stream, proto);
+                            log::debug!("rejected {peer}: too many open connections");
+                            continue;
+                        }
+                        shared.gauges.curr_connections.fetch_add(1, Ordering::Relaxed);
+                        let _ = stream.set_nodelay(true);
+                        let h = &handles[next_worker % handles.len()];
+                        next_worker = next_worker.wrapping_add(1);
+                        h.incoming.lock().unwrap_or_else(|p| p.into_inner()).push((stream, proto));
+                        h.mailbox.wake();
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        // Out of file descriptors and the like: back off, then try again.
+                        warn!("accept failed: {e}");
+                        retry = Some(Duration::from_millis(50));
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn into_std(stream: mio::net::TcpStream) -> std::net::TcpStream {
+    use std::os::fd::{FromRawFd, IntoRawFd};
+    // Safety: the fd comes straight from an owned mio stream, whose ownership we take.
+    unsafe { std::net::TcpStream::from_raw_fd(stream.into_raw_fd()) }
+}
+
+/// Tells a client over the connection limit why it is being closed, as memcached does.
+fn reject(stream: std::net::TcpStream, proto: Proto) {
+    let msg: &[u8] = match proto {
+        Proto::Memcache => b"ERROR Too many open connections\r\n",
+    };
+    let mut s = stream;
+    let _ = s.write(msg);
+}

@@ -1,0 +1,316 @@
+//! One worker thread: a mio `Poll`, a `Slab` of connections, and one event-loop pass at a time.
+//!
+//! A pass has two phases, so that every read sees every write acknowledged before its request
+//! arrived:
+//! 1. take new connections, drain write completions from the writer (encoding their replies),
+//!    and read every readable socket into its buffer;
+//! 2. open one LMDB read transaction (lazily, only if a read needs it), run the buffered
+//!    requests of each touched connection (up to a budget each, so no client starves the
+//!    others), flush replies, then hand the pass's writes to the writer in one submission.
+//!
+//! A connection with writes in flight may queue more writes behind them, but anything answered
+//! at once (a read, an error, `stats`) waits until those writes' replies are out: replies leave
+//! strictly in request order.
+
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use heed::{RoTxn, WithTls};
+use log::{debug, error};
+use mio::{Events, Interest, Poll, Token};
+use slab::Slab;
+
+use super::Shared;
+use super::conn::{Conn, Proto};
+use super::memcache::{self, McReply};
+use super::stats::Counters;
+use crate::protocol::memcache::Limits;
+use crate::storage::lmdb::LmdbStore;
+use crate::storage::writer::{Completion, Mailbox, Submission, WriteRequest};
+use crate::storage::StoreError;
+
+pub const WAKER: Token = Token(usize::MAX);
+/// Requests one connection may run per pass before others get their turn.
+const BUDGET: usize = 64;
+/// How long a stopping worker waits for in-flight writes and unsent replies.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+
+/// Routes a write completion back to its connection and says how to encode it.
+#[derive(Debug, Clone, Copy)]
+pub struct Tag {
+    pub slot: u32,
+    pub epoch: u32,
+    pub reply: Reply,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub enum Reply {
+    Mc { noreply: bool, kind: McReply },
+}
+
+/// Why a connection's processing stopped this pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// Nothing complete is buffered.
+    NeedInput,
+    /// The budget ran out with input left: revisit next pass.
+    Budget,
+    /// Waiting for write completions or for the client to read its replies.
+    Blocked,
+    /// Close after flushing.
+    Close,
+}
+
+/// What the acceptor and the writer share with a worker.
+pub struct WorkerHandle {
+    pub mailbox: Arc<Mailbox<Tag>>,
+    pub incoming: Mutex<Vec<(std::net::TcpStream, Proto)>>,
+}
+
+/// Per-pass context handed to protocol code.
+pub struct Pass<'a> {
+    pub shared: &'a Shared,
+    pub counters: &'a Counters,
+    pub limits: Limits,
+    pub now_ms: u64,
+    flush_at: u64,
+    pub pending: &'a mut Vec<WriteRequest<Tag>>,
+    store: &'a LmdbStore,
+    txn: Option<RoTxn<'a, WithTls>>,
+}
+
+impl<'a> Pass<'a> {
+    /// The pass's read transaction, opened on first use.
+    pub fn txn(&mut self) -> Result<(&'a LmdbStore, &RoTxn<'a, WithTls>), StoreError> {
+        if self.txn.is_none() {
+            self.txn = Some(self.store.read_txn()?);
+        }
+        match &self.txn {
+            Some(t) => Ok((self.store, t)),
+            None => Err(StoreError::Backend("read transaction missing".into())),
+        }
+    }
+
+    /// A delayed flush_all has come due: every item read now is gone.
+    pub fn flushed(&self) -> bool {
+        self.flush_at != 0 && self.flush_at <= self.now_ms
+    }
+}
+
+pub struct Worker {
+    id: usize,
+    poll: Poll,
+    conns: Slab<Conn>,
+    shared: Arc<Shared>,
+    handle: Arc<WorkerHandle>,
+    tx: Sender<Submission<Tag>>,
+    pending: Vec<WriteRequest<Tag>>,
+    completions: Vec<Completion<Tag>>,
+    dirty: Vec<usize>,
+    next: Vec<usize>,
+    next_epoch: u32,
+    limits: Limits,
+    read_cap: usize,
+}
+
+impl Worker {
+    pub fn new(id: usize, poll: Poll, shared: Arc<Shared>, handle: Arc<WorkerHandle>, tx: Sender<Submission<Tag>>) -> Worker {
+        let item_max = shared.config.max_item_size as usize;
+        let limits = Limits { item_size_max: item_max, ..Limits::default() };
+        // Room for the largest request: a full-size value with its command line, or a long get.
+        let read_cap = (item_max + limits.max_line + 2).max(limits.max_multiget_line + 1);
+        Worker {
+            id,
+            poll,
+            conns: Slab::new(),
+            shared,
+            handle,
+            tx,
+            pending: Vec::new(),
+            completions: Vec::new(),
+            dirty: Vec::new(),
+            next: Vec::new(),
+            next_epoch: 0,
+            limits,
+            read_cap,
+        }
+    }
+
+    pub fn run(mut self) {
+        let mut events = Events::with_capacity(1024);
+        let store = self.shared.store.clone();
+        let mut give_up: Option<Instant> = None;
+        loop {
+            let stopping = self.shared.shutdown.load(Ordering::Acquire);
+            if stopping {
+                // Finish what is in flight, but never wait forever on a client that stopped reading.
+                let deadline = *give_up.get_or_insert_with(|| Instant::now() + SHUTDOWN_GRACE);
+                if self.drained() || Instant::now() >= deadline {
+                    break;
+                }
+            }
+            let timeout = if !self.next.is_empty() {
+                Some(Duration::ZERO)
+            } else if stopping {
+                Some(Duration::from_millis(10))
+            } else {
+                None
+            };
+            if let Err(e) = self.poll.poll(&mut events, timeout) {
+                if e.kind() != io::ErrorKind::Interrupted {
+                    error!("worker {}: poll failed: {e}", self.id);
+                    break;
+                }
+            }
+            self.phase_one(&events, stopping);
+            self.phase_two(&store);
+        }
+        for conn in self.conns.drain() {
+            drop(conn);
+            self.shared.gauges.curr_connections.fetch_sub(1, Ordering::Relaxed);
+        }
+        debug!("worker {} stopped", self.id);
+    }
+
+    /// During shutdown: nothing is waiting on the writer and no reply is unsent.
+    fn drained(&self) -> bool {
+        self.conns.iter().all(|(_, c)| c.inflight == 0 && (c.pending_output() == 0 || c.broken))
+    }
+
+    fn mark(&mut self, key: usize) {
+        if let Some(conn) = self.conns.get_mut(key)
+            && !conn.dirty
+        {
+            conn.dirty = true;
+            self.dirty.push(key);
+        }
+    }
+
+    fn phase_one(&mut self, events: &Events, stopping: bool) {
+        let shared = self.shared.clone();
+        let counters = &shared.counters[self.id];
+        // New connections.
+        let incoming = std::mem::take(&mut *self.handle.incoming.lock().unwrap_or_else(|p| p.into_inner()));
+        for (stream, proto) in incoming {
+            self.add_conn(stream, proto);
+        }
+        // Write completions, in commit order.
+        self.handle.mailbox.drain_into(&mut self.completions);
+        for Completion { tag, outcome } in self.completions.drain(..) {
+            let key = tag.slot as usize;
+            let Some(conn) = self.conns.get_mut(key) else { continue };
+            if conn.epoch != tag.epoch {
+                continue;
+            }
+            conn.inflight -= 1;
+            match tag.reply {
+                Reply::Mc { noreply, kind } => memcache::complete(&mut conn.wbuf, counters, noreply, kind, outcome),
+            }
+            if !conn.dirty {
+                conn.dirty = true;
+                self.dirty.push(key);
+            }
+        }
+        // Connections left with work from the previous pass.
+        for key in std::mem::take(&mut self.next) {
+            self.mark(key);
+        }
+        for event in events.iter() {
+            if event.token() == WAKER {
+                continue;
+            }
+            let key = event.token().0;
+            let Some(conn) = self.conns.get_mut(key) else { continue };
+            if event.is_readable() || event.is_read_closed() || event.is_error() {
+                conn.readable = true;
+            }
+            self.mark(key);
+        }
+        // Read every touched socket before the read transaction opens.
+        for &key in &self.dirty {
+            if let Some(conn) = self.conns.get_mut(key)
+                && conn.readable
+                && !stopping
+            {
+                conn.fill(counters);
+            }
+        }
+    }
+
+    fn phase_two(&mut self, store: &LmdbStore) {
+        let shared = &*self.shared;
+        let counters = &shared.counters[self.id];
+        let mut pass = Pass {
+            shared,
+            counters,
+            limits: self.limits,
+            now_ms: shared.clock.now_ms(),
+            flush_at: shared.flush_at.load(Ordering::Acquire),
+            pending: &mut self.pending,
+            store,
+            txn: None,
+        };
+        let stopping = shared.shutdown.load(Ordering::Acquire);
+        for key in self.dirty.drain(..) {
+            let Some(conn) = self.conns.get_mut(key) else { continue };
+            conn.dirty = false;
+            let stop = if stopping || conn.broken {
+                Stop::Blocked
+            } else {
+                match conn.proto {
+                    Proto::Memcache => memcache::process(conn, &mut pass, key as u32, BUDGET),
+                }
+            };
+            let more_output = conn.flush(counters);
+            let close = conn.broken
+                || (conn.closing && !more_output)
+                || (conn.eof && conn.inflight == 0 && !more_output && stop == Stop::NeedInput);
+            if close {
+                let conn = self.conns.remove(key);
+                if let Err(e) = self.poll.registry().deregister(&mut { conn.stream }) {
+                    debug!("deregister failed: {e}");
+                }
+                shared.gauges.curr_connections.fetch_sub(1, Ordering::Relaxed);
+                continue;
+            }
+            if more_output != conn.want_write {
+                conn.want_write = more_output;
+                let interest = if more_output { Interest::READABLE | Interest::WRITABLE } else { Interest::READABLE };
+                if let Err(e) = self.poll.registry().reregister(&mut conn.stream, Token(key), interest) {
+                    error!("reregister failed: {e}");
+                    conn.broken = true;
+                }
+            }
+            // Input left unprocessed, or a socket not yet drained that now has room: next pass.
+            let reread = conn.readable && conn.may_read() && stop != Stop::Blocked;
+            if stop == Stop::Budget || reread || conn.broken {
+                self.next.push(key);
+            }
+        }
+        drop(pass);
+        if !self.pending.is_empty() {
+            let reqs = std::mem::take(&mut self.pending);
+            if self.tx.send(Submission { worker: self.id, reqs }).is_err() {
+                error!("worker {}: the writer is gone; writes cannot be applied", self.id);
+            }
+        }
+    }
+
+    fn add_conn(&mut self, stream: std::net::TcpStream, proto: Proto) {
+        let mut stream = mio::net::TcpStream::from_std(stream);
+        let entry = self.conns.vacant_entry();
+        let key = entry.key();
+        if let Err(e) = self.poll.registry().register(&mut stream, Token(key), Interest::READABLE) {
+            error!("cannot register connection: {e}");
+            self.shared.gauges.curr_connections.fetch_sub(1, Ordering::Relaxed);
+            return;
+        }
+        self.next_epoch = self.next_epoch.wrapping_add(1);
+        entry.insert(Conn::new(stream, proto, self.next_epoch, self.read_cap));
+        Counters::bump(&self.shared.counters[self.id].total_connections);
+        self.mark(key);
+    }
+}
