@@ -3,3 +3,4 @@
 //! connection's output buffer.
 
 pub mod memcache;
+pub mod resp;

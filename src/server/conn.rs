@@ -113,7 +113,10 @@ impl Conn {
     /// Whether reading more now is allowed: the input buffer has room and the client is keeping
     /// up with its replies.
     pub fn may_read(&self) -> bool {
-        !self.eof && !self.broken && !self.closing && self.rend - self.rpos < self.read_cap
+        !self.eof
+            && !self.broken
+            && !self.closing
+            && self.rend - self.rpos < self.read_cap
             && self.pending_output() < WRITE_HIGH
     }
 

@@ -23,7 +23,9 @@ pub enum McReply {
     Incr,
     Decr,
     Touch,
-    Gat { with_cas: bool },
+    Gat {
+        with_cas: bool,
+    },
     Flush,
 }
 
@@ -53,19 +55,26 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
             Ok(p) => p,
         };
         let (consumed, swallow) = (parsed.consumed, parsed.swallow);
-        let tag = |noreply: bool, kind: McReply| Tag { slot, epoch, reply: Reply::Mc { noreply, kind } };
+        let tag = |noreply: bool, kind: McReply| Tag {
+            slot,
+            epoch,
+            reply: Reply::Mc { noreply, kind },
+        };
         let write = match parsed.frame {
             Frame::Close => {
                 conn.closing = true;
                 return Stop::Close;
             }
-            Frame::Request(ref req) => write_op(req).map(|(op, noreply, kind)| (op, tag(noreply, kind))),
+            Frame::Request(ref req) => {
+                write_op(req).map(|(op, noreply, kind)| (op, tag(noreply, kind)))
+            }
             Frame::Error(_) => None,
         };
         match write {
             Some((op, tag)) => {
                 count_submit(&pass.counters, &tag);
-                pass.pending.push(crate::storage::writer::WriteRequest { tag, op });
+                pass.pending
+                    .push(crate::storage::writer::WriteRequest { tag, op });
                 conn.inflight += 1;
             }
             // Everything else answers at once, so it waits for earlier writes' replies.
@@ -91,27 +100,80 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
 /// The write a request turns into, if it is one: (op, noreply, how to answer).
 fn write_op(req: &Request<'_>) -> Option<(WriteOp, bool, McReply)> {
     Some(match *req {
-        Request::Store { mode, key, flags, exptime, cas, data, noreply } => (
-            WriteOp::Store { mode, kv: KeyValue::new(key, data), flags, exptime, cas },
+        Request::Store {
+            mode,
+            key,
+            flags,
+            exptime,
+            cas,
+            data,
+            noreply,
+        } => (
+            WriteOp::Store {
+                mode,
+                kv: KeyValue::new(key, data),
+                flags,
+                exptime,
+                cas,
+            },
             noreply,
             McReply::Store(mode),
         ),
-        Request::TooLarge { mode: StoreMode::Set, key, noreply } => {
-            (WriteOp::Delete { key: key.to_vec() }, noreply, McReply::TooLarge)
-        }
-        Request::Delete { key, noreply } => (WriteOp::Delete { key: key.to_vec() }, noreply, McReply::Delete),
-        Request::Arith { key, incr, delta, noreply } => (
-            WriteOp::Arith { key: key.to_vec(), incr, delta },
+        Request::TooLarge {
+            mode: StoreMode::Set,
+            key,
+            noreply,
+        } => (
+            WriteOp::Delete { key: key.to_vec() },
+            noreply,
+            McReply::TooLarge,
+        ),
+        Request::Delete { key, noreply } => (
+            WriteOp::Delete { key: key.to_vec() },
+            noreply,
+            McReply::Delete,
+        ),
+        Request::Arith {
+            key,
+            incr,
+            delta,
+            noreply,
+        } => (
+            WriteOp::Arith {
+                key: key.to_vec(),
+                incr,
+                delta,
+            },
             noreply,
             if incr { McReply::Incr } else { McReply::Decr },
         ),
-        Request::Touch { key, exptime, noreply } => {
-            (WriteOp::Touch { key: key.to_vec(), exptime }, noreply, McReply::Touch)
+        Request::Touch {
+            key,
+            exptime,
+            noreply,
+        } => (
+            WriteOp::Touch {
+                key: key.to_vec(),
+                exptime,
+            },
+            noreply,
+            McReply::Touch,
+        ),
+        Request::Gat {
+            exptime,
+            keys,
+            with_cas,
+        } => (
+            WriteOp::Gat {
+                keys: keys.0.to_vec(),
+                exptime,
+            },
+            false,
+            McReply::Gat { with_cas },
+        ),
+        Request::FlushAll { delay, noreply } => {
+            (WriteOp::FlushAll { delay }, noreply, McReply::Flush)
         }
-        Request::Gat { exptime, keys, with_cas } => {
-            (WriteOp::Gat { keys: keys.0.to_vec(), exptime }, false, McReply::Gat { with_cas })
-        }
-        Request::FlushAll { delay, noreply } => (WriteOp::FlushAll { delay }, noreply, McReply::Flush),
         _ => return None,
     })
 }
@@ -164,7 +226,13 @@ fn immediate(req: Request<'_>, out: &mut Vec<u8>, pass: &mut Pass<'_>) -> bool {
             out.extend_from_slice(b"VERSION ");
             line(out, VERSION);
         }
-        Request::Verbosity { .. } => line(out, "OK"),
+        Request::Verbosity { noreply, .. } => {
+            if !noreply {
+                line(out, "OK");
+            }
+        }
+        // memcached rejects these but, the line ending in noreply, says nothing.
+        Request::NoReplyError { reply } => log::debug!("silent error (noreply): {reply}"),
         Request::Quit => return true,
         Request::DebugAdvanceClock { seconds } => {
             if pass.shared.clock.advance(seconds.saturating_mul(1000)) {
@@ -209,7 +277,11 @@ fn get(keys: KeyList<'_>, with_cas: bool, out: &mut Vec<u8>, pass: &mut Pass<'_>
             }
             Ok(Some(_)) => {
                 Counters::bump(&counters.get_misses);
-                Counters::bump(if flushed { &counters.get_flushed } else { &counters.get_expired });
+                Counters::bump(if flushed {
+                    &counters.get_flushed
+                } else {
+                    &counters.get_expired
+                });
             }
             Ok(None) => Counters::bump(&counters.get_misses),
             Err(e) => {
@@ -223,7 +295,13 @@ fn get(keys: KeyList<'_>, with_cas: bool, out: &mut Vec<u8>, pass: &mut Pass<'_>
 }
 
 /// Encodes a write's reply once it has committed.
-pub fn complete(out: &mut Vec<u8>, counters: &Counters, noreply: bool, kind: McReply, outcome: Outcome) {
+pub fn complete(
+    out: &mut Vec<u8>,
+    counters: &Counters,
+    noreply: bool,
+    kind: McReply,
+    outcome: Outcome,
+) {
     let c = counters;
     match (&outcome, kind) {
         (Outcome::Stored, McReply::Store(mode)) => {
@@ -266,7 +344,10 @@ pub fn complete(out: &mut Vec<u8>, counters: &Counters, noreply: bool, kind: McR
             number(out, n);
             out.extend_from_slice(b"\r\n");
         }
-        Outcome::NonNumeric => line(out, "CLIENT_ERROR cannot increment or decrement non-numeric value"),
+        Outcome::NonNumeric => line(
+            out,
+            "CLIENT_ERROR cannot increment or decrement non-numeric value",
+        ),
         Outcome::Values(values) => {
             let with_cas = matches!(kind, McReply::Gat { with_cas: true });
             for v in &values {
@@ -313,7 +394,11 @@ fn stats(args: &[u8], out: &mut Vec<u8>, pass: &mut Pass<'_>) {
             stat(out, "rusage_user", format!("{user:.6}"));
             stat(out, "rusage_system", format!("{sys:.6}"));
             stat(out, "max_connections", cfg.max_connections);
-            stat(out, "curr_connections", shared.gauges.curr_connections.load(Ordering::Relaxed));
+            stat(
+                out,
+                "curr_connections",
+                shared.gauges.curr_connections.load(Ordering::Relaxed),
+            );
             stat(out, "total_connections", t.total_connections);
             stat(out, "rejected_connections", t.rejected_connections);
             stat(out, "cmd_get", t.cmd_get);

@@ -63,20 +63,32 @@ fn bind(listen: &str, port: u16) -> Result<TcpListener, ServerError> {
 }
 
 fn is_loopback(listen: &str) -> bool {
-    (listen, 0u16).to_socket_addrs().map(|mut a| a.all(|s| s.ip().is_loopback())).unwrap_or(false)
+    (listen, 0u16)
+        .to_socket_addrs()
+        .map(|mut a| a.all(|s| s.ip().is_loopback()))
+        .unwrap_or(false)
 }
 
 /// Opens the store, binds the ports and serves until SIGINT or SIGTERM.
 pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
     let threads = config.worker_threads();
-    let (store, persisted): (LmdbStore, Persisted) =
-        LmdbStore::open(&config.data_dir, config.map_size, config.sync, (threads as u32 + 8).max(126))
-            .map_err(|e| ServerError(e.0))?;
-    let mut mc_listener = if config.port != 0 { Some(bind(&config.listen, config.port)?) } else { None };
+    let (store, persisted): (LmdbStore, Persisted) = LmdbStore::open(
+        &config.data_dir,
+        config.map_size,
+        config.sync,
+        (threads as u32 + 8).max(126),
+    )
+    .map_err(|e| ServerError(e.0))?;
+    let mut mc_listener = if config.port != 0 {
+        Some(bind(&config.listen, config.port)?)
+    } else {
+        None
+    };
 
     let mut acceptor = Poll::new().map_err(|e| ServerError(format!("cannot create poll: {e}")))?;
     let accept_waker = Arc::new(
-        Waker::new(acceptor.registry(), WAKER).map_err(|e| ServerError(format!("cannot create waker: {e}")))?,
+        Waker::new(acceptor.registry(), WAKER)
+            .map_err(|e| ServerError(format!("cannot create waker: {e}")))?,
     );
     if let Some(l) = mc_listener.as_mut() {
         acceptor
@@ -97,7 +109,10 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
     });
     let cfg = &shared.config;
     if !is_loopback(&cfg.listen) {
-        warn!("listening on {} beyond loopback without authentication: anyone who can reach it can read and change every item", cfg.listen);
+        warn!(
+            "listening on {} beyond loopback without authentication: anyone who can reach it can read and change every item",
+            cfg.listen
+        );
     }
 
     // Workers: a Poll each, whose Waker both the acceptor and the writer use.
@@ -105,8 +120,12 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
     let mut handles = Vec::new();
     for _ in 0..threads {
         let poll = Poll::new().map_err(|e| ServerError(format!("cannot create poll: {e}")))?;
-        let waker = Waker::new(poll.registry(), WAKER).map_err(|e| ServerError(format!("cannot create waker: {e}")))?;
-        handles.push(Arc::new(WorkerHandle { mailbox: Arc::new(Mailbox::new(waker)), incoming: Mutex::new(Vec::new()) }));
+        let waker = Waker::new(poll.registry(), WAKER)
+            .map_err(|e| ServerError(format!("cannot create waker: {e}")))?;
+        handles.push(Arc::new(WorkerHandle {
+            mailbox: Arc::new(Mailbox::new(waker)),
+            incoming: Mutex::new(Vec::new()),
+        }));
         polls.push(poll);
     }
 
@@ -141,8 +160,11 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
     drop(tx);
 
     let stop = Arc::new(AtomicBool::new(false));
-    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])
-        .map_err(|e| ServerError(format!("cannot install signal handlers: {e}")))?;
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+    ])
+    .map_err(|e| ServerError(format!("cannot install signal handlers: {e}")))?;
     let signals_handle = signals.handle();
     {
         let stop = stop.clone();
@@ -167,10 +189,20 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         threads,
         cfg.data_dir.display(),
         cfg.sync,
-        if cfg.sync == crate::config::SyncMode::Periodic { format!(" every {} ms", cfg.sync_interval_ms) } else { String::new() },
+        if cfg.sync == crate::config::SyncMode::Periodic {
+            format!(" every {} ms", cfg.sync_interval_ms)
+        } else {
+            String::new()
+        },
     );
 
-    accept_loop(&mut acceptor, mc_listener.as_ref(), &shared, &handles, &stop);
+    accept_loop(
+        &mut acceptor,
+        mc_listener.as_ref(),
+        &shared,
+        &handles,
+        &stop,
+    );
 
     // Shutdown: no new connections; workers finish in-flight writes and flush replies, then
     // drop their senders, which lets the writer commit what is left, sync and stop.
@@ -196,7 +228,13 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
     Ok(())
 }
 
-fn accept_loop(poll: &mut Poll, mc: Option<&TcpListener>, shared: &Shared, handles: &[Arc<WorkerHandle>], stop: &AtomicBool) {
+fn accept_loop(
+    poll: &mut Poll,
+    mc: Option<&TcpListener>,
+    shared: &Shared,
+    handles: &[Arc<WorkerHandle>],
+    stop: &AtomicBool,
+) {
     let mut events = Events::with_capacity(64);
     let mut next_worker = 0usize;
     let mut retry: Option<Duration> = None;
@@ -223,11 +261,17 @@ fn accept_loop(poll: &mut Poll, mc: Option<&TcpListener>, shared: &Shared, handl
                             log::debug!("rejected {peer}: too many open connections");
                             continue;
                         }
-                        shared.gauges.curr_connections.fetch_add(1, Ordering::Relaxed);
+                        shared
+                            .gauges
+                            .curr_connections
+                            .fetch_add(1, Ordering::Relaxed);
                         let _ = stream.set_nodelay(true);
                         let h = &handles[next_worker % handles.len()];
                         next_worker = next_worker.wrapping_add(1);
-                        h.incoming.lock().unwrap_or_else(|p| p.into_inner()).push((stream, proto));
+                        h.incoming
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push((stream, proto));
                         h.mailbox.wake();
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,

@@ -28,9 +28,9 @@ use super::conn::{Conn, Proto};
 use super::memcache::{self, McReply};
 use super::stats::Counters;
 use crate::protocol::memcache::Limits;
+use crate::storage::StoreError;
 use crate::storage::lmdb::LmdbStore;
 use crate::storage::writer::{Completion, Mailbox, Submission, WriteRequest};
-use crate::storage::StoreError;
 
 pub const WAKER: Token = Token(usize::MAX);
 /// Requests one connection may run per pass before others get their turn.
@@ -117,9 +117,18 @@ pub struct Worker {
 }
 
 impl Worker {
-    pub fn new(id: usize, poll: Poll, shared: Arc<Shared>, handle: Arc<WorkerHandle>, tx: Sender<Submission<Tag>>) -> Worker {
+    pub fn new(
+        id: usize,
+        poll: Poll,
+        shared: Arc<Shared>,
+        handle: Arc<WorkerHandle>,
+        tx: Sender<Submission<Tag>>,
+    ) -> Worker {
         let item_max = shared.config.max_item_size as usize;
-        let limits = Limits { item_size_max: item_max, ..Limits::default() };
+        let limits = Limits {
+            item_size_max: item_max,
+            ..Limits::default()
+        };
         // Room for the largest request: a full-size value with its command line, or a long get.
         let read_cap = (item_max + limits.max_line + 2).max(limits.max_multiget_line + 1);
         Worker {
@@ -170,14 +179,19 @@ impl Worker {
         }
         for conn in self.conns.drain() {
             drop(conn);
-            self.shared.gauges.curr_connections.fetch_sub(1, Ordering::Relaxed);
+            self.shared
+                .gauges
+                .curr_connections
+                .fetch_sub(1, Ordering::Relaxed);
         }
         debug!("worker {} stopped", self.id);
     }
 
     /// During shutdown: nothing is waiting on the writer and no reply is unsent.
     fn drained(&self) -> bool {
-        self.conns.iter().all(|(_, c)| c.inflight == 0 && (c.pending_output() == 0 || c.broken))
+        self.conns
+            .iter()
+            .all(|(_, c)| c.inflight == 0 && (c.pending_output() == 0 || c.broken))
     }
 
     fn mark(&mut self, key: usize) {
@@ -193,7 +207,13 @@ impl Worker {
         let shared = self.shared.clone();
         let counters = &shared.counters[self.id];
         // New connections.
-        let incoming = std::mem::take(&mut *self.handle.incoming.lock().unwrap_or_else(|p| p.into_inner()));
+        let incoming = std::mem::take(
+            &mut *self
+                .handle
+                .incoming
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        );
         for (stream, proto) in incoming {
             self.add_conn(stream, proto);
         }
@@ -201,13 +221,17 @@ impl Worker {
         self.handle.mailbox.drain_into(&mut self.completions);
         for Completion { tag, outcome } in self.completions.drain(..) {
             let key = tag.slot as usize;
-            let Some(conn) = self.conns.get_mut(key) else { continue };
+            let Some(conn) = self.conns.get_mut(key) else {
+                continue;
+            };
             if conn.epoch != tag.epoch {
                 continue;
             }
             conn.inflight -= 1;
             match tag.reply {
-                Reply::Mc { noreply, kind } => memcache::complete(&mut conn.wbuf, counters, noreply, kind, outcome),
+                Reply::Mc { noreply, kind } => {
+                    memcache::complete(&mut conn.wbuf, counters, noreply, kind, outcome)
+                }
             }
             if !conn.dirty {
                 conn.dirty = true;
@@ -223,7 +247,9 @@ impl Worker {
                 continue;
             }
             let key = event.token().0;
-            let Some(conn) = self.conns.get_mut(key) else { continue };
+            let Some(conn) = self.conns.get_mut(key) else {
+                continue;
+            };
             if event.is_readable() || event.is_read_closed() || event.is_error() {
                 conn.readable = true;
             }
@@ -255,7 +281,9 @@ impl Worker {
         };
         let stopping = shared.shutdown.load(Ordering::Acquire);
         for key in self.dirty.drain(..) {
-            let Some(conn) = self.conns.get_mut(key) else { continue };
+            let Some(conn) = self.conns.get_mut(key) else {
+                continue;
+            };
             conn.dirty = false;
             let stop = if stopping || conn.broken {
                 Stop::Blocked
@@ -273,13 +301,24 @@ impl Worker {
                 if let Err(e) = self.poll.registry().deregister(&mut { conn.stream }) {
                     debug!("deregister failed: {e}");
                 }
-                shared.gauges.curr_connections.fetch_sub(1, Ordering::Relaxed);
+                shared
+                    .gauges
+                    .curr_connections
+                    .fetch_sub(1, Ordering::Relaxed);
                 continue;
             }
             if more_output != conn.want_write {
                 conn.want_write = more_output;
-                let interest = if more_output { Interest::READABLE | Interest::WRITABLE } else { Interest::READABLE };
-                if let Err(e) = self.poll.registry().reregister(&mut conn.stream, Token(key), interest) {
+                let interest = if more_output {
+                    Interest::READABLE | Interest::WRITABLE
+                } else {
+                    Interest::READABLE
+                };
+                if let Err(e) =
+                    self.poll
+                        .registry()
+                        .reregister(&mut conn.stream, Token(key), interest)
+                {
                     error!("reregister failed: {e}");
                     conn.broken = true;
                 }
@@ -293,8 +332,18 @@ impl Worker {
         drop(pass);
         if !self.pending.is_empty() {
             let reqs = std::mem::take(&mut self.pending);
-            if self.tx.send(Submission { worker: self.id, reqs }).is_err() {
-                error!("worker {}: the writer is gone; writes cannot be applied", self.id);
+            if self
+                .tx
+                .send(Submission {
+                    worker: self.id,
+                    reqs,
+                })
+                .is_err()
+            {
+                error!(
+                    "worker {}: the writer is gone; writes cannot be applied",
+                    self.id
+                );
             }
         }
     }
@@ -303,9 +352,16 @@ impl Worker {
         let mut stream = mio::net::TcpStream::from_std(stream);
         let entry = self.conns.vacant_entry();
         let key = entry.key();
-        if let Err(e) = self.poll.registry().register(&mut stream, Token(key), Interest::READABLE) {
+        if let Err(e) = self
+            .poll
+            .registry()
+            .register(&mut stream, Token(key), Interest::READABLE)
+        {
             error!("cannot register connection: {e}");
-            self.shared.gauges.curr_connections.fetch_sub(1, Ordering::Relaxed);
+            self.shared
+                .gauges
+                .curr_connections
+                .fetch_sub(1, Ordering::Relaxed);
             return;
         }
         self.next_epoch = self.next_epoch.wrapping_add(1);
