@@ -17,7 +17,10 @@ impl KeyValue {
         let mut buf = Vec::with_capacity(key.len() + value.len());
         buf.extend_from_slice(key);
         buf.extend_from_slice(value);
-        KeyValue { buf, key_len: key.len() }
+        KeyValue {
+            buf,
+            key_len: key.len(),
+        }
     }
 
     pub fn key(&self) -> &[u8] {
@@ -29,19 +32,100 @@ impl KeyValue {
     }
 }
 
+/// When a RESP `SET`-like write applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetCond {
+    Always,
+    /// Only if the key does not exist (NX).
+    Nx,
+    /// Only if it exists (XX).
+    Xx,
+}
+
+/// What a RESP write does to the key's expiry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expiry {
+    /// Keep the current expiry (KEEPTTL; the default for GETEX).
+    Keep,
+    /// No expiry (a plain SET; PERSIST).
+    Clear,
+    /// Expire at this unix time in ms.
+    At(u64),
+}
+
+/// The EXPIRE family's conditions (Redis 7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpireCond {
+    Always,
+    /// Only if the key has no expiry.
+    Nx,
+    /// Only if it has one.
+    Xx,
+    /// Only if the new expiry is later (no expiry counts as infinitely late).
+    Gt,
+    /// Only if the new expiry is earlier.
+    Lt,
+}
+
 /// A change to the store, applied by the writer inside a transaction.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum WriteOp {
     /// set/add/replace/append/prepend/cas. `exptime` follows memcached's rule (see
     /// `semantics::expire_at`); `cas` is only read in `Cas` mode.
-    Store { mode: StoreMode, kv: KeyValue, flags: u32, exptime: i64, cas: u64 },
-    Delete { key: Vec<u8> },
-    Arith { key: Vec<u8>, incr: bool, delta: u64 },
-    Touch { key: Vec<u8>, exptime: i64 },
+    Store {
+        mode: StoreMode,
+        kv: KeyValue,
+        flags: u32,
+        exptime: i64,
+        cas: u64,
+    },
+    Delete {
+        key: Vec<u8>,
+    },
+    Arith {
+        key: Vec<u8>,
+        incr: bool,
+        delta: u64,
+    },
+    Touch {
+        key: Vec<u8>,
+        exptime: i64,
+    },
     /// Get-and-touch: `keys` is the space-separated key list of the request.
-    Gat { keys: Vec<u8>, exptime: i64 },
+    Gat {
+        keys: Vec<u8>,
+        exptime: i64,
+    },
     /// `delay` follows the exptime rule: 0 (or negative) now, else relative or absolute.
-    FlushAll { delay: i64 },
+    FlushAll {
+        delay: i64,
+    },
+    /// RESP SET/SETNX/SETEX/PSETEX/GETSET: answers `Done` (set), `Nil` (condition failed), or
+    /// with `get` the old value as `Bulk`/`Nil`.
+    Set { kv: KeyValue, cond: SetCond, expiry: Expiry, get: bool },
+    /// INCR/DECR/INCRBY/DECRBY: `Int` or `Err`.
+    IncrBy { key: Vec<u8>, delta: i64 },
+    /// INCRBYFLOAT: the new value as `Bulk`, or `Err`.
+    IncrByFloat { key: Vec<u8>, delta: f64 },
+    /// APPEND (creating the key): the new length as `Int`.
+    Append { kv: KeyValue },
+    /// SETRANGE: the new length as `Int`.
+    SetRange { kv: KeyValue, offset: usize },
+    /// GETDEL: the old value as `Bulk`, or `Nil`.
+    GetDel { key: Vec<u8> },
+    /// GETEX: the value as `Bulk` (after changing the expiry), or `Nil`.
+    GetEx { key: Vec<u8>, expiry: Expiry },
+    /// MSET (`Done`) and MSETNX (`Int` 1 if all were set, 0 if none was).
+    MSet { kvs: Vec<KeyValue>, nx: bool },
+    /// DEL/UNLINK: how many existed, as `Int`.
+    Del { keys: Vec<Vec<u8>> },
+    /// EXPIRE family with an absolute time: `Int` 1 if applied, 0 if not. A time already past
+    /// deletes the key.
+    Expire { key: Vec<u8>, at_ms: u64, cond: ExpireCond },
+    /// PERSIST: `Int` 1 if an expiry was removed.
+    Persist { key: Vec<u8> },
+    /// RENAME (`Done`) and RENAMENX (`Int`); `Err` when the source does not exist.
+    Rename { from: Vec<u8>, to: Vec<u8>, nx: bool },
 }
 
 /// One item returned by a write that also reads (gat).
@@ -75,4 +159,14 @@ pub enum Outcome {
     Full,
     /// The store failed; the write was not applied.
     Failed,
+    /// RESP integer reply.
+    Int(i64),
+    /// RESP bulk string reply.
+    Bulk(Vec<u8>),
+    /// RESP null reply.
+    Nil,
+    /// A command error the client sees, e.g. "ERR value is not an integer or out of range".
+    Err(&'static str),
+    /// The key (or a key) is not one memkeep can store (empty, or longer than LMDB allows).
+    BadKey,
 }

@@ -83,7 +83,11 @@ impl Default for Config {
 /// Command-line flags. Every option is optional so that an absent flag leaves the config file's
 /// (or the default) value in place.
 #[derive(Debug, Parser)]
-#[command(name = "memkeep", version, about = "A persistent memcached- and Redis-compatible cache on LMDB")]
+#[command(
+    name = "memkeep",
+    version,
+    about = "A persistent memcached- and Redis-compatible cache on LMDB"
+)]
 pub struct Cli {
     /// TOML configuration file; flags given here override it.
     #[arg(long, value_name = "FILE")]
@@ -166,8 +170,19 @@ impl Config {
         macro_rules! take {
             ($($field:ident),*) => { $( if let Some(v) = &cli.$field { c.$field = v.clone(); } )* };
         }
-        take!(port, resp_port, listen, max_connections, threads, max_item_size, data_dir, sync,
-              sync_interval_ms, map_size, max_batch);
+        take!(
+            port,
+            resp_port,
+            listen,
+            max_connections,
+            threads,
+            max_item_size,
+            data_dir,
+            sync,
+            sync_interval_ms,
+            map_size,
+            max_batch
+        );
         if cli.no_sync {
             c.sync = SyncMode::Never;
         }
@@ -212,7 +227,9 @@ impl Config {
         if self.threads > 0 {
             self.threads
         } else {
-            std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
         }
     }
 }
@@ -230,7 +247,9 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .parse::<u64>()
         .ok()
         .and_then(|n| n.checked_mul(mult))
-        .ok_or_else(|| format!("invalid size '{s}': expected a number with an optional k, m or g suffix"))
+        .ok_or_else(|| {
+            format!("invalid size '{s}': expected a number with an optional k, m or g suffix")
+        })
 }
 
 fn de_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
@@ -258,11 +277,22 @@ mod tests {
         // Every field must be spelled out in the example file, not left to the default.
         let text = std::fs::read_to_string(&path).expect("read");
         for key in [
-            "port", "resp_port", "listen", "max_connections", "threads", "max_item_size",
-            "data_dir", "sync", "sync_interval_ms", "map_size", "max_batch", "verbosity",
+            "port",
+            "resp_port",
+            "listen",
+            "max_connections",
+            "threads",
+            "max_item_size",
+            "data_dir",
+            "sync",
+            "sync_interval_ms",
+            "map_size",
+            "max_batch",
+            "verbosity",
         ] {
             assert!(
-                text.lines().any(|l| l.trim_start().starts_with(&format!("{key} ="))),
+                text.lines()
+                    .any(|l| l.trim_start().starts_with(&format!("{key} ="))),
                 "conf/memkeep.toml does not list {key}"
             );
         }
@@ -272,8 +302,19 @@ mod tests {
     fn flags_override_file_and_n_means_never() {
         let dir = tempfile::tempdir().expect("tempdir");
         let file = dir.path().join("m.toml");
-        std::fs::write(&file, "port = 2000\nsync = \"periodic\"\nmax_item_size = \"2m\"\n").expect("write");
-        let cli = Cli::parse_from(["memkeep", "--config", file.to_str().expect("utf8"), "-p", "3000", "-N"]);
+        std::fs::write(
+            &file,
+            "port = 2000\nsync = \"periodic\"\nmax_item_size = \"2m\"\n",
+        )
+        .expect("write");
+        let cli = Cli::parse_from([
+            "memkeep",
+            "--config",
+            file.to_str().expect("utf8"),
+            "-p",
+            "3000",
+            "-N",
+        ]);
         let c = Config::from_cli(&cli).expect("valid");
         assert_eq!(c.port, 3000);
         assert_eq!(c.sync, SyncMode::Never);

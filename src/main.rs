@@ -17,7 +17,13 @@ fn main() -> ExitCode {
                 return ExitCode::SUCCESS;
             }
             let text = e.to_string();
-            eprintln!("memkeep: {}", text.lines().next().unwrap_or("invalid arguments").trim_start_matches("error: "));
+            eprintln!(
+                "memkeep: {}",
+                text.lines()
+                    .next()
+                    .unwrap_or("invalid arguments")
+                    .trim_start_matches("error: ")
+            );
             return ExitCode::from(2);
         }
     };

@@ -5,7 +5,7 @@
 //! unique; every other change takes a fresh one; incr wraps at 2^64, decr floors at 0, and a
 //! shorter result keeps the old length padded with spaces (as memcached's in-place update does).
 
-use crate::command::{KeyValue, Outcome, StoreMode, ValueOut, WriteOp};
+use crate::command::{ExpireCond, Expiry, KeyValue, Outcome, SetCond, StoreMode, ValueOut, WriteOp};
 use crate::storage::{ItemMeta, Kind, StoreError, WriteView};
 
 /// memcached's REALTIME_MAXDELTA: exptimes up to 30 days are relative, larger are unix times.
@@ -27,7 +27,11 @@ pub fn expire_at(exptime: i64, now_ms: u64) -> u64 {
 /// When a `flush_all <delay>` takes effect: None for now, else the future unix ms. The delay
 /// follows the exptime rule (relative up to 30 days, else a unix time).
 pub fn flush_deadline(delay: i64, now_ms: u64) -> Option<u64> {
-    let at = if delay <= 0 { 0 } else { expire_at(delay, now_ms) };
+    let at = if delay <= 0 {
+        0
+    } else {
+        expire_at(delay, now_ms)
+    };
     (at > now_ms).then_some(at)
 }
 
@@ -40,11 +44,28 @@ pub struct Ctx {
 
 /// Applies one write. `Err` is a failure of the store; the caller decides what the client sees.
 pub fn apply<S: WriteView>(s: &mut S, op: &WriteOp, ctx: Ctx) -> Result<Outcome, StoreError> {
+    match apply_inner(s, op, ctx) {
+        Err(StoreError::BadKey) => Ok(Outcome::BadKey),
+        other => other,
+    }
+}
+
+fn apply_inner<S: WriteView>(s: &mut S, op: &WriteOp, ctx: Ctx) -> Result<Outcome, StoreError> {
     match op {
-        WriteOp::Store { mode, kv, flags, exptime, cas } => store(s, *mode, kv, *flags, *exptime, *cas, ctx),
+        WriteOp::Store {
+            mode,
+            kv,
+            flags,
+            exptime,
+            cas,
+        } => store(s, *mode, kv, *flags, *exptime, *cas, ctx),
         WriteOp::Delete { key } => {
             let live = live_meta(s, key, ctx.now_ms)?.is_some();
-            if s.delete(key)? && live { Ok(Outcome::Deleted) } else { Ok(Outcome::NotFound) }
+            if s.delete(key)? && live {
+                Ok(Outcome::Deleted)
+            } else {
+                Ok(Outcome::NotFound)
+            }
         }
         WriteOp::Arith { key, incr, delta } => arith(s, key, *incr, *delta, ctx),
         WriteOp::Touch { key, exptime } => {
@@ -63,6 +84,107 @@ pub fn apply<S: WriteView>(s: &mut S, op: &WriteOp, ctx: Ctx) -> Result<Outcome,
                 }
             }
             Ok(Outcome::Values(out))
+        }
+        WriteOp::Set { kv, cond, expiry, get } => resp_set(s, kv, *cond, *expiry, *get, ctx),
+        WriteOp::IncrBy { key, delta } => incr_by(s, key, *delta, ctx),
+        WriteOp::IncrByFloat { key, delta } => incr_by_float(s, key, *delta, ctx),
+        WriteOp::Append { kv } => set_range(s, kv.key(), None, kv.value(), ctx),
+        WriteOp::SetRange { kv, offset } => set_range(s, kv.key(), Some(*offset), kv.value(), ctx),
+        WriteOp::GetDel { key } => match live(s, key, ctx.now_ms)? {
+            None => Ok(Outcome::Nil),
+            Some((_, value)) => {
+                s.delete(key)?;
+                Ok(Outcome::Bulk(value))
+            }
+        },
+        WriteOp::GetEx { key, expiry } => match live(s, key, ctx.now_ms)? {
+            None => Ok(Outcome::Nil),
+            Some((mut meta, value)) => {
+                let at = match expiry {
+                    Expiry::Keep => meta.expire_at,
+                    Expiry::Clear => 0,
+                    Expiry::At(at) => *at,
+                };
+                if at != meta.expire_at {
+                    if at != 0 && at <= ctx.now_ms {
+                        s.delete(key)?;
+                    } else {
+                        meta.expire_at = at;
+                        s.put(key, &meta, &[&value])?;
+                    }
+                }
+                Ok(Outcome::Bulk(value))
+            }
+        },
+        WriteOp::MSet { kvs, nx } => {
+            if *nx {
+                for kv in kvs {
+                    if live_meta(s, kv.key(), ctx.now_ms)?.is_some() {
+                        return Ok(Outcome::Int(0));
+                    }
+                }
+            }
+            for kv in kvs {
+                let meta = ItemMeta { kind: Kind::String, flags: 0, expire_at: 0, cas: s.next_cas() };
+                s.put(kv.key(), &meta, &[kv.value()])?;
+            }
+            Ok(if *nx { Outcome::Int(1) } else { Outcome::Done })
+        }
+        WriteOp::Del { keys } => {
+            let mut n = 0;
+            for key in keys {
+                let was_live = live_meta(s, key, ctx.now_ms)?.is_some();
+                if s.delete(key)? && was_live {
+                    n += 1;
+                }
+            }
+            Ok(Outcome::Int(n))
+        }
+        WriteOp::Expire { key, at_ms, cond } => {
+            let Some((mut meta, value)) = live(s, key, ctx.now_ms)? else {
+                return Ok(Outcome::Int(0));
+            };
+            let current = meta.expire_at;
+            let apply = match cond {
+                ExpireCond::Always => true,
+                ExpireCond::Nx => current == 0,
+                ExpireCond::Xx => current != 0,
+                // No expiry counts as an infinitely late one.
+                ExpireCond::Gt => current != 0 && *at_ms > current,
+                ExpireCond::Lt => current == 0 || *at_ms < current,
+            };
+            if !apply {
+                return Ok(Outcome::Int(0));
+            }
+            if *at_ms <= ctx.now_ms {
+                s.delete(key)?;
+            } else {
+                meta.expire_at = *at_ms;
+                s.put(key, &meta, &[&value])?;
+            }
+            Ok(Outcome::Int(1))
+        }
+        WriteOp::Persist { key } => match live(s, key, ctx.now_ms)? {
+            Some((mut meta, value)) if meta.expire_at != 0 => {
+                meta.expire_at = 0;
+                s.put(key, &meta, &[&value])?;
+                Ok(Outcome::Int(1))
+            }
+            _ => Ok(Outcome::Int(0)),
+        },
+        WriteOp::Rename { from, to, nx } => {
+            let Some((mut meta, value)) = live(s, from, ctx.now_ms)? else {
+                return Ok(Outcome::Err("ERR no such key"));
+            };
+            if *nx && live_meta(s, to, ctx.now_ms)?.is_some() {
+                return Ok(Outcome::Int(0));
+            }
+            if from != to {
+                meta.cas = s.next_cas();
+                s.put(to, &meta, &[&value])?;
+                s.delete(from)?;
+            }
+            Ok(if *nx { Outcome::Int(1) } else { Outcome::Done })
         }
         WriteOp::FlushAll { delay } => {
             match flush_deadline(*delay, ctx.now_ms) {
@@ -135,6 +257,136 @@ fn store<S: WriteView>(
     Ok(Outcome::Stored)
 }
 
+/// A live item's meta and a copy of its value.
+fn live<S: WriteView>(s: &S, key: &[u8], now: u64) -> Result<Option<(ItemMeta, Vec<u8>)>, StoreError> {
+    Ok(s.get(key)?.filter(|i| !i.meta.is_expired(now)).map(|i| (i.meta, i.value.to_vec())))
+}
+
+/// RESP SET: a fresh item (flags 0, a new CAS) replaces the old one, whatever it held.
+fn resp_set<S: WriteView>(
+    s: &mut S,
+    kv: &KeyValue,
+    cond: SetCond,
+    expiry: Expiry,
+    get: bool,
+    ctx: Ctx,
+) -> Result<Outcome, StoreError> {
+    let old = live(s, kv.key(), ctx.now_ms)?;
+    let apply = match cond {
+        SetCond::Always => true,
+        SetCond::Nx => old.is_none(),
+        SetCond::Xx => old.is_some(),
+    };
+    let old_reply = |old: Option<(ItemMeta, Vec<u8>)>| match old {
+        Some((_, v)) => Outcome::Bulk(v),
+        None => Outcome::Nil,
+    };
+    if !apply {
+        return Ok(if get { old_reply(old) } else { Outcome::Nil });
+    }
+    let expire_at = match expiry {
+        Expiry::Keep => old.as_ref().map_or(0, |(m, _)| m.expire_at),
+        Expiry::Clear => 0,
+        Expiry::At(at) => at,
+    };
+    let meta = ItemMeta { kind: Kind::String, flags: 0, expire_at, cas: s.next_cas() };
+    s.put(kv.key(), &meta, &[kv.value()])?;
+    Ok(if get { old_reply(old) } else { Outcome::Done })
+}
+
+const NOT_INTEGER: &str = "ERR value is not an integer or out of range";
+
+/// INCRBY: a missing key counts as 0; the item keeps its flags and expiry.
+fn incr_by<S: WriteView>(s: &mut S, key: &[u8], delta: i64, ctx: Ctx) -> Result<Outcome, StoreError> {
+    let (mut meta, n) = match s.get(key)?.filter(|i| !i.meta.is_expired(ctx.now_ms)) {
+        None => (ItemMeta { kind: Kind::String, flags: 0, expire_at: 0, cas: 0 }, 0),
+        Some(item) => match crate::protocol::resp::parse_i64(item.value) {
+            Some(n) => (item.meta, n),
+            None => return Ok(Outcome::Err(NOT_INTEGER)),
+        },
+    };
+    let Some(new) = n.checked_add(delta) else {
+        return Ok(Outcome::Err("ERR increment or decrement would overflow"));
+    };
+    meta.cas = s.next_cas();
+    s.put(key, &meta, &[itoa::Buffer::new().format(new).as_bytes()])?;
+    Ok(Outcome::Int(new))
+}
+
+/// Formats an INCRBYFLOAT result as a human would write it: at most 15 significant digits
+/// (which hides binary noise like 0.1 + 0.2 = 0.30000000000000004, as Redis's long double
+/// arithmetic does), no exponent, no trailing zeros.
+pub fn format_float(v: f64) -> String {
+    let rounded: f64 = format!("{v:.14e}").parse().unwrap_or(v);
+    let s = format!("{rounded}");
+    if s == "-0" { "0".into() } else { s }
+}
+
+/// Parses a float argument or stored value as Redis does (strtold: no spaces, no NaN).
+pub fn parse_float(b: &[u8]) -> Option<f64> {
+    let t = std::str::from_utf8(b).ok()?;
+    if t.is_empty() || t.starts_with(|c: char| c.is_whitespace()) || t.ends_with(|c: char| c.is_whitespace()) {
+        return None;
+    }
+    let v: f64 = match t.to_ascii_lowercase().as_str() {
+        "inf" | "+inf" | "infinity" | "+infinity" => f64::INFINITY,
+        "-inf" | "-infinity" => f64::NEG_INFINITY,
+        _ => t.parse().ok()?,
+    };
+    (!v.is_nan()).then_some(v)
+}
+
+fn incr_by_float<S: WriteView>(s: &mut S, key: &[u8], delta: f64, ctx: Ctx) -> Result<Outcome, StoreError> {
+    let (mut meta, n) = match s.get(key)?.filter(|i| !i.meta.is_expired(ctx.now_ms)) {
+        None => (ItemMeta { kind: Kind::String, flags: 0, expire_at: 0, cas: 0 }, 0.0),
+        Some(item) => match parse_float(item.value).filter(|v| v.is_finite()) {
+            Some(n) => (item.meta, n),
+            None => return Ok(Outcome::Err("ERR value is not a valid float")),
+        },
+    };
+    let new = n + delta;
+    if !new.is_finite() {
+        return Ok(Outcome::Err("ERR increment would produce NaN or Infinity"));
+    }
+    let text = format_float(new);
+    meta.cas = s.next_cas();
+    s.put(key, &meta, &[text.as_bytes()])?;
+    Ok(Outcome::Bulk(text.into_bytes()))
+}
+
+/// APPEND (`offset` None) and SETRANGE: write `data` into the string, creating it (and
+/// zero-padding) as needed; the item keeps its flags and expiry. Answers the new length.
+fn set_range<S: WriteView>(
+    s: &mut S,
+    key: &[u8],
+    offset: Option<usize>,
+    data: &[u8],
+    ctx: Ctx,
+) -> Result<Outcome, StoreError> {
+    let existing = live(s, key, ctx.now_ms)?;
+    let old_len = existing.as_ref().map_or(0, |(_, v)| v.len());
+    let at = offset.unwrap_or(old_len);
+    if offset.is_some() && data.is_empty() {
+        // SETRANGE with nothing to write changes nothing, and creates nothing.
+        return Ok(Outcome::Int(old_len as i64));
+    }
+    let new_len = old_len.max(at + data.len());
+    if new_len > ctx.item_size_max {
+        return Ok(Outcome::Err("ERR string exceeds maximum allowed size (proto-max-bulk-len)"));
+    }
+    let (mut meta, mut value) = existing.unwrap_or((ItemMeta { kind: Kind::String, flags: 0, expire_at: 0, cas: 0 }, Vec::new()));
+    if offset.is_none() {
+        meta.cas = s.next_cas();
+        s.put(key, &meta, &[&value, data])?;
+        return Ok(Outcome::Int(new_len as i64));
+    }
+    value.resize(new_len, 0);
+    value[at..at + data.len()].copy_from_slice(data);
+    meta.cas = s.next_cas();
+    s.put(key, &meta, &[&value])?;
+    Ok(Outcome::Int(new_len as i64))
+}
+
 /// Parses a stored counter as memcached does: optional surrounding whitespace, then decimal
 /// digits that fit a u64.
 pub fn parse_counter(v: &[u8]) -> Option<u64> {
@@ -145,7 +397,13 @@ pub fn parse_counter(v: &[u8]) -> Option<u64> {
     std::str::from_utf8(t).ok()?.parse().ok()
 }
 
-fn arith<S: WriteView>(s: &mut S, key: &[u8], incr: bool, delta: u64, ctx: Ctx) -> Result<Outcome, StoreError> {
+fn arith<S: WriteView>(
+    s: &mut S,
+    key: &[u8],
+    incr: bool,
+    delta: u64,
+    ctx: Ctx,
+) -> Result<Outcome, StoreError> {
     let Some(item) = s.get(key)?.filter(|i| !i.meta.is_expired(ctx.now_ms)) else {
         return Ok(Outcome::NotFound);
     };
@@ -154,7 +412,11 @@ fn arith<S: WriteView>(s: &mut S, key: &[u8], incr: bool, delta: u64, ctx: Ctx) 
     };
     let old_len = item.value.len();
     let mut meta = item.meta;
-    let new = if incr { n.wrapping_add(delta) } else { n.saturating_sub(delta) };
+    let new = if incr {
+        n.wrapping_add(delta)
+    } else {
+        n.saturating_sub(delta)
+    };
     let mut text = new.to_string().into_bytes();
     if text.len() < old_len {
         text.resize(old_len, b' ');
@@ -165,7 +427,12 @@ fn arith<S: WriteView>(s: &mut S, key: &[u8], incr: bool, delta: u64, ctx: Ctx) 
 }
 
 /// Sets a live item's expiry, keeping its value and CAS; returns it, or None when absent.
-fn touch<S: WriteView>(s: &mut S, key: &[u8], at: u64, now: u64) -> Result<Option<ValueOut>, StoreError> {
+fn touch<S: WriteView>(
+    s: &mut S,
+    key: &[u8],
+    at: u64,
+    now: u64,
+) -> Result<Option<ValueOut>, StoreError> {
     let Some(item) = s.get(key)?.filter(|i| !i.meta.is_expired(now)) else {
         return Ok(None);
     };
@@ -173,7 +440,12 @@ fn touch<S: WriteView>(s: &mut S, key: &[u8], at: u64, now: u64) -> Result<Optio
     let value = item.value.to_vec();
     meta.expire_at = at;
     s.put(key, &meta, &[&value])?;
-    Ok(Some(ValueOut { key: key.to_vec(), flags: meta.flags, cas: meta.cas, value }))
+    Ok(Some(ValueOut {
+        key: key.to_vec(),
+        flags: meta.flags,
+        cas: meta.cas,
+        value,
+    }))
 }
 
 #[cfg(test)]
@@ -185,16 +457,35 @@ mod tests {
     const NOW: u64 = 1_700_000_000_000;
 
     fn ctx() -> Ctx {
-        Ctx { now_ms: NOW, item_size_max: 1024 }
+        Ctx {
+            now_ms: NOW,
+            item_size_max: 1024,
+        }
     }
 
-    fn set(s: &mut ModelStore, mode: StoreMode, k: &str, v: &str, exptime: i64, cas: u64) -> Outcome {
-        let op = WriteOp::Store { mode, kv: KeyValue::new(k.as_bytes(), v.as_bytes()), flags: 3, exptime, cas };
+    fn set(
+        s: &mut ModelStore,
+        mode: StoreMode,
+        k: &str,
+        v: &str,
+        exptime: i64,
+        cas: u64,
+    ) -> Outcome {
+        let op = WriteOp::Store {
+            mode,
+            kv: KeyValue::new(k.as_bytes(), v.as_bytes()),
+            flags: 3,
+            exptime,
+            cas,
+        };
         apply(s, &op, ctx()).expect("model never fails")
     }
 
     fn value(s: &ModelStore, k: &str) -> Option<Vec<u8>> {
-        s.get(k.as_bytes()).expect("get").filter(|i| !i.meta.is_expired(NOW)).map(|i| i.value.to_vec())
+        s.get(k.as_bytes())
+            .expect("get")
+            .filter(|i| !i.meta.is_expired(NOW))
+            .map(|i| i.value.to_vec())
     }
 
     #[test]
@@ -202,30 +493,57 @@ mod tests {
         assert_eq!(expire_at(0, NOW), 0);
         assert_eq!(expire_at(-1, NOW), 1);
         assert_eq!(expire_at(10, NOW), NOW + 10_000);
-        assert_eq!(expire_at(REALTIME_MAXDELTA, NOW), NOW + REALTIME_MAXDELTA as u64 * 1000);
-        assert_eq!(expire_at(REALTIME_MAXDELTA + 1, NOW), (REALTIME_MAXDELTA as u64 + 1) * 1000);
+        assert_eq!(
+            expire_at(REALTIME_MAXDELTA, NOW),
+            NOW + REALTIME_MAXDELTA as u64 * 1000
+        );
+        assert_eq!(
+            expire_at(REALTIME_MAXDELTA + 1, NOW),
+            (REALTIME_MAXDELTA as u64 + 1) * 1000
+        );
     }
 
     #[test]
     fn add_and_replace_depend_on_a_live_item() {
         let mut s = ModelStore::default();
-        assert_eq!(set(&mut s, StoreMode::Replace, "k", "a", 0, 0), Outcome::NotStored);
+        assert_eq!(
+            set(&mut s, StoreMode::Replace, "k", "a", 0, 0),
+            Outcome::NotStored
+        );
         assert_eq!(set(&mut s, StoreMode::Add, "k", "a", 0, 0), Outcome::Stored);
-        assert_eq!(set(&mut s, StoreMode::Add, "k", "b", 0, 0), Outcome::NotStored);
-        assert_eq!(set(&mut s, StoreMode::Replace, "k", "c", 0, 0), Outcome::Stored);
+        assert_eq!(
+            set(&mut s, StoreMode::Add, "k", "b", 0, 0),
+            Outcome::NotStored
+        );
+        assert_eq!(
+            set(&mut s, StoreMode::Replace, "k", "c", 0, 0),
+            Outcome::Stored
+        );
         assert_eq!(value(&s, "k"), Some(b"c".to_vec()));
         // An expired item counts as absent.
-        assert_eq!(set(&mut s, StoreMode::Set, "e", "x", -1, 0), Outcome::Stored);
+        assert_eq!(
+            set(&mut s, StoreMode::Set, "e", "x", -1, 0),
+            Outcome::Stored
+        );
         assert_eq!(set(&mut s, StoreMode::Add, "e", "y", 0, 0), Outcome::Stored);
     }
 
     #[test]
     fn append_prepend_keep_flags_and_expiry() {
         let mut s = ModelStore::default();
-        assert_eq!(set(&mut s, StoreMode::Append, "k", "x", 0, 0), Outcome::NotStored);
+        assert_eq!(
+            set(&mut s, StoreMode::Append, "k", "x", 0, 0),
+            Outcome::NotStored
+        );
         set(&mut s, StoreMode::Set, "k", "mid", 100, 0);
         let before = s.get(b"k").expect("get").expect("present").meta;
-        let op = WriteOp::Store { mode: StoreMode::Append, kv: KeyValue::new(b"k", b">"), flags: 9, exptime: 0, cas: 0 };
+        let op = WriteOp::Store {
+            mode: StoreMode::Append,
+            kv: KeyValue::new(b"k", b">"),
+            flags: 9,
+            exptime: 0,
+            cas: 0,
+        };
         assert_eq!(apply(&mut s, &op, ctx()).expect("ok"), Outcome::Stored);
         set(&mut s, StoreMode::Prepend, "k", "<", 0, 0);
         let after = s.get(b"k").expect("get").expect("present");
@@ -239,26 +557,50 @@ mod tests {
     fn append_beyond_item_limit_is_refused() {
         let mut s = ModelStore::default();
         set(&mut s, StoreMode::Set, "k", &"a".repeat(1000), 0, 0);
-        assert_eq!(set(&mut s, StoreMode::Append, "k", &"b".repeat(100), 0, 0), Outcome::TooLarge);
+        assert_eq!(
+            set(&mut s, StoreMode::Append, "k", &"b".repeat(100), 0, 0),
+            Outcome::TooLarge
+        );
         assert_eq!(value(&s, "k").map(|v| v.len()), Some(1000));
     }
 
     #[test]
     fn cas_checks_the_unique() {
         let mut s = ModelStore::default();
-        assert_eq!(set(&mut s, StoreMode::Cas, "k", "a", 0, 1), Outcome::NotFound);
+        assert_eq!(
+            set(&mut s, StoreMode::Cas, "k", "a", 0, 1),
+            Outcome::NotFound
+        );
         set(&mut s, StoreMode::Set, "k", "a", 0, 0);
         let cas = s.get(b"k").expect("get").expect("present").meta.cas;
-        assert_eq!(set(&mut s, StoreMode::Cas, "k", "b", 0, cas + 1), Outcome::Exists);
-        assert_eq!(set(&mut s, StoreMode::Cas, "k", "b", 0, cas), Outcome::Stored);
-        assert_eq!(set(&mut s, StoreMode::Cas, "k", "c", 0, cas), Outcome::Exists);
+        assert_eq!(
+            set(&mut s, StoreMode::Cas, "k", "b", 0, cas + 1),
+            Outcome::Exists
+        );
+        assert_eq!(
+            set(&mut s, StoreMode::Cas, "k", "b", 0, cas),
+            Outcome::Stored
+        );
+        assert_eq!(
+            set(&mut s, StoreMode::Cas, "k", "c", 0, cas),
+            Outcome::Exists
+        );
     }
 
     #[test]
     fn incr_wraps_decr_floors_and_pads() {
         let mut s = ModelStore::default();
         let arith = |s: &mut ModelStore, k: &str, incr, delta| {
-            apply(s, &WriteOp::Arith { key: k.as_bytes().to_vec(), incr, delta }, ctx()).expect("ok")
+            apply(
+                s,
+                &WriteOp::Arith {
+                    key: k.as_bytes().to_vec(),
+                    incr,
+                    delta,
+                },
+                ctx(),
+            )
+            .expect("ok")
         };
         assert_eq!(arith(&mut s, "n", true, 1), Outcome::NotFound);
         set(&mut s, StoreMode::Set, "n", "18446744073709551615", 0, 0);
@@ -278,10 +620,37 @@ mod tests {
         let mut s = ModelStore::default();
         set(&mut s, StoreMode::Set, "k", "v", 0, 0);
         let cas = s.get(b"k").expect("get").expect("present").meta.cas;
-        let out = apply(&mut s, &WriteOp::Gat { keys: b"k missing".to_vec(), exptime: 5 }, ctx()).expect("ok");
-        assert_eq!(out, Outcome::Values(vec![ValueOut { key: b"k".to_vec(), flags: 3, cas, value: b"v".to_vec() }]));
-        assert_eq!(s.get(b"k").expect("get").expect("present").meta.expire_at, NOW + 5000);
-        let t = apply(&mut s, &WriteOp::Touch { key: b"nope".to_vec(), exptime: 1 }, ctx()).expect("ok");
+        let out = apply(
+            &mut s,
+            &WriteOp::Gat {
+                keys: b"k missing".to_vec(),
+                exptime: 5,
+            },
+            ctx(),
+        )
+        .expect("ok");
+        assert_eq!(
+            out,
+            Outcome::Values(vec![ValueOut {
+                key: b"k".to_vec(),
+                flags: 3,
+                cas,
+                value: b"v".to_vec()
+            }])
+        );
+        assert_eq!(
+            s.get(b"k").expect("get").expect("present").meta.expire_at,
+            NOW + 5000
+        );
+        let t = apply(
+            &mut s,
+            &WriteOp::Touch {
+                key: b"nope".to_vec(),
+                exptime: 1,
+            },
+            ctx(),
+        )
+        .expect("ok");
         assert_eq!(t, Outcome::NotFound);
     }
 

@@ -363,6 +363,12 @@ pub fn complete(
             warn!("a write failed in the store; the client was told");
             line(out, "SERVER_ERROR storage failure")
         }
+        Outcome::BadKey => line(out, "CLIENT_ERROR bad command line format"),
+        // RESP-only outcomes never answer a memcached write.
+        Outcome::Int(_) | Outcome::Bulk(_) | Outcome::Nil | Outcome::Err(_) => {
+            error!("a RESP outcome reached a memcached reply");
+            line(out, "SERVER_ERROR internal error")
+        }
     }
 }
 

@@ -52,9 +52,7 @@ impl ItemMeta {
     }
 
     pub fn header_len(&self) -> usize {
-        BASE_LEN
-            + if self.flags != 0 { 4 } else { 0 }
-            + if self.expire_at != 0 { 8 } else { 0 }
+        BASE_LEN + if self.flags != 0 { 4 } else { 0 } + if self.expire_at != 0 { 8 } else { 0 }
     }
 
     /// The encoded header: a buffer and how many of its bytes are used.
@@ -97,13 +95,18 @@ pub fn decode(bytes: &[u8]) -> Result<ItemRef<'_>, StoreError> {
         return Err(corrupt("item shorter than its header"));
     }
     if bytes[0] != FORMAT_VERSION {
-        return Err(StoreError::Corrupt(format!("unknown item format version {}", bytes[0])));
+        return Err(StoreError::Corrupt(format!(
+            "unknown item format version {}",
+            bytes[0]
+        )));
     }
     let tag = bytes[1];
     let kind = Kind::from_u8(tag & KIND_MASK).ok_or_else(|| corrupt("unknown item kind"))?;
     let mut at = 2;
     let mut take = |n: usize| -> Result<&[u8], StoreError> {
-        let s = bytes.get(at..at + n).ok_or_else(|| corrupt("item header truncated"))?;
+        let s = bytes
+            .get(at..at + n)
+            .ok_or_else(|| corrupt("item header truncated"))?;
         at += n;
         Ok(s)
     };
@@ -118,7 +121,15 @@ pub fn decode(bytes: &[u8]) -> Result<ItemRef<'_>, StoreError> {
     } else {
         0
     };
-    Ok(ItemRef { meta: ItemMeta { kind, flags, expire_at, cas }, value: &bytes[at..] })
+    Ok(ItemRef {
+        meta: ItemMeta {
+            kind,
+            flags,
+            expire_at,
+            cas,
+        },
+        value: &bytes[at..],
+    })
 }
 
 #[cfg(test)]
@@ -137,15 +148,56 @@ mod tests {
 
     #[test]
     fn items_roundtrip_with_and_without_optional_fields() {
-        roundtrip(ItemMeta { kind: Kind::String, flags: 0, expire_at: 0, cas: 1 }, b"v");
-        roundtrip(ItemMeta { kind: Kind::String, flags: u32::MAX, expire_at: 0, cas: 7 }, b"");
-        roundtrip(ItemMeta { kind: Kind::String, flags: 0, expire_at: 99, cas: u64::MAX }, b"xy");
-        roundtrip(ItemMeta { kind: Kind::String, flags: 5, expire_at: 1 << 40, cas: 3 }, &[0; 300]);
+        roundtrip(
+            ItemMeta {
+                kind: Kind::String,
+                flags: 0,
+                expire_at: 0,
+                cas: 1,
+            },
+            b"v",
+        );
+        roundtrip(
+            ItemMeta {
+                kind: Kind::String,
+                flags: u32::MAX,
+                expire_at: 0,
+                cas: 7,
+            },
+            b"",
+        );
+        roundtrip(
+            ItemMeta {
+                kind: Kind::String,
+                flags: 0,
+                expire_at: 99,
+                cas: u64::MAX,
+            },
+            b"xy",
+        );
+        roundtrip(
+            ItemMeta {
+                kind: Kind::String,
+                flags: 5,
+                expire_at: 1 << 40,
+                cas: 3,
+            },
+            &[0; 300],
+        );
     }
 
     #[test]
     fn common_header_is_ten_bytes() {
-        assert_eq!(ItemMeta { kind: Kind::String, flags: 0, expire_at: 0, cas: 9 }.header_len(), 10);
+        assert_eq!(
+            ItemMeta {
+                kind: Kind::String,
+                flags: 0,
+                expire_at: 0,
+                cas: 9
+            }
+            .header_len(),
+            10
+        );
     }
 
     #[test]

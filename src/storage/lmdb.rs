@@ -53,8 +53,15 @@ pub struct Persisted {
 
 impl LmdbStore {
     /// Opens (creating if needed) the environment in `dir`.
-    pub fn open(dir: &Path, map_size: u64, sync: SyncMode, max_readers: u32) -> Result<(LmdbStore, Persisted), OpenError> {
-        let at = |what: &str, e: &dyn std::fmt::Display| OpenError(format!("{what} {}: {e}", dir.display()));
+    pub fn open(
+        dir: &Path,
+        map_size: u64,
+        sync: SyncMode,
+        max_readers: u32,
+    ) -> Result<(LmdbStore, Persisted), OpenError> {
+        let at = |what: &str, e: &dyn std::fmt::Display| {
+            OpenError(format!("{what} {}: {e}", dir.display()))
+        };
         std::fs::create_dir_all(dir).map_err(|e| at("cannot create data directory", &e))?;
         // LMDB needs the map size in whole pages; 64 KiB covers every page size in use.
         let map_size = usize::try_from(map_size.div_ceil(1 << 16) << 16)
@@ -72,16 +79,25 @@ impl LmdbStore {
         };
         // Safety: the environment is opened once per process on a local directory that only
         // this process writes; `flags` holds only NO_SYNC, which does not affect memory safety.
-        let env = unsafe { opts.flags(flags).open(dir) }.map_err(|e| at("cannot open data directory", &e))?;
-        let mut wtxn = env.write_txn().map_err(|e| at("cannot write to data directory", &e))?;
+        let env = unsafe { opts.flags(flags).open(dir) }
+            .map_err(|e| at("cannot open data directory", &e))?;
+        let mut wtxn = env
+            .write_txn()
+            .map_err(|e| at("cannot write to data directory", &e))?;
         let db = |wtxn: &mut RwTxn, name: &str| {
-            env.create_database::<Bytes, Bytes>(wtxn, Some(name)).map_err(|e| at("cannot create database in", &e))
+            env.create_database::<Bytes, Bytes>(wtxn, Some(name))
+                .map_err(|e| at("cannot create database in", &e))
         };
         let items = db(&mut wtxn, "items")?;
         let expiry = db(&mut wtxn, "expiry")?;
         let meta = db(&mut wtxn, "meta")?;
-        match meta.get(&wtxn, META_FORMAT).map_err(|e| at("cannot read", &e))? {
-            None => meta.put(&mut wtxn, META_FORMAT, &[FORMAT_VERSION]).map_err(|e| at("cannot write to", &e))?,
+        match meta
+            .get(&wtxn, META_FORMAT)
+            .map_err(|e| at("cannot read", &e))?
+        {
+            None => meta
+                .put(&mut wtxn, META_FORMAT, &[FORMAT_VERSION])
+                .map_err(|e| at("cannot write to", &e))?,
             Some([v]) if *v == FORMAT_VERSION => {}
             Some(other) => {
                 return Err(OpenError(format!(
@@ -102,8 +118,17 @@ impl LmdbStore {
         };
         let cas = read_u64(&wtxn, META_CAS)?.unwrap_or(0);
         let flush_at = read_u64(&wtxn, META_FLUSH_AT)?;
-        wtxn.commit().map_err(|e| at("cannot write to data directory", &e))?;
-        Ok((LmdbStore { env, items, expiry, meta }, Persisted { cas, flush_at }))
+        wtxn.commit()
+            .map_err(|e| at("cannot write to data directory", &e))?;
+        Ok((
+            LmdbStore {
+                env,
+                items,
+                expiry,
+                meta,
+            },
+            Persisted { cas, flush_at },
+        ))
     }
 
     pub fn env(&self) -> &Env<WithTls> {
@@ -120,6 +145,9 @@ impl LmdbStore {
 
     /// The item under `key` (expired or not), borrowed from the map.
     pub fn get<'t>(&self, txn: &'t RoTxn, key: &[u8]) -> Result<Option<ItemRef<'t>>, StoreError> {
+        if key.is_empty() || key.len() > super::MAX_KEY {
+            return Ok(None);
+        }
         match self.items.get(txn, key)? {
             None => Ok(None),
             Some(bytes) => item::decode(bytes).map(Some),
@@ -139,11 +167,20 @@ impl LmdbStore {
 
     /// Opens a write view on `txn` that hands out CAS uniques from `cas`.
     pub fn writer<'t, 'e>(&'t self, txn: &'t mut RwTxn<'e>, cas: &'t mut u64) -> LmdbWrite<'t, 'e> {
-        LmdbWrite { store: self, txn, cas }
+        LmdbWrite {
+            store: self,
+            txn,
+            cas,
+        }
     }
 
     /// Deletes up to `limit` items whose expiry has passed, and their index entries.
-    pub fn sweep_expired(&self, txn: &mut RwTxn, now_ms: u64, limit: usize) -> Result<usize, StoreError> {
+    pub fn sweep_expired(
+        &self,
+        txn: &mut RwTxn,
+        now_ms: u64,
+        limit: usize,
+    ) -> Result<usize, StoreError> {
         let upper = now_ms.saturating_add(1).to_be_bytes();
         let range = (Bound::Unbounded, Bound::Excluded(&upper[..]));
         let due: Vec<Vec<u8>> = self
@@ -154,7 +191,9 @@ impl LmdbStore {
             .collect::<Result<_, _>>()?;
         let mut removed = 0;
         for entry in &due {
-            let Some((t, key)) = entry.split_first_chunk::<8>() else { continue };
+            let Some((t, key)) = entry.split_first_chunk::<8>() else {
+                continue;
+            };
             let t = u64::from_be_bytes(*t);
             if let Some(bytes) = self.items.get(txn, key)?
                 && item::decode(bytes)?.meta.expire_at == t
@@ -174,7 +213,9 @@ impl LmdbStore {
     /// Runs a scheduled flush whose time has come; true if it did.
     pub fn run_due_flush(&self, txn: &mut RwTxn, now_ms: u64) -> Result<bool, StoreError> {
         match self.meta.get(txn, META_FLUSH_AT)? {
-            Some(b) if b.len() == 8 && u64::from_le_bytes(b.try_into().unwrap_or([0; 8])) <= now_ms => {
+            Some(b)
+                if b.len() == 8 && u64::from_le_bytes(b.try_into().unwrap_or([0; 8])) <= now_ms =>
+            {
                 self.clear_all(txn)?;
                 Ok(true)
             }
@@ -205,6 +246,9 @@ impl ReadView for LmdbWrite<'_, '_> {
 
 impl WriteView for LmdbWrite<'_, '_> {
     fn put(&mut self, key: &[u8], meta: &ItemMeta, parts: &[&[u8]]) -> Result<(), StoreError> {
+        if key.is_empty() || key.len() > super::MAX_KEY {
+            return Err(StoreError::BadKey);
+        }
         let (hdr, n) = meta.header();
         let len = n + parts.iter().map(|p| p.len()).sum::<usize>();
         // Write header and value straight into the page LMDB reserves: no intermediate copy.
@@ -225,6 +269,9 @@ impl WriteView for LmdbWrite<'_, '_> {
     }
 
     fn delete(&mut self, key: &[u8]) -> Result<bool, StoreError> {
+        if key.is_empty() || key.len() > super::MAX_KEY {
+            return Ok(false);
+        }
         Ok(self.store.items.delete(self.txn, key)?)
     }
 
@@ -233,7 +280,10 @@ impl WriteView for LmdbWrite<'_, '_> {
     }
 
     fn schedule_flush(&mut self, at_ms: u64) -> Result<(), StoreError> {
-        Ok(self.store.meta.put(self.txn, META_FLUSH_AT, &at_ms.to_le_bytes())?)
+        Ok(self
+            .store
+            .meta
+            .put(self.txn, META_FLUSH_AT, &at_ms.to_le_bytes())?)
     }
 
     fn next_cas(&mut self) -> u64 {
@@ -248,14 +298,20 @@ mod tests {
     use crate::storage::Kind;
 
     fn meta(cas: u64, expire_at: u64) -> ItemMeta {
-        ItemMeta { kind: Kind::String, flags: 7, expire_at, cas }
+        ItemMeta {
+            kind: Kind::String,
+            flags: 7,
+            expire_at,
+            cas,
+        }
     }
 
     #[test]
     fn items_and_cas_counter_survive_reopen() {
         let dir = tempfile::tempdir().expect("tempdir");
         {
-            let (store, p) = LmdbStore::open(dir.path(), 1 << 24, SyncMode::Always, 16).expect("open");
+            let (store, p) =
+                LmdbStore::open(dir.path(), 1 << 24, SyncMode::Always, 16).expect("open");
             assert_eq!(p.cas, 0);
             let mut txn = store.write_txn().expect("txn");
             let mut cas = p.cas;
@@ -265,7 +321,8 @@ mod tests {
             store.put_cas(&mut txn, cas).expect("cas");
             txn.commit().expect("commit");
         }
-        let (store, p) = LmdbStore::open(dir.path(), 1 << 24, SyncMode::Always, 16).expect("reopen");
+        let (store, p) =
+            LmdbStore::open(dir.path(), 1 << 24, SyncMode::Always, 16).expect("reopen");
         assert_eq!(p.cas, 1);
         let txn = store.read_txn().expect("txn");
         let item = store.get(&txn, b"k").expect("get").expect("present");
@@ -316,7 +373,9 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let file = dir.path().join("f");
         std::fs::write(&file, b"x").expect("write");
-        let err = LmdbStore::open(&file.join("sub"), 1 << 20, SyncMode::Never, 16).err().expect("must fail");
+        let err = LmdbStore::open(&file.join("sub"), 1 << 20, SyncMode::Never, 16)
+            .err()
+            .expect("must fail");
         assert!(err.0.contains("cannot create data directory"), "{}", err.0);
         assert!(!err.0.contains('\n'));
     }

@@ -14,11 +14,17 @@ use std::fmt;
 
 pub use item::{ItemMeta, ItemRef, Kind};
 
+/// Longest key LMDB stores (its default build's limit). memcached keys stop at 250 bytes anyway;
+/// longer RESP keys get a clear error.
+pub const MAX_KEY: usize = 511;
+
 /// A failure of the store itself (never a protocol-level "not found" or "exists").
 #[derive(Debug)]
 pub enum StoreError {
     /// The LMDB map is full: the write is refused, reads and deletes keep working.
     Full,
+    /// The key cannot be stored: empty, or longer than LMDB's key limit (`MAX_KEY`).
+    BadKey,
     /// A stored record could not be decoded.
     Corrupt(String),
     /// Any other LMDB or I/O failure.
@@ -29,6 +35,7 @@ impl fmt::Display for StoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             StoreError::Full => f.write_str("store is full"),
+            StoreError::BadKey => write!(f, "keys must be 1 to {MAX_KEY} bytes"),
             StoreError::Corrupt(m) => write!(f, "corrupt record: {m}"),
             StoreError::Backend(m) => write!(f, "storage error: {m}"),
         }
@@ -41,6 +48,7 @@ impl From<heed::Error> for StoreError {
     fn from(e: heed::Error) -> Self {
         match e {
             heed::Error::Mdb(heed::MdbError::MapFull) => StoreError::Full,
+            heed::Error::Mdb(heed::MdbError::BadValSize) => StoreError::BadKey,
             other => StoreError::Backend(other.to_string()),
         }
     }

@@ -32,12 +32,18 @@ impl ModelStore {
 
 impl ReadView for ModelStore {
     fn get(&self, key: &[u8]) -> Result<Option<ItemRef<'_>>, StoreError> {
-        Ok(self.items.get(key).map(|(meta, value)| ItemRef { meta: *meta, value }))
+        Ok(self
+            .items
+            .get(key)
+            .map(|(meta, value)| ItemRef { meta: *meta, value }))
     }
 }
 
 impl WriteView for ModelStore {
     fn put(&mut self, key: &[u8], meta: &ItemMeta, parts: &[&[u8]]) -> Result<(), StoreError> {
+        if key.is_empty() || key.len() > super::MAX_KEY {
+            return Err(StoreError::BadKey);
+        }
         self.items.insert(key.to_vec(), (*meta, parts.concat()));
         Ok(())
     }

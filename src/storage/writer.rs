@@ -52,7 +52,10 @@ pub struct Mailbox<T> {
 
 impl<T> Mailbox<T> {
     pub fn new(waker: mio::Waker) -> Mailbox<T> {
-        Mailbox { queue: Mutex::new(Vec::new()), waker }
+        Mailbox {
+            queue: Mutex::new(Vec::new()),
+            waker,
+        }
     }
 
     /// Moves every waiting completion into `out` (in commit order).
@@ -65,7 +68,10 @@ impl<T> Mailbox<T> {
         if items.is_empty() {
             return;
         }
-        self.queue.lock().unwrap_or_else(|p| p.into_inner()).append(items);
+        self.queue
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .append(items);
         if let Err(e) = self.waker.wake() {
             error!("cannot wake worker: {e}");
         }
@@ -115,7 +121,15 @@ impl<T: Send> Writer<T> {
     ) -> Writer<T> {
         flush_at.store(persisted.flush_at.unwrap_or(0), Ordering::Release);
         let outboxes = mailboxes.iter().map(|_| Vec::new()).collect();
-        Writer { store, clock, cfg, cas: persisted.cas, flush_at, mailboxes, outboxes }
+        Writer {
+            store,
+            clock,
+            cfg,
+            cas: persisted.cas,
+            flush_at,
+            mailboxes,
+            outboxes,
+        }
     }
 
     /// Runs until every sender is gone, then syncs and returns.
@@ -152,7 +166,12 @@ impl<T: Send> Writer<T> {
                 unsynced = true;
                 if sweep {
                     // A full sweep means more are due: come back soon rather than in a second.
-                    next_sweep = Instant::now() + if swept >= SWEEP_LIMIT { Duration::ZERO } else { SWEEP_EVERY };
+                    next_sweep = Instant::now()
+                        + if swept >= SWEEP_LIMIT {
+                            Duration::ZERO
+                        } else {
+                            SWEEP_EVERY
+                        };
                 }
             }
             if self.cfg.sync == SyncMode::Periodic && unsynced && Instant::now() >= next_sync {
@@ -181,8 +200,12 @@ impl<T: Send> Writer<T> {
     /// Applies and commits `batch` (emptying it), then delivers the outcomes. Returns how many
     /// expired items the sweep removed.
     fn commit(&mut self, batch: &mut Vec<Submission<T>>, sweep: bool) -> usize {
-        let ctx = Ctx { now_ms: self.clock.now_ms(), item_size_max: self.cfg.item_size_max };
-        let mut outcomes: Vec<Outcome> = Vec::with_capacity(batch.iter().map(|s| s.reqs.len()).sum());
+        let ctx = Ctx {
+            now_ms: self.clock.now_ms(),
+            item_size_max: self.cfg.item_size_max,
+        };
+        let mut outcomes: Vec<Outcome> =
+            Vec::with_capacity(batch.iter().map(|s| s.reqs.len()).sum());
         let mut swept = 0;
         let mut ran_due = false;
         let result = (|| -> Result<(), StoreError> {
@@ -226,7 +249,10 @@ impl<T: Send> Writer<T> {
             let outbox = &mut self.outboxes[sub.worker];
             for req in sub.reqs {
                 let outcome = outcomes.next().unwrap_or(Outcome::Failed);
-                outbox.push(Completion { tag: req.tag, outcome });
+                outbox.push(Completion {
+                    tag: req.tag,
+                    outcome,
+                });
             }
         }
         for (mailbox, outbox) in self.mailboxes.iter().zip(self.outboxes.iter_mut()) {
@@ -250,7 +276,13 @@ impl<T: Send> Writer<T> {
     }
 
     /// Runs a due delayed flush (returning true if it ran) and, when asked, the expiry sweep.
-    fn housekeeping(&self, txn: &mut RwTxn, now: u64, sweep: bool, swept: &mut usize) -> Result<bool, StoreError> {
+    fn housekeeping(
+        &self,
+        txn: &mut RwTxn,
+        now: u64,
+        sweep: bool,
+        swept: &mut usize,
+    ) -> Result<bool, StoreError> {
         let ran = self.flush_due() && self.store.run_due_flush(txn, now)?;
         if sweep {
             *swept = self.store.sweep_expired(txn, now, SWEEP_LIMIT)?;
@@ -283,5 +315,4 @@ impl<T: Send> Writer<T> {
             }
         }
     }
-
 }
