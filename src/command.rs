@@ -102,30 +102,66 @@ pub enum WriteOp {
     },
     /// RESP SET/SETNX/SETEX/PSETEX/GETSET: answers `Done` (set), `Nil` (condition failed), or
     /// with `get` the old value as `Bulk`/`Nil`.
-    Set { kv: KeyValue, cond: SetCond, expiry: Expiry, get: bool },
+    Set {
+        kv: KeyValue,
+        cond: SetCond,
+        expiry: Expiry,
+        get: bool,
+    },
     /// INCR/DECR/INCRBY/DECRBY: `Int` or `Err`.
-    IncrBy { key: Vec<u8>, delta: i64 },
+    IncrBy {
+        key: Vec<u8>,
+        delta: i64,
+    },
     /// INCRBYFLOAT: the new value as `Bulk`, or `Err`.
-    IncrByFloat { key: Vec<u8>, delta: f64 },
+    IncrByFloat {
+        key: Vec<u8>,
+        delta: f64,
+    },
     /// APPEND (creating the key): the new length as `Int`.
-    Append { kv: KeyValue },
+    Append {
+        kv: KeyValue,
+    },
     /// SETRANGE: the new length as `Int`.
-    SetRange { kv: KeyValue, offset: usize },
+    SetRange {
+        kv: KeyValue,
+        offset: usize,
+    },
     /// GETDEL: the old value as `Bulk`, or `Nil`.
-    GetDel { key: Vec<u8> },
+    GetDel {
+        key: Vec<u8>,
+    },
     /// GETEX: the value as `Bulk` (after changing the expiry), or `Nil`.
-    GetEx { key: Vec<u8>, expiry: Expiry },
+    GetEx {
+        key: Vec<u8>,
+        expiry: Expiry,
+    },
     /// MSET (`Done`) and MSETNX (`Int` 1 if all were set, 0 if none was).
-    MSet { kvs: Vec<KeyValue>, nx: bool },
+    MSet {
+        kvs: Vec<KeyValue>,
+        nx: bool,
+    },
     /// DEL/UNLINK: how many existed, as `Int`.
-    Del { keys: Vec<Vec<u8>> },
+    Del {
+        keys: Vec<Vec<u8>>,
+    },
     /// EXPIRE family with an absolute time: `Int` 1 if applied, 0 if not. A time already past
     /// deletes the key.
-    Expire { key: Vec<u8>, at_ms: u64, cond: ExpireCond },
+    Expire {
+        key: Vec<u8>,
+        at_ms: u64,
+        cond: ExpireCond,
+    },
     /// PERSIST: `Int` 1 if an expiry was removed.
-    Persist { key: Vec<u8> },
+    Persist {
+        key: Vec<u8>,
+    },
     /// RENAME (`Done`) and RENAMENX (`Int`); `Err` when the source does not exist.
-    Rename { from: Vec<u8>, to: Vec<u8>, nx: bool },
+    Rename {
+        from: Vec<u8>,
+        to: Vec<u8>,
+        nx: bool,
+    },
 }
 
 /// One item returned by a write that also reads (gat).

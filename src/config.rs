@@ -57,6 +57,8 @@ pub struct Config {
     pub map_size: u64,
     /// Most write requests the writer applies in one transaction.
     pub max_batch: usize,
+    /// Password RESP clients must give (AUTH / HELLO AUTH); empty means none.
+    pub requirepass: String,
     /// Verbosity: 0 warnings, 1 info, 2 debug, 3 trace.
     pub verbosity: u8,
 }
@@ -75,6 +77,7 @@ impl Default for Config {
             sync_interval_ms: 1000,
             map_size: 64 << 30,
             max_batch: 1024,
+            requirepass: String::new(),
             verbosity: 0,
         }
     }
@@ -128,6 +131,9 @@ pub struct Cli {
     /// Most writes committed in one transaction [default: 1024]
     #[arg(long)]
     pub max_batch: Option<usize>,
+    /// Password RESP clients must send with AUTH before anything else
+    #[arg(long)]
+    pub requirepass: Option<String>,
     /// Verbose logging; repeat for more (-vv)
     #[arg(short = 'v', action = ArgAction::Count)]
     pub verbose: u8,
@@ -181,7 +187,8 @@ impl Config {
             sync,
             sync_interval_ms,
             map_size,
-            max_batch
+            max_batch,
+            requirepass
         );
         if cli.no_sync {
             c.sync = SyncMode::Never;
@@ -288,6 +295,7 @@ mod tests {
             "sync_interval_ms",
             "map_size",
             "max_batch",
+            "requirepass",
             "verbosity",
         ] {
             assert!(

@@ -5,7 +5,9 @@
 //! unique; every other change takes a fresh one; incr wraps at 2^64, decr floors at 0, and a
 //! shorter result keeps the old length padded with spaces (as memcached's in-place update does).
 
-use crate::command::{ExpireCond, Expiry, KeyValue, Outcome, SetCond, StoreMode, ValueOut, WriteOp};
+use crate::command::{
+    ExpireCond, Expiry, KeyValue, Outcome, SetCond, StoreMode, ValueOut, WriteOp,
+};
 use crate::storage::{ItemMeta, Kind, StoreError, WriteView};
 
 /// memcached's REALTIME_MAXDELTA: exptimes up to 30 days are relative, larger are unix times.
@@ -85,7 +87,12 @@ fn apply_inner<S: WriteView>(s: &mut S, op: &WriteOp, ctx: Ctx) -> Result<Outcom
             }
             Ok(Outcome::Values(out))
         }
-        WriteOp::Set { kv, cond, expiry, get } => resp_set(s, kv, *cond, *expiry, *get, ctx),
+        WriteOp::Set {
+            kv,
+            cond,
+            expiry,
+            get,
+        } => resp_set(s, kv, *cond, *expiry, *get, ctx),
         WriteOp::IncrBy { key, delta } => incr_by(s, key, *delta, ctx),
         WriteOp::IncrByFloat { key, delta } => incr_by_float(s, key, *delta, ctx),
         WriteOp::Append { kv } => set_range(s, kv.key(), None, kv.value(), ctx),
@@ -125,7 +132,12 @@ fn apply_inner<S: WriteView>(s: &mut S, op: &WriteOp, ctx: Ctx) -> Result<Outcom
                 }
             }
             for kv in kvs {
-                let meta = ItemMeta { kind: Kind::String, flags: 0, expire_at: 0, cas: s.next_cas() };
+                let meta = ItemMeta {
+                    kind: Kind::String,
+                    flags: 0,
+                    expire_at: 0,
+                    cas: s.next_cas(),
+                };
                 s.put(kv.key(), &meta, &[kv.value()])?;
             }
             Ok(if *nx { Outcome::Int(1) } else { Outcome::Done })
@@ -258,8 +270,14 @@ fn store<S: WriteView>(
 }
 
 /// A live item's meta and a copy of its value.
-fn live<S: WriteView>(s: &S, key: &[u8], now: u64) -> Result<Option<(ItemMeta, Vec<u8>)>, StoreError> {
-    Ok(s.get(key)?.filter(|i| !i.meta.is_expired(now)).map(|i| (i.meta, i.value.to_vec())))
+fn live<S: WriteView>(
+    s: &S,
+    key: &[u8],
+    now: u64,
+) -> Result<Option<(ItemMeta, Vec<u8>)>, StoreError> {
+    Ok(s.get(key)?
+        .filter(|i| !i.meta.is_expired(now))
+        .map(|i| (i.meta, i.value.to_vec())))
 }
 
 /// RESP SET: a fresh item (flags 0, a new CAS) replaces the old one, whatever it held.
@@ -289,7 +307,12 @@ fn resp_set<S: WriteView>(
         Expiry::Clear => 0,
         Expiry::At(at) => at,
     };
-    let meta = ItemMeta { kind: Kind::String, flags: 0, expire_at, cas: s.next_cas() };
+    let meta = ItemMeta {
+        kind: Kind::String,
+        flags: 0,
+        expire_at,
+        cas: s.next_cas(),
+    };
     s.put(kv.key(), &meta, &[kv.value()])?;
     Ok(if get { old_reply(old) } else { Outcome::Done })
 }
@@ -297,9 +320,22 @@ fn resp_set<S: WriteView>(
 const NOT_INTEGER: &str = "ERR value is not an integer or out of range";
 
 /// INCRBY: a missing key counts as 0; the item keeps its flags and expiry.
-fn incr_by<S: WriteView>(s: &mut S, key: &[u8], delta: i64, ctx: Ctx) -> Result<Outcome, StoreError> {
+fn incr_by<S: WriteView>(
+    s: &mut S,
+    key: &[u8],
+    delta: i64,
+    ctx: Ctx,
+) -> Result<Outcome, StoreError> {
     let (mut meta, n) = match s.get(key)?.filter(|i| !i.meta.is_expired(ctx.now_ms)) {
-        None => (ItemMeta { kind: Kind::String, flags: 0, expire_at: 0, cas: 0 }, 0),
+        None => (
+            ItemMeta {
+                kind: Kind::String,
+                flags: 0,
+                expire_at: 0,
+                cas: 0,
+            },
+            0,
+        ),
         Some(item) => match crate::protocol::resp::parse_i64(item.value) {
             Some(n) => (item.meta, n),
             None => return Ok(Outcome::Err(NOT_INTEGER)),
@@ -325,7 +361,10 @@ pub fn format_float(v: f64) -> String {
 /// Parses a float argument or stored value as Redis does (strtold: no spaces, no NaN).
 pub fn parse_float(b: &[u8]) -> Option<f64> {
     let t = std::str::from_utf8(b).ok()?;
-    if t.is_empty() || t.starts_with(|c: char| c.is_whitespace()) || t.ends_with(|c: char| c.is_whitespace()) {
+    if t.is_empty()
+        || t.starts_with(|c: char| c.is_whitespace())
+        || t.ends_with(|c: char| c.is_whitespace())
+    {
         return None;
     }
     let v: f64 = match t.to_ascii_lowercase().as_str() {
@@ -336,9 +375,22 @@ pub fn parse_float(b: &[u8]) -> Option<f64> {
     (!v.is_nan()).then_some(v)
 }
 
-fn incr_by_float<S: WriteView>(s: &mut S, key: &[u8], delta: f64, ctx: Ctx) -> Result<Outcome, StoreError> {
+fn incr_by_float<S: WriteView>(
+    s: &mut S,
+    key: &[u8],
+    delta: f64,
+    ctx: Ctx,
+) -> Result<Outcome, StoreError> {
     let (mut meta, n) = match s.get(key)?.filter(|i| !i.meta.is_expired(ctx.now_ms)) {
-        None => (ItemMeta { kind: Kind::String, flags: 0, expire_at: 0, cas: 0 }, 0.0),
+        None => (
+            ItemMeta {
+                kind: Kind::String,
+                flags: 0,
+                expire_at: 0,
+                cas: 0,
+            },
+            0.0,
+        ),
         Some(item) => match parse_float(item.value).filter(|v| v.is_finite()) {
             Some(n) => (item.meta, n),
             None => return Ok(Outcome::Err("ERR value is not a valid float")),
@@ -372,9 +424,19 @@ fn set_range<S: WriteView>(
     }
     let new_len = old_len.max(at + data.len());
     if new_len > ctx.item_size_max {
-        return Ok(Outcome::Err("ERR string exceeds maximum allowed size (proto-max-bulk-len)"));
+        return Ok(Outcome::Err(
+            "ERR string exceeds maximum allowed size (proto-max-bulk-len)",
+        ));
     }
-    let (mut meta, mut value) = existing.unwrap_or((ItemMeta { kind: Kind::String, flags: 0, expire_at: 0, cas: 0 }, Vec::new()));
+    let (mut meta, mut value) = existing.unwrap_or((
+        ItemMeta {
+            kind: Kind::String,
+            flags: 0,
+            expire_at: 0,
+            cas: 0,
+        },
+        Vec::new(),
+    ));
     if offset.is_none() {
         meta.cas = s.next_cas();
         s.put(key, &meta, &[&value, data])?;

@@ -21,6 +21,7 @@ const WRITE_KEEP: usize = 256 * 1024;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Proto {
     Memcache,
+    Resp,
 }
 
 pub struct Conn {
@@ -51,6 +52,9 @@ pub struct Conn {
     pub want_write: bool,
     /// Queued for processing in the current event-loop pass.
     pub dirty: bool,
+    /// RESP state (protocol version, authentication, name); unused on the memcached port.
+    pub resp: super::resp::Session,
+    resp_bufs: super::resp::ArgBufs,
 }
 
 impl Conn {
@@ -73,12 +77,36 @@ impl Conn {
             broken: false,
             want_write: false,
             dirty: false,
+            resp: super::resp::Session::default(),
+            resp_bufs: super::resp::ArgBufs::default(),
         }
     }
 
     /// The unparsed input.
     pub fn input(&self) -> &[u8] {
         &self.rbuf[self.rpos..self.rend]
+    }
+
+    /// The unparsed input, the output buffer and the RESP session, borrowed together.
+    pub fn resp_io(
+        &mut self,
+    ) -> (
+        &[u8],
+        &mut Vec<u8>,
+        &mut super::resp::ArgBufs,
+        &mut super::resp::Session,
+    ) {
+        (
+            &self.rbuf[self.rpos..self.rend],
+            &mut self.wbuf,
+            &mut self.resp_bufs,
+            &mut self.resp,
+        )
+    }
+
+    /// The unparsed input fills the buffer to its cap: a request this large can never complete.
+    pub fn input_full(&self) -> bool {
+        self.rend - self.rpos >= self.read_cap
     }
 
     /// The unparsed input and the output buffer, borrowed together.

@@ -72,7 +72,7 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
         };
         match write {
             Some((op, tag)) => {
-                count_submit(&pass.counters, &tag);
+                count_submit(pass.counters, &tag);
                 pass.pending
                     .push(crate::storage::writer::WriteRequest { tag, op });
                 conn.inflight += 1;
@@ -179,7 +179,9 @@ fn write_op(req: &Request<'_>) -> Option<(WriteOp, bool, McReply)> {
 }
 
 fn count_submit(c: &Counters, tag: &Tag) {
-    let Reply::Mc { kind, .. } = tag.reply;
+    let Reply::Mc { kind, .. } = tag.reply else {
+        return;
+    };
     match kind {
         McReply::Store(_) | McReply::TooLarge => Counters::bump(&c.cmd_set),
         McReply::Flush => Counters::bump(&c.cmd_flush),

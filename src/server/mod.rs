@@ -4,6 +4,7 @@
 
 pub mod conn;
 pub mod memcache;
+pub mod resp;
 pub mod stats;
 pub mod worker;
 
@@ -37,6 +38,9 @@ pub struct Shared {
     pub gauges: Gauges,
     pub started: Instant,
     pub shutdown: AtomicBool,
+    /// Client ids for RESP `CLIENT ID` / `HELLO`.
+    pub next_client_id: AtomicU64,
+    pub scan_cursors: Mutex<resp::ScanCursors>,
 }
 
 /// A startup failure, one line for the operator.
@@ -52,6 +56,7 @@ impl std::fmt::Display for ServerError {
 impl std::error::Error for ServerError {}
 
 const MC_LISTENER: Token = Token(0);
+const RESP_LISTENER: Token = Token(1);
 
 fn bind(listen: &str, port: u16) -> Result<TcpListener, ServerError> {
     let addr: SocketAddr = (listen, port)
@@ -84,17 +89,27 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
     } else {
         None
     };
+    let mut resp_listener = if config.resp_port != 0 {
+        Some(bind(&config.listen, config.resp_port)?)
+    } else {
+        None
+    };
 
     let mut acceptor = Poll::new().map_err(|e| ServerError(format!("cannot create poll: {e}")))?;
     let accept_waker = Arc::new(
         Waker::new(acceptor.registry(), WAKER)
             .map_err(|e| ServerError(format!("cannot create waker: {e}")))?,
     );
-    if let Some(l) = mc_listener.as_mut() {
-        acceptor
-            .registry()
-            .register(l, MC_LISTENER, Interest::READABLE)
-            .map_err(|e| ServerError(format!("cannot register listener: {e}")))?;
+    for (l, token) in [
+        (mc_listener.as_mut(), MC_LISTENER),
+        (resp_listener.as_mut(), RESP_LISTENER),
+    ] {
+        if let Some(l) = l {
+            acceptor
+                .registry()
+                .register(l, token, Interest::READABLE)
+                .map_err(|e| ServerError(format!("cannot register listener: {e}")))?;
+        }
     }
 
     let shared = Arc::new(Shared {
@@ -105,6 +120,8 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         gauges: Gauges::default(),
         started: Instant::now(),
         shutdown: AtomicBool::new(false),
+        next_client_id: AtomicU64::new(0),
+        scan_cursors: Mutex::new(resp::ScanCursors::default()),
         config,
     });
     let cfg = &shared.config;
@@ -182,10 +199,11 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
     }
 
     info!(
-        "memkeep {} serving memcached on {}:{} with {} worker threads, data in {}, sync {}{}",
+        "memkeep {} serving memcached on {}:{} and RESP on port {} with {} worker threads, data in {}, sync {}{}",
         env!("CARGO_PKG_VERSION"),
         cfg.listen,
         cfg.port,
+        cfg.resp_port,
         threads,
         cfg.data_dir.display(),
         cfg.sync,
@@ -198,7 +216,7 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
 
     accept_loop(
         &mut acceptor,
-        mc_listener.as_ref(),
+        [mc_listener.as_ref(), resp_listener.as_ref()],
         &shared,
         &handles,
         &stop,
@@ -207,6 +225,7 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
     // Shutdown: no new connections; workers finish in-flight writes and flush replies, then
     // drop their senders, which lets the writer commit what is left, sync and stop.
     drop(mc_listener);
+    drop(resp_listener);
     shared.shutdown.store(true, Ordering::Release);
     for h in &handles {
         h.mailbox.wake();
@@ -230,7 +249,7 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
 
 fn accept_loop(
     poll: &mut Poll,
-    mc: Option<&TcpListener>,
+    listeners: [Option<&TcpListener>; 2],
     shared: &Shared,
     handles: &[Arc<WorkerHandle>],
     stop: &AtomicBool,
@@ -239,16 +258,15 @@ fn accept_loop(
     let mut next_worker = 0usize;
     let mut retry: Option<Duration> = None;
     while !stop.load(Ordering::Acquire) {
-        if let Err(e) = poll.poll(&mut events, retry) {
-            if e.kind() != io::ErrorKind::Interrupted {
-                error!("acceptor poll failed: {e}");
-                return;
-            }
+        if let Err(e) = poll.poll(&mut events, retry)
+            && e.kind() != io::ErrorKind::Interrupted
+        {
+            error!("acceptor poll failed: {e}");
+            return;
         }
         retry = None;
         // Accept on every listener each time: cheap, and it also retries after a failed accept.
-        let listeners = [(mc, Proto::Memcache)];
-        for (listener, proto) in listeners {
+        for (listener, proto) in listeners.into_iter().zip([Proto::Memcache, Proto::Resp]) {
             let Some(listener) = listener else { continue };
             loop {
                 match listener.accept() {
@@ -298,6 +316,7 @@ fn into_std(stream: mio::net::TcpStream) -> std::net::TcpStream {
 fn reject(stream: std::net::TcpStream, proto: Proto) {
     let msg: &[u8] = match proto {
         Proto::Memcache => b"ERROR Too many open connections\r\n",
+        Proto::Resp => b"-ERR max number of clients reached\r\n",
     };
     let mut s = stream;
     let _ = s.write(msg);

@@ -55,6 +55,7 @@ counters!(
     total_items,
     total_connections,
     rejected_connections,
+    resp_commands,
 );
 
 impl Counters {

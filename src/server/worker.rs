@@ -49,6 +49,7 @@ pub struct Tag {
 #[derive(Debug, Clone, Copy)]
 pub enum Reply {
     Mc { noreply: bool, kind: McReply },
+    Resp { kind: super::resp::RespReply },
 }
 
 /// Why a connection's processing stopped this pass.
@@ -168,11 +169,11 @@ impl Worker {
             } else {
                 None
             };
-            if let Err(e) = self.poll.poll(&mut events, timeout) {
-                if e.kind() != io::ErrorKind::Interrupted {
-                    error!("worker {}: poll failed: {e}", self.id);
-                    break;
-                }
+            if let Err(e) = self.poll.poll(&mut events, timeout)
+                && e.kind() != io::ErrorKind::Interrupted
+            {
+                error!("worker {}: poll failed: {e}", self.id);
+                break;
             }
             self.phase_one(&events, stopping);
             self.phase_two(&store);
@@ -232,6 +233,9 @@ impl Worker {
                 Reply::Mc { noreply, kind } => {
                     memcache::complete(&mut conn.wbuf, counters, noreply, kind, outcome)
                 }
+                Reply::Resp { kind } => {
+                    super::resp::complete(&mut conn.wbuf, conn.resp.v3, kind, outcome)
+                }
             }
             if !conn.dirty {
                 conn.dirty = true;
@@ -290,6 +294,7 @@ impl Worker {
             } else {
                 match conn.proto {
                     Proto::Memcache => memcache::process(conn, &mut pass, key as u32, BUDGET),
+                    Proto::Resp => super::resp::process(conn, &mut pass, key as u32, BUDGET),
                 }
             };
             let more_output = conn.flush(counters);
@@ -365,7 +370,9 @@ impl Worker {
             return;
         }
         self.next_epoch = self.next_epoch.wrapping_add(1);
-        entry.insert(Conn::new(stream, proto, self.next_epoch, self.read_cap));
+        let mut conn = Conn::new(stream, proto, self.next_epoch, self.read_cap);
+        conn.resp.id = self.shared.next_client_id.fetch_add(1, Ordering::Relaxed) + 1;
+        entry.insert(conn);
         Counters::bump(&self.shared.counters[self.id].total_connections);
         self.mark(key);
     }

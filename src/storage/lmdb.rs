@@ -159,6 +159,11 @@ impl LmdbStore {
         Ok(self.items.len(txn)?)
     }
 
+    /// The items database, for ordered scans (KEYS, SCAN).
+    pub fn items(&self) -> &Database<Bytes, Bytes> {
+        &self.items
+    }
+
     /// Bytes of the data file in use (up to the highest page ever written).
     pub fn used_bytes(&self) -> u64 {
         let page = self.env.stat().page_size as u64;

@@ -1,0 +1,1590 @@
+//! memkeep-bench: a closed-loop load generator that speaks the memcached text protocol and
+//! Redis RESP, so one tool measures memkeep, memcached and redis-server side by side.
+//!
+//! Model: keys `1..=N` are split across C connections (connection i, counted from 0, does keys
+//! i+1, i+1+C, ...). Each connection is one thread with a blocking `TcpStream` (TCP_NODELAY)
+//! that writes `--pipeline` requests in one `write`, then reads exactly that many replies, and
+//! repeats. Values are a pure function of the key (length and bytes, and the memcached flags),
+//! so every GET is checked byte for byte without keeping anything in memory.
+//!
+//! Latency: for each request, the time from the moment its batch starts being written to the
+//! moment its reply has been completely read and parsed. With `--pipeline 1` that is the plain
+//! round trip; with deeper pipelines, later requests of a batch include the time the server
+//! spent on the earlier ones (which is what a pipelining client sees). Values go into a
+//! log-bucketed histogram with 64 linear sub-buckets per power of two (relative error below
+//! 1.6%), so percentiles cost no memory per sample and merge exactly across threads.
+//!
+//! Counting: an op is a request whose reply was read. A GET that finds nothing is a *miss*
+//! (reported, not fatal); a GET whose value has the wrong length, bytes, key or flags is a
+//! *mismatch*; an error reply (`-ERR`, `SERVER_ERROR`, `NOT_STORED`, ...) or an unexpected reply
+//! type is an *error* and the connection goes on; a broken connection, a timeout or an
+//! unparseable reply is an *error* that ends that connection (the stream cannot be resynced).
+//!
+//! Exit codes: 0 all phases clean, 1 some phase had mismatches or errors, 2 bad arguments or a
+//! server that cannot be reached.
+
+use std::fmt::Write as _;
+use std::io::{self, IsTerminal, Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::ops::Range;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, ValueEnum};
+
+/// `println!` that ignores a closed stdout (e.g. piped into `head`) instead of panicking.
+macro_rules! say {
+    ($($t:tt)*) => {{
+        let _ = writeln!(io::stdout(), $($t)*);
+    }};
+}
+
+/// `eprintln!` that ignores a closed stderr.
+macro_rules! say_err {
+    ($($t:tt)*) => {{
+        let _ = writeln!(io::stderr(), $($t)*);
+    }};
+}
+
+/// The wire protocol spoken to the server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Protocol {
+    /// memcached text protocol (`set`/`get`)
+    Memcache,
+    /// Redis RESP (`SET`/`GET`)
+    Resp,
+}
+
+impl Protocol {
+    fn name(self) -> &'static str {
+        match self {
+            Protocol::Memcache => "memcache",
+            Protocol::Resp => "resp",
+        }
+    }
+}
+
+/// One pass over all keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Phase {
+    /// store every key's value
+    Set,
+    /// read every key back and verify it
+    Get,
+}
+
+impl Phase {
+    fn name(self) -> &'static str {
+        match self {
+            Phase::Set => "set",
+            Phase::Get => "get",
+        }
+    }
+}
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "memkeep-bench",
+    version,
+    about = "Load generator for memkeep, memcached and redis-server (memcached text protocol or RESP)",
+    after_help = "Latency is per request: from the start of writing the request's pipeline batch \
+                  to its reply being fully parsed.\nExit codes: 0 clean, 1 mismatches or errors \
+                  in some phase, 2 bad arguments or server unreachable."
+)]
+struct Args {
+    /// Server host name or address
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Server port [default: 11211 for memcache, 6379 for resp]
+    #[arg(long)]
+    port: Option<u16>,
+    /// Wire protocol
+    #[arg(long, value_enum, default_value_t = Protocol::Memcache)]
+    protocol: Protocol,
+    /// Concurrent connections, one thread each
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    connections: u64,
+    /// Number of keys (1..=N)
+    #[arg(long, default_value_t = 100_000)]
+    keys: u64,
+    /// Value size in bytes (the lower bound when --value-size-max is given)
+    #[arg(long, default_value_t = 100)]
+    value_size: usize,
+    /// Upper bound of value sizes: each key's size is drawn uniformly in
+    /// [value-size, value-size-max], deterministically from the key
+    #[arg(long)]
+    value_size_max: Option<usize>,
+    /// Pad keys to at least this length (deterministic per key); default keys are "1".."N"
+    #[arg(long)]
+    key_size_min: Option<usize>,
+    /// Pad keys to at most this length (deterministic per key)
+    #[arg(long)]
+    key_size_max: Option<usize>,
+    /// Requests written per batch before reading their replies
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pipeline: u64,
+    /// Phases to run, in order (comma-separated)
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "set,get")]
+    phases: Vec<Phase>,
+    /// Print one JSON object per phase on stdout instead of the human-readable lines
+    #[arg(long)]
+    json: bool,
+    /// Stop each phase after this many seconds (the phase is then reported as incomplete)
+    #[arg(long, value_name = "SECS")]
+    duration_limit: Option<f64>,
+    /// Socket connect/read/write timeout; a timeout is an error that ends the connection
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    timeout: f64,
+}
+
+/// Longest key the memcached text protocol allows.
+const MEMCACHE_MAX_KEY: usize = 250;
+/// Number of distinct start offsets into the value pattern.
+const PATTERN_OFFSETS: usize = 4096;
+
+// ---------------------------------------------------------------------------------------------
+// Deterministic keys and values
+// ---------------------------------------------------------------------------------------------
+
+/// splitmix64: a cheap, well-mixed hash of the key number.
+fn mix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+const SALT_KEY_LEN: u64 = 0x6b65_796c_656e;
+const SALT_VALUE_LEN: u64 = 0x7661_6c6c_656e;
+const SALT_VALUE_OFF: u64 = 0x7661_6c6f_6666;
+const SALT_FLAGS: u64 = 0x666c_6167_7300;
+
+/// Which keys exist and what each key's value is; pure functions of the key number.
+struct Workload {
+    keys: u64,
+    key_len: Option<(usize, usize)>,
+    value_min: usize,
+    value_max: usize,
+    /// Pseudo-random bytes (all 256 values, CR and LF included) that values are cut from.
+    pattern: Vec<u8>,
+}
+
+impl Workload {
+    fn new(keys: u64, key_len: Option<(usize, usize)>, value_min: usize, value_max: usize) -> Self {
+        let mut pattern = Vec::with_capacity(value_max + PATTERN_OFFSETS);
+        let mut s: u64 = 0x2545_F491_4F6C_DD1D;
+        while pattern.len() < value_max + PATTERN_OFFSETS {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            pattern.extend_from_slice(&s.to_le_bytes());
+        }
+        pattern.truncate(value_max + PATTERN_OFFSETS);
+        Workload {
+            keys,
+            key_len,
+            value_min,
+            value_max,
+            pattern,
+        }
+    }
+
+    /// Key `id` as bytes: its decimal form, padded with `-` and letters when a key length
+    /// range is set. The decimal prefix ends at the first `-`, so keys stay unique.
+    fn key(&self, id: u64, out: &mut Vec<u8>) {
+        out.clear();
+        out.extend_from_slice(itoa::Buffer::new().format(id).as_bytes());
+        if let Some((lo, hi)) = self.key_len {
+            let want = lo + (mix(id ^ SALT_KEY_LEN) % (hi - lo + 1) as u64) as usize;
+            if want > out.len() {
+                out.push(b'-');
+                let mut h = mix(id);
+                while out.len() < want {
+                    out.push(b'a' + (h % 26) as u8);
+                    h = (h / 26) ^ (h << 59);
+                    if h == 0 {
+                        h = mix(id.wrapping_add(out.len() as u64));
+                    }
+                }
+            }
+        }
+    }
+
+    fn value_len(&self, id: u64) -> usize {
+        if self.value_max == self.value_min {
+            self.value_min
+        } else {
+            let span = (self.value_max - self.value_min + 1) as u64;
+            self.value_min + (mix(id ^ SALT_VALUE_LEN) % span) as usize
+        }
+    }
+
+    fn flags(&self, id: u64) -> u32 {
+        (mix(id ^ SALT_FLAGS) >> 32) as u32
+    }
+
+    /// Key `id`'s value: `"<id>:"` followed by pattern bytes from a key-dependent offset, cut to
+    /// the key's length. The tag makes a value served for the wrong key of the same length
+    /// differ even when the offsets collide.
+    fn value(&self, id: u64, out: &mut Vec<u8>) {
+        out.clear();
+        let len = self.value_len(id);
+        let mut tag = itoa::Buffer::new();
+        let tag = tag.format(id).as_bytes();
+        let head = tag.len().min(len);
+        out.extend_from_slice(&tag[..head]);
+        if out.len() < len {
+            out.push(b':');
+        }
+        let off = (mix(id ^ SALT_VALUE_OFF) % PATTERN_OFFSETS as u64) as usize;
+        let rest = len - out.len();
+        out.extend_from_slice(&self.pattern[off..off + rest]);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Request encoding
+// ---------------------------------------------------------------------------------------------
+
+fn encode_set(proto: Protocol, key: &[u8], flags: u32, value: &[u8], out: &mut Vec<u8>) {
+    let mut n = itoa::Buffer::new();
+    match proto {
+        Protocol::Memcache => {
+            out.extend_from_slice(b"set ");
+            out.extend_from_slice(key);
+            out.push(b' ');
+            out.extend_from_slice(n.format(flags).as_bytes());
+            out.extend_from_slice(b" 0 ");
+            out.extend_from_slice(n.format(value.len()).as_bytes());
+            out.extend_from_slice(b"\r\n");
+            out.extend_from_slice(value);
+            out.extend_from_slice(b"\r\n");
+        }
+        Protocol::Resp => {
+            out.extend_from_slice(b"*3\r\n$3\r\nSET\r\n");
+            resp_bulk(key, out);
+            resp_bulk(value, out);
+        }
+    }
+}
+
+fn encode_get(proto: Protocol, key: &[u8], out: &mut Vec<u8>) {
+    match proto {
+        Protocol::Memcache => {
+            out.extend_from_slice(b"get ");
+            out.extend_from_slice(key);
+            out.extend_from_slice(b"\r\n");
+        }
+        Protocol::Resp => {
+            out.extend_from_slice(b"*2\r\n$3\r\nGET\r\n");
+            resp_bulk(key, out);
+        }
+    }
+}
+
+fn resp_bulk(data: &[u8], out: &mut Vec<u8>) {
+    out.push(b'$');
+    out.extend_from_slice(itoa::Buffer::new().format(data.len()).as_bytes());
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\r\n");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reply parsing: pure functions over a byte slice. `Ok(None)` means "need more bytes".
+// ---------------------------------------------------------------------------------------------
+
+/// A reply, with byte ranges into the slice that was parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Reply {
+    /// `STORED` or `+OK`.
+    Stored,
+    /// A value: memcached `VALUE <key> <flags> <bytes>` (key and flags set) or a RESP bulk.
+    Value {
+        key: Option<Range<usize>>,
+        flags: Option<u32>,
+        data: Range<usize>,
+    },
+    /// memcached `END` with no value, RESP `$-1` (or `*-1`, `_`).
+    Miss,
+    /// An error reply or a reply of the wrong kind; the stream is still in sync.
+    Error(String),
+}
+
+/// The reply stream cannot be understood any more; the connection has to stop.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ProtoError(String);
+
+/// Longest header line accepted before the stream is declared garbage.
+const MAX_LINE: usize = 64 * 1024;
+/// Largest value accepted in a reply.
+const MAX_VALUE: usize = 1 << 30;
+
+/// Finds the `\r\n`-terminated line starting at `pos`; returns (line without CRLF, end).
+fn line_at(buf: &[u8], pos: usize) -> Result<Option<(&[u8], usize)>, ProtoError> {
+    let rest = &buf[pos..];
+    match memchr::memchr(b'\n', rest) {
+        Some(i) => {
+            if i == 0 || rest[i - 1] != b'\r' {
+                return Err(ProtoError(format!(
+                    "line not ended by CRLF: {}",
+                    printable(&rest[..i])
+                )));
+            }
+            Ok(Some((&rest[..i - 1], pos + i + 1)))
+        }
+        None if rest.len() > MAX_LINE => Err(ProtoError(format!(
+            "no line end within {MAX_LINE} bytes: {}",
+            printable(&rest[..80])
+        ))),
+        None => Ok(None),
+    }
+}
+
+/// A short, printable rendering of protocol bytes for messages.
+fn printable(b: &[u8]) -> String {
+    let mut s = String::new();
+    for &c in b.iter().take(120) {
+        if (0x20..0x7f).contains(&c) {
+            s.push(c as char);
+        } else {
+            let _ = write!(s, "\\x{c:02x}");
+        }
+    }
+    if b.len() > 120 {
+        s.push_str("...");
+    }
+    s
+}
+
+fn is_memcache_error_line(line: &[u8]) -> bool {
+    line == b"ERROR"
+        || line.starts_with(b"ERROR ")
+        || line.starts_with(b"CLIENT_ERROR")
+        || line.starts_with(b"SERVER_ERROR")
+}
+
+/// Parses the reply to one memcached `set`.
+fn parse_memcache_store(buf: &[u8]) -> Result<Option<(Reply, usize)>, ProtoError> {
+    let Some((line, end)) = line_at(buf, 0)? else {
+        return Ok(None);
+    };
+    let reply = if line == b"STORED" {
+        Reply::Stored
+    } else if line.starts_with(b"VALUE ") || line == b"END" {
+        return Err(ProtoError(format!(
+            "unexpected reply to set: {}",
+            printable(line)
+        )));
+    } else {
+        // NOT_STORED, EXISTS, NOT_FOUND, ERROR, CLIENT_ERROR ..., SERVER_ERROR ...
+        Reply::Error(printable(line))
+    };
+    Ok(Some((reply, end)))
+}
+
+/// Parses the reply to one single-key memcached `get`.
+fn parse_memcache_get(buf: &[u8]) -> Result<Option<(Reply, usize)>, ProtoError> {
+    let Some((line, end)) = line_at(buf, 0)? else {
+        return Ok(None);
+    };
+    if line == b"END" {
+        return Ok(Some((Reply::Miss, end)));
+    }
+    if is_memcache_error_line(line) {
+        return Ok(Some((Reply::Error(printable(line)), end)));
+    }
+    let Some(rest) = line.strip_prefix(b"VALUE ") else {
+        return Err(ProtoError(format!(
+            "unexpected reply to get: {}",
+            printable(line)
+        )));
+    };
+    // VALUE <key> <flags> <bytes> [<cas>]
+    let mut fields = rest.split(|&c| c == b' ');
+    let bad = || ProtoError(format!("malformed VALUE line: {}", printable(line)));
+    let key = fields.next().filter(|k| !k.is_empty()).ok_or_else(bad)?;
+    let flags: u32 = fields.next().and_then(parse_num).ok_or_else(bad)?;
+    let bytes: usize = fields.next().and_then(parse_num).ok_or_else(bad)?;
+    if let Some(cas) = fields.next() {
+        parse_num::<u64>(cas).ok_or_else(bad)?;
+    }
+    if fields.next().is_some() || bytes > MAX_VALUE {
+        return Err(bad());
+    }
+    let key_start = "VALUE ".len();
+    let key_range = key_start..key_start + key.len();
+    let data = end..end + bytes;
+    if buf.len() < data.end + 2 {
+        return Ok(None);
+    }
+    if &buf[data.end..data.end + 2] != b"\r\n" {
+        return Err(ProtoError(format!(
+            "value of {bytes} bytes not followed by CRLF"
+        )));
+    }
+    let Some((tail, end)) = line_at(buf, data.end + 2)? else {
+        return Ok(None);
+    };
+    if tail != b"END" {
+        return Err(ProtoError(format!(
+            "expected END after a value, got: {}",
+            printable(tail)
+        )));
+    }
+    Ok(Some((
+        Reply::Value {
+            key: Some(key_range),
+            flags: Some(flags),
+            data,
+        },
+        end,
+    )))
+}
+
+fn parse_num<T: std::str::FromStr>(b: &[u8]) -> Option<T> {
+    if b.is_empty() || !b.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(b).ok()?.parse().ok()
+}
+
+/// One RESP value as far as this tool cares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Resp {
+    Simple(Range<usize>),
+    Error(Range<usize>),
+    Integer(i64),
+    Bulk(Range<usize>),
+    Nil,
+    Array(usize),
+}
+
+/// Parses one complete RESP2 value (arrays included, recursively) at `pos`.
+fn parse_resp_value(
+    buf: &[u8],
+    pos: usize,
+    depth: u32,
+) -> Result<Option<(Resp, usize)>, ProtoError> {
+    let Some((line, end)) = line_at(buf, pos)? else {
+        return Ok(None);
+    };
+    let Some((&kind, body)) = line.split_first() else {
+        return Err(ProtoError("empty RESP line".into()));
+    };
+    let body_range = pos + 1..pos + 1 + body.len();
+    let int = |b: &[u8]| -> Result<i64, ProtoError> {
+        std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| ProtoError(format!("bad RESP length/integer: {}", printable(line))))
+    };
+    match kind {
+        b'+' => Ok(Some((Resp::Simple(body_range), end))),
+        b'-' => Ok(Some((Resp::Error(body_range), end))),
+        b':' => Ok(Some((Resp::Integer(int(body)?), end))),
+        b'_' => Ok(Some((Resp::Nil, end))),
+        b'$' => {
+            let n = int(body)?;
+            if n < 0 {
+                return Ok(Some((Resp::Nil, end)));
+            }
+            let n = n as usize;
+            if n > MAX_VALUE {
+                return Err(ProtoError(format!("bulk of {n} bytes is too large")));
+            }
+            if buf.len() < end + n + 2 {
+                return Ok(None);
+            }
+            if &buf[end + n..end + n + 2] != b"\r\n" {
+                return Err(ProtoError(format!(
+                    "bulk of {n} bytes not followed by CRLF"
+                )));
+            }
+            Ok(Some((Resp::Bulk(end..end + n), end + n + 2)))
+        }
+        b'*' => {
+            let n = int(body)?;
+            if n < 0 {
+                return Ok(Some((Resp::Nil, end)));
+            }
+            if depth > 32 {
+                return Err(ProtoError("RESP arrays nested too deep".into()));
+            }
+            let mut at = end;
+            for _ in 0..n {
+                match parse_resp_value(buf, at, depth + 1)? {
+                    Some((_, next)) => at = next,
+                    None => return Ok(None),
+                }
+            }
+            Ok(Some((Resp::Array(n as usize), at)))
+        }
+        _ => Err(ProtoError(format!(
+            "unknown RESP type byte: {}",
+            printable(line)
+        ))),
+    }
+}
+
+/// Parses the reply to one RESP `SET`.
+fn parse_resp_store(buf: &[u8]) -> Result<Option<(Reply, usize)>, ProtoError> {
+    let Some((v, end)) = parse_resp_value(buf, 0, 0)? else {
+        return Ok(None);
+    };
+    let reply = match v {
+        Resp::Simple(r) if &buf[r.clone()] == b"OK" => Reply::Stored,
+        Resp::Error(r) => Reply::Error(format!("-{}", printable(&buf[r]))),
+        other => Reply::Error(format!(
+            "unexpected reply to SET: {}",
+            describe_resp(buf, &other)
+        )),
+    };
+    Ok(Some((reply, end)))
+}
+
+/// Parses the reply to one RESP `GET`.
+fn parse_resp_get(buf: &[u8]) -> Result<Option<(Reply, usize)>, ProtoError> {
+    let Some((v, end)) = parse_resp_value(buf, 0, 0)? else {
+        return Ok(None);
+    };
+    let reply = match v {
+        Resp::Bulk(data) => Reply::Value {
+            key: None,
+            flags: None,
+            data,
+        },
+        Resp::Nil => Reply::Miss,
+        Resp::Error(r) => Reply::Error(format!("-{}", printable(&buf[r]))),
+        other => Reply::Error(format!(
+            "unexpected reply to GET: {}",
+            describe_resp(buf, &other)
+        )),
+    };
+    Ok(Some((reply, end)))
+}
+
+fn describe_resp(buf: &[u8], v: &Resp) -> String {
+    match v {
+        Resp::Simple(r) => format!("+{}", printable(&buf[r.clone()])),
+        Resp::Error(r) => format!("-{}", printable(&buf[r.clone()])),
+        Resp::Integer(i) => format!(":{i}"),
+        Resp::Bulk(r) => format!("bulk of {} bytes", r.len()),
+        Resp::Nil => "nil".into(),
+        Resp::Array(n) => format!("array of {n}"),
+    }
+}
+
+fn parse_reply(
+    proto: Protocol,
+    phase: Phase,
+    buf: &[u8],
+) -> Result<Option<(Reply, usize)>, ProtoError> {
+    match (proto, phase) {
+        (Protocol::Memcache, Phase::Set) => parse_memcache_store(buf),
+        (Protocol::Memcache, Phase::Get) => parse_memcache_get(buf),
+        (Protocol::Resp, Phase::Set) => parse_resp_store(buf),
+        (Protocol::Resp, Phase::Get) => parse_resp_get(buf),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Receive buffer
+// ---------------------------------------------------------------------------------------------
+
+struct RecvBuf {
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+}
+
+impl RecvBuf {
+    fn new() -> Self {
+        RecvBuf {
+            buf: vec![0; 64 * 1024],
+            start: 0,
+            end: 0,
+        }
+    }
+
+    fn data(&self) -> &[u8] {
+        &self.buf[self.start..self.end]
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.start += n;
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+    }
+
+    /// Reads at least one more byte from `r`; a closed connection is an error.
+    fn fill(&mut self, r: &mut impl Read) -> io::Result<()> {
+        if self.start > 0 {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        if self.end == self.buf.len() {
+            let len = self.buf.len() * 2;
+            self.buf.resize(len, 0);
+        }
+        loop {
+            match r.read(&mut self.buf[self.end..]) {
+                Ok(0) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "connection closed by the server",
+                    ));
+                }
+                Ok(n) => {
+                    self.end += n;
+                    return Ok(());
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Histogram
+// ---------------------------------------------------------------------------------------------
+
+/// Log-bucketed histogram of u64 values (nanoseconds here): values below 128 have their own
+/// bucket, above that each power of two is split into 64 equal sub-buckets, so any recorded
+/// value is reported within 1/64 of itself. 3776 counters cover the whole u64 range.
+#[derive(Clone)]
+struct Histogram {
+    counts: Vec<u64>,
+    total: u64,
+}
+
+const SUB_BITS: u32 = 6;
+const SUB: u64 = 1 << SUB_BITS;
+const BUCKETS: usize = ((64 - SUB_BITS as usize) * SUB as usize) + SUB as usize;
+
+impl Histogram {
+    fn new() -> Self {
+        Histogram {
+            counts: vec![0; BUCKETS],
+            total: 0,
+        }
+    }
+
+    fn index(v: u64) -> usize {
+        if v < 2 * SUB {
+            return v as usize;
+        }
+        let shift = 63 - v.leading_zeros() - SUB_BITS;
+        let top = v >> shift; // in [SUB, 2*SUB)
+        (shift as u64 * SUB + top) as usize
+    }
+
+    /// The highest value that lands in bucket `i`.
+    fn highest(i: usize) -> u64 {
+        let i = i as u64;
+        if i < 2 * SUB {
+            return i;
+        }
+        let shift = (i - SUB) / SUB;
+        let top = i - shift * SUB;
+        ((top + 1) << shift).wrapping_sub(1)
+    }
+
+    fn record(&mut self, v: u64) {
+        self.counts[Self::index(v)] += 1;
+        self.total += 1;
+    }
+
+    fn merge(&mut self, other: &Histogram) {
+        for (a, b) in self.counts.iter_mut().zip(&other.counts) {
+            *a += b;
+        }
+        self.total += other.total;
+    }
+
+    /// The value at quantile `q` (0..=1): the highest value of the bucket that holds it.
+    fn quantile(&self, q: f64) -> u64 {
+        if self.total == 0 {
+            return 0;
+        }
+        let rank = ((q * self.total as f64).ceil() as u64).clamp(1, self.total);
+        let mut seen = 0;
+        for (i, &c) in self.counts.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                return Self::highest(i);
+            }
+        }
+        Self::highest(BUCKETS - 1)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// One connection's work
+// ---------------------------------------------------------------------------------------------
+
+struct ConnConfig {
+    proto: Protocol,
+    phase: Phase,
+    connections: u64,
+    pipeline: u64,
+    duration_limit: Option<Duration>,
+}
+
+struct ConnResult {
+    ops: u64,
+    misses: u64,
+    mismatches: u64,
+    errors: u64,
+    /// First few error or mismatch descriptions, for stderr.
+    notes: Vec<String>,
+    hist: Histogram,
+    begin: Instant,
+    end: Instant,
+    stopped_early: bool,
+}
+
+impl ConnResult {
+    fn note(&mut self, s: String) {
+        if self.notes.len() < 3 {
+            self.notes.push(s);
+        }
+    }
+}
+
+/// Runs connection `idx` (0-based) over its share of the keys.
+fn run_connection<S: Read + Write>(
+    stream: &mut S,
+    idx: u64,
+    cfg: &ConnConfig,
+    wl: &Workload,
+    progress: &AtomicU64,
+    start: &Barrier,
+) -> ConnResult {
+    start.wait();
+    let begin = Instant::now();
+    let mut res = ConnResult {
+        ops: 0,
+        misses: 0,
+        mismatches: 0,
+        errors: 0,
+        notes: Vec::new(),
+        hist: Histogram::new(),
+        begin,
+        end: begin,
+        stopped_early: false,
+    };
+    let deadline = cfg.duration_limit.map(|d| begin + d);
+    let mut next = idx + 1;
+    let mut wbuf = Vec::new();
+    let mut key = Vec::new();
+    let mut value = Vec::new();
+    let mut inflight: Vec<u64> = Vec::with_capacity(cfg.pipeline as usize);
+    let mut rbuf = RecvBuf::new();
+
+    'batches: loop {
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            res.stopped_early = next <= wl.keys;
+            break;
+        }
+        inflight.clear();
+        wbuf.clear();
+        while (inflight.len() as u64) < cfg.pipeline && next <= wl.keys {
+            wl.key(next, &mut key);
+            match cfg.phase {
+                Phase::Set => {
+                    wl.value(next, &mut value);
+                    encode_set(cfg.proto, &key, wl.flags(next), &value, &mut wbuf);
+                }
+                Phase::Get => encode_get(cfg.proto, &key, &mut wbuf),
+            }
+            inflight.push(next);
+            next += cfg.connections;
+        }
+        if inflight.is_empty() {
+            break;
+        }
+        let t0 = Instant::now();
+        if let Err(e) = stream.write_all(&wbuf).and_then(|()| stream.flush()) {
+            res.errors += 1;
+            res.note(format!("write failed: {}", io_text(&e)));
+            break;
+        }
+        for &id in &inflight {
+            let (reply, used) = loop {
+                match parse_reply(cfg.proto, cfg.phase, rbuf.data()) {
+                    Ok(Some(r)) => break r,
+                    Ok(None) => {
+                        if let Err(e) = rbuf.fill(stream) {
+                            res.errors += 1;
+                            res.note(format!("read failed: {}", io_text(&e)));
+                            break 'batches;
+                        }
+                    }
+                    Err(ProtoError(msg)) => {
+                        res.errors += 1;
+                        res.note(format!("bad reply, connection stopped: {msg}"));
+                        break 'batches;
+                    }
+                }
+            };
+            res.hist.record(t0.elapsed().as_nanos() as u64);
+            res.ops += 1;
+            check_reply(
+                cfg.phase,
+                wl,
+                id,
+                &reply,
+                rbuf.data(),
+                &mut key,
+                &mut value,
+                &mut res,
+            );
+            rbuf.consume(used);
+        }
+        progress.fetch_add(inflight.len() as u64, Ordering::Relaxed);
+    }
+    res.end = Instant::now();
+    res
+}
+
+/// Classifies one reply: ok, miss, mismatch or error.
+#[allow(clippy::too_many_arguments)]
+fn check_reply(
+    phase: Phase,
+    wl: &Workload,
+    id: u64,
+    reply: &Reply,
+    buf: &[u8],
+    key: &mut Vec<u8>,
+    value: &mut Vec<u8>,
+    res: &mut ConnResult,
+) {
+    match (phase, reply) {
+        (Phase::Set, Reply::Stored) => {}
+        (Phase::Get, Reply::Miss) => res.misses += 1,
+        (
+            Phase::Get,
+            Reply::Value {
+                key: k,
+                flags,
+                data,
+            },
+        ) => {
+            wl.key(id, key);
+            wl.value(id, value);
+            let got = &buf[data.clone()];
+            let problem = if k
+                .as_ref()
+                .is_some_and(|k| &buf[k.clone()] != key.as_slice())
+            {
+                Some(format!(
+                    "asked for key {}, got key {}",
+                    printable(key),
+                    printable(&buf[k.clone().unwrap_or_default()])
+                ))
+            } else if flags.is_some_and(|f| f != wl.flags(id)) {
+                Some(format!(
+                    "key {}: flags {:?}, expected {}",
+                    printable(key),
+                    flags,
+                    wl.flags(id)
+                ))
+            } else if got.len() != value.len() {
+                Some(format!(
+                    "key {}: value of {} bytes, expected {}",
+                    printable(key),
+                    got.len(),
+                    value.len()
+                ))
+            } else if got != value.as_slice() {
+                let at = got.iter().zip(value.iter()).position(|(a, b)| a != b);
+                Some(format!(
+                    "key {}: value differs from byte {}",
+                    printable(key),
+                    at.unwrap_or(0)
+                ))
+            } else {
+                None
+            };
+            if let Some(p) = problem {
+                res.mismatches += 1;
+                res.note(format!("mismatch: {p}"));
+            }
+        }
+        (_, Reply::Error(msg)) => {
+            res.errors += 1;
+            res.note(format!("error reply: {msg}"));
+        }
+        (phase, other) => {
+            res.errors += 1;
+            res.note(format!(
+                "unexpected reply to {}: {}",
+                phase.name(),
+                match other {
+                    Reply::Stored => "stored",
+                    Reply::Value { .. } => "a value",
+                    Reply::Miss => "a miss",
+                    Reply::Error(_) => "an error",
+                }
+            ));
+        }
+    }
+}
+
+fn io_text(e: &io::Error) -> String {
+    match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => "timed out".into(),
+        _ => e.to_string(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Phases
+// ---------------------------------------------------------------------------------------------
+
+struct PhaseResult {
+    phase: Phase,
+    ops: u64,
+    secs: f64,
+    misses: u64,
+    mismatches: u64,
+    errors: u64,
+    hist: Histogram,
+    conn_secs_min: f64,
+    conn_secs_max: f64,
+    complete: bool,
+    notes: Vec<String>,
+}
+
+/// A failure that ends the whole run with exit code 2.
+struct Fatal(String);
+
+fn connect(addrs: &[SocketAddr], timeout: Duration) -> io::Result<TcpStream> {
+    let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
+    for a in addrs {
+        match TcpStream::connect_timeout(a, timeout) {
+            Ok(s) => {
+                s.set_nodelay(true)?;
+                s.set_read_timeout(Some(timeout))?;
+                s.set_write_timeout(Some(timeout))?;
+                return Ok(s);
+            }
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+fn run_phase(
+    args: &Args,
+    addrs: &[SocketAddr],
+    target: &str,
+    wl: &Arc<Workload>,
+    phase: Phase,
+) -> Result<PhaseResult, Fatal> {
+    let timeout = Duration::from_secs_f64(args.timeout);
+    let mut streams = Vec::with_capacity(args.connections as usize);
+    for _ in 0..args.connections {
+        let s = connect(addrs, timeout)
+            .map_err(|e| Fatal(format!("cannot connect to {target}: {}", io_text(&e))))?;
+        streams.push(s);
+    }
+    let cfg = Arc::new(ConnConfig {
+        proto: args.protocol,
+        phase,
+        connections: args.connections,
+        pipeline: args.pipeline,
+        duration_limit: args.duration_limit.map(Duration::from_secs_f64),
+    });
+    let progress = Arc::new(AtomicU64::new(0));
+    let barrier = Arc::new(Barrier::new(streams.len()));
+    let mut handles = Vec::with_capacity(streams.len());
+    for (i, mut s) in streams.into_iter().enumerate() {
+        let (cfg, wl, progress, barrier) =
+            (cfg.clone(), wl.clone(), progress.clone(), barrier.clone());
+        let h = thread::Builder::new()
+            .name(format!("conn-{i}"))
+            .stack_size(256 * 1024)
+            .spawn(move || run_connection(&mut s, i as u64, &cfg, &wl, &progress, &barrier));
+        match h {
+            Ok(h) => handles.push(h),
+            Err(e) => {
+                // The threads already started wait at the barrier forever; nothing to join.
+                return Err(Fatal(format!("cannot start thread {i}: {e}")));
+            }
+        }
+    }
+
+    let show = io::stderr().is_terminal();
+    let total = wl.keys;
+    while !handles.iter().all(|h| h.is_finished()) {
+        thread::sleep(Duration::from_millis(200));
+        if show {
+            let done = progress.load(Ordering::Relaxed);
+            let pct = if total == 0 {
+                100.0
+            } else {
+                done as f64 * 100.0 / total as f64
+            };
+            let _ = write!(
+                io::stderr(),
+                "\r{} {done}/{total} ({pct:.0}%)\x1b[K",
+                phase.name()
+            );
+        }
+    }
+    if show {
+        let _ = write!(io::stderr(), "\r\x1b[K");
+    }
+
+    let mut results = Vec::with_capacity(handles.len());
+    for (i, h) in handles.into_iter().enumerate() {
+        match h.join() {
+            Ok(r) => results.push(r),
+            Err(_) => return Err(Fatal(format!("connection thread {i} panicked"))),
+        }
+    }
+    let mut hist = Histogram::new();
+    let mut out = PhaseResult {
+        phase,
+        ops: 0,
+        secs: 0.0,
+        misses: 0,
+        mismatches: 0,
+        errors: 0,
+        hist: Histogram::new(),
+        conn_secs_min: f64::MAX,
+        conn_secs_max: 0.0,
+        complete: true,
+        notes: Vec::new(),
+    };
+    let begin = results.iter().map(|r| r.begin).min();
+    let end = results.iter().map(|r| r.end).max();
+    if let (Some(b), Some(e)) = (begin, end) {
+        out.secs = e.duration_since(b).as_secs_f64();
+    }
+    for (i, r) in results.iter().enumerate() {
+        out.ops += r.ops;
+        out.misses += r.misses;
+        out.mismatches += r.mismatches;
+        out.errors += r.errors;
+        hist.merge(&r.hist);
+        let s = r.end.duration_since(r.begin).as_secs_f64();
+        out.conn_secs_min = out.conn_secs_min.min(s);
+        out.conn_secs_max = out.conn_secs_max.max(s);
+        if r.stopped_early {
+            out.complete = false;
+        }
+        for n in &r.notes {
+            if out.notes.len() < 10 {
+                out.notes.push(format!("conn {i}: {n}"));
+            }
+        }
+    }
+    if results.is_empty() {
+        out.conn_secs_min = 0.0;
+    }
+    out.hist = hist;
+    Ok(out)
+}
+
+fn ms(ns: u64) -> f64 {
+    ns as f64 / 1e6
+}
+
+fn fmt_ms(v: f64) -> String {
+    if v < 1.0 {
+        format!("{v:.3}")
+    } else if v < 10.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.1}")
+    }
+}
+
+fn json_str(s: &str) -> String {
+    let mut o = String::with_capacity(s.len() + 2);
+    o.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => o.push_str("\\\""),
+            '\\' => o.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(o, "\\u{:04x}", c as u32);
+            }
+            c => o.push(c),
+        }
+    }
+    o.push('"');
+    o
+}
+
+fn ops_per_sec(r: &PhaseResult) -> f64 {
+    if r.secs > 0.0 {
+        r.ops as f64 / r.secs
+    } else {
+        0.0
+    }
+}
+
+fn json_line(args: &Args, r: &PhaseResult) -> String {
+    let opt = |v: Option<usize>| v.map_or("null".to_string(), |v| v.to_string());
+    format!(
+        "{{\"phase\":{},\"protocol\":{},\"connections\":{},\"pipeline\":{},\"value_size\":{},\
+         \"value_size_max\":{},\"keys\":{},\"ops\":{},\"secs\":{:.6},\"ops_per_sec\":{:.1},\
+         \"p50_ms\":{:.4},\"p99_ms\":{:.4},\"p999_ms\":{:.4},\"misses\":{},\"mismatches\":{},\
+         \"errors\":{},\"complete\":{},\"conn_secs_min\":{:.6},\"conn_secs_max\":{:.6}}}",
+        json_str(r.phase.name()),
+        json_str(args.protocol.name()),
+        args.connections,
+        args.pipeline,
+        args.value_size,
+        opt(args.value_size_max),
+        args.keys,
+        r.ops,
+        r.secs,
+        ops_per_sec(r),
+        ms(r.hist.quantile(0.50)),
+        ms(r.hist.quantile(0.99)),
+        ms(r.hist.quantile(0.999)),
+        r.misses,
+        r.mismatches,
+        r.errors,
+        r.complete,
+        r.conn_secs_min,
+        r.conn_secs_max,
+    )
+}
+
+fn human_line(r: &PhaseResult) -> String {
+    let mut s = format!(
+        "{:<5} {:>8} ops  {:>6.2} s  {:>8.0} ops/s  p50 {} ms  p99 {} ms  p99.9 {} ms  \
+         misses {}  mismatches {}  errors {}  (conns {:.2}-{:.2} s)",
+        r.phase.name(),
+        r.ops,
+        r.secs,
+        ops_per_sec(r),
+        fmt_ms(ms(r.hist.quantile(0.50))),
+        fmt_ms(ms(r.hist.quantile(0.99))),
+        fmt_ms(ms(r.hist.quantile(0.999))),
+        r.misses,
+        r.mismatches,
+        r.errors,
+        r.conn_secs_min,
+        r.conn_secs_max,
+    );
+    if !r.complete {
+        s.push_str("  [stopped by --duration-limit]");
+    }
+    s
+}
+
+/// Checks the arguments clap cannot; returns the workload or a one-line complaint.
+fn validate(args: &Args) -> Result<Workload, String> {
+    let value_max = args.value_size_max.unwrap_or(args.value_size);
+    if value_max < args.value_size {
+        return Err(format!(
+            "--value-size-max {value_max} is below --value-size {}",
+            args.value_size
+        ));
+    }
+    if value_max > MAX_VALUE {
+        return Err(format!(
+            "values larger than {MAX_VALUE} bytes are not supported"
+        ));
+    }
+    let key_len = match (args.key_size_min, args.key_size_max) {
+        (None, None) => None,
+        (Some(a), None) | (None, Some(a)) => Some((a, a)),
+        (Some(a), Some(b)) => Some((a, b)),
+    };
+    if let Some((lo, hi)) = key_len {
+        if lo == 0 || hi < lo {
+            return Err(format!("key size range {lo}..{hi} is empty"));
+        }
+        if args.protocol == Protocol::Memcache && hi > MEMCACHE_MAX_KEY {
+            return Err(format!(
+                "--key-size-max {hi} exceeds memcached's {MEMCACHE_MAX_KEY}-byte key limit"
+            ));
+        }
+    }
+    for (name, v) in [
+        ("--duration-limit", args.duration_limit),
+        ("--timeout", Some(args.timeout)),
+    ] {
+        if let Some(v) = v
+            && !(v.is_finite() && v > 0.0 && v < 1e9)
+        {
+            return Err(format!("{name} must be a positive number of seconds"));
+        }
+    }
+    Ok(Workload::new(
+        args.keys,
+        key_len,
+        args.value_size,
+        value_max,
+    ))
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let wl = match validate(&args) {
+        Ok(w) => Arc::new(w),
+        Err(e) => {
+            say_err!("memkeep-bench: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let port = args.port.unwrap_or(match args.protocol {
+        Protocol::Memcache => 11211,
+        Protocol::Resp => 6379,
+    });
+    let target = if args.host.contains(':') {
+        format!("[{}]:{port}", args.host)
+    } else {
+        format!("{}:{port}", args.host)
+    };
+    let addrs: Vec<SocketAddr> = match (args.host.as_str(), port).to_socket_addrs() {
+        Ok(a) => a.collect(),
+        Err(e) => {
+            say_err!("memkeep-bench: cannot resolve {}: {e}", args.host);
+            return ExitCode::from(2);
+        }
+    };
+    if addrs.is_empty() {
+        say_err!("memkeep-bench: {} resolves to no address", args.host);
+        return ExitCode::from(2);
+    }
+    if !args.json {
+        let size = match args.value_size_max {
+            Some(m) if m != args.value_size => format!("{}-{m}", args.value_size),
+            _ => args.value_size.to_string(),
+        };
+        say!(
+            "# {} {target}  connections {}  pipeline {}  keys {}  value {size} B",
+            args.protocol.name(),
+            args.connections,
+            args.pipeline,
+            args.keys
+        );
+    }
+    let mut failed = false;
+    for &phase in &args.phases {
+        let r = match run_phase(&args, &addrs, &target, &wl, phase) {
+            Ok(r) => r,
+            Err(Fatal(msg)) => {
+                say_err!("memkeep-bench: {msg}");
+                return ExitCode::from(2);
+            }
+        };
+        if args.json {
+            say!("{}", json_line(&args, &r));
+        } else {
+            say!("{}", human_line(&r));
+        }
+        for n in &r.notes {
+            say_err!("memkeep-bench: {}: {n}", phase.name());
+        }
+        if r.mismatches > 0 || r.errors > 0 {
+            failed = true;
+        }
+    }
+    if failed {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mc_get(b: &[u8]) -> Result<Option<(Reply, usize)>, ProtoError> {
+        parse_memcache_get(b)
+    }
+
+    #[test]
+    fn memcache_store_replies() {
+        assert_eq!(
+            parse_memcache_store(b"STORED\r\n"),
+            Ok(Some((Reply::Stored, 8)))
+        );
+        assert_eq!(parse_memcache_store(b"STOR"), Ok(None));
+        assert_eq!(parse_memcache_store(b"STORED\r"), Ok(None));
+        assert_eq!(
+            parse_memcache_store(b"SERVER_ERROR out of memory storing object\r\nSTORED\r\n"),
+            Ok(Some((
+                Reply::Error("SERVER_ERROR out of memory storing object".into()),
+                43
+            )))
+        );
+        assert_eq!(
+            parse_memcache_store(b"NOT_STORED\r\n"),
+            Ok(Some((Reply::Error("NOT_STORED".into()), 12)))
+        );
+        assert!(parse_memcache_store(b"STORED\n").is_err());
+        assert!(parse_memcache_store(b"END\r\n").is_err());
+    }
+
+    #[test]
+    fn memcache_get_replies() {
+        let hit = b"VALUE k1 7 5\r\nab\r\nc\r\nEND\r\nEND\r\n";
+        let (r, used) = mc_get(hit).unwrap().unwrap();
+        assert_eq!(used, hit.len() - 5);
+        assert_eq!(
+            r,
+            Reply::Value {
+                key: Some(6..8),
+                flags: Some(7),
+                data: 14..19
+            }
+        );
+        // Every strict prefix is incomplete, never an error.
+        for n in 0..used {
+            assert_eq!(mc_get(&hit[..n]), Ok(None), "prefix {n}");
+        }
+        // gets-style reply with a CAS field.
+        assert!(matches!(
+            mc_get(b"VALUE k 0 1 99\r\nx\r\nEND\r\n"),
+            Ok(Some((Reply::Value { .. }, 24)))
+        ));
+        assert_eq!(mc_get(b"END\r\n"), Ok(Some((Reply::Miss, 5))));
+        assert_eq!(
+            mc_get(b"CLIENT_ERROR bad command line format\r\n"),
+            Ok(Some((
+                Reply::Error("CLIENT_ERROR bad command line format".into()),
+                38
+            )))
+        );
+        assert_eq!(
+            mc_get(b"ERROR\r\n"),
+            Ok(Some((Reply::Error("ERROR".into()), 7)))
+        );
+        assert!(mc_get(b"VALUE k 0 3\r\nabcd\r\nEND\r\n").is_err());
+        assert!(mc_get(b"VALUE k x 3\r\nabc\r\nEND\r\n").is_err());
+        assert!(mc_get(b"VALUE k 0 1\r\nx\r\nVALUE k 0 1\r\n").is_err());
+        assert!(mc_get(b"STORED\r\n").is_err());
+        assert!(mc_get(&[b'x'; MAX_LINE + 10]).is_err());
+    }
+
+    #[test]
+    fn resp_replies() {
+        assert_eq!(parse_resp_store(b"+OK\r\n"), Ok(Some((Reply::Stored, 5))));
+        assert_eq!(parse_resp_store(b"+OK\r"), Ok(None));
+        assert_eq!(
+            parse_resp_store(b"-ERR wrong number of arguments\r\n"),
+            Ok(Some((
+                Reply::Error("-ERR wrong number of arguments".into()),
+                32
+            )))
+        );
+        assert_eq!(
+            parse_resp_store(b":1\r\n"),
+            Ok(Some((
+                Reply::Error("unexpected reply to SET: :1".into()),
+                4
+            )))
+        );
+        let hit = b"$4\r\na\r\nb\r\n+OK\r\n";
+        assert_eq!(
+            parse_resp_get(hit),
+            Ok(Some((
+                Reply::Value {
+                    key: None,
+                    flags: None,
+                    data: 4..8
+                },
+                10
+            )))
+        );
+        for n in 0..10 {
+            assert_eq!(parse_resp_get(&hit[..n]), Ok(None), "prefix {n}");
+        }
+        assert_eq!(parse_resp_get(b"$0\r\n\r\n").unwrap().unwrap().1, 6);
+        assert_eq!(parse_resp_get(b"$-1\r\n"), Ok(Some((Reply::Miss, 5))));
+        assert_eq!(parse_resp_get(b"*-1\r\n"), Ok(Some((Reply::Miss, 5))));
+        assert_eq!(parse_resp_get(b"_\r\n"), Ok(Some((Reply::Miss, 3))));
+        // An array is skipped whole so the stream stays in sync.
+        let arr = b"*2\r\n$1\r\na\r\n*1\r\n:5\r\n$-1\r\n";
+        assert_eq!(
+            parse_resp_get(arr),
+            Ok(Some((
+                Reply::Error("unexpected reply to GET: array of 2".into()),
+                19
+            )))
+        );
+        assert_eq!(parse_resp_get(&arr[..15]), Ok(None));
+        assert!(parse_resp_get(b"$3\r\nabcd\r\n").is_err());
+        assert!(parse_resp_get(b"$x\r\n").is_err());
+        assert!(parse_resp_get(b"?1\r\n").is_err());
+    }
+
+    #[test]
+    fn keys_and_values_are_deterministic_and_in_range() {
+        let wl = Workload::new(1000, Some((10, 40)), 1, 300);
+        let (mut k, mut k2, mut v, mut v2) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut seen = std::collections::HashSet::new();
+        let mut lens = std::collections::HashSet::new();
+        for id in 1..=1000 {
+            wl.key(id, &mut k);
+            wl.key(id, &mut k2);
+            assert_eq!(k, k2);
+            assert!((10..=40).contains(&k.len()), "{}", printable(&k));
+            assert!(k.iter().all(|c| c.is_ascii_graphic()));
+            assert!(seen.insert(k.clone()), "duplicate key");
+            wl.value(id, &mut v);
+            wl.value(id, &mut v2);
+            assert_eq!(v, v2);
+            assert!((1..=300).contains(&v.len()));
+            assert_eq!(v.len(), wl.value_len(id));
+            lens.insert(v.len());
+        }
+        assert!(lens.len() > 100, "sizes should spread over the range");
+        let plain = Workload::new(5, None, 100, 100);
+        plain.key(42, &mut k);
+        assert_eq!(k, b"42");
+        plain.value(42, &mut v);
+        assert_eq!(v.len(), 100);
+        assert!(v.starts_with(b"42:"));
+        plain.value(43, &mut v2);
+        assert_ne!(v, v2);
+    }
+
+    #[test]
+    fn histogram_quantiles() {
+        let mut h = Histogram::new();
+        assert_eq!(h.quantile(0.5), 0);
+        for v in 1..=100_000u64 {
+            h.record(v * 1000);
+        }
+        for (q, want) in [
+            (0.5, 50_000_000u64),
+            (0.99, 99_000_000),
+            (0.999, 99_900_000),
+        ] {
+            let got = h.quantile(q);
+            let err = (got as f64 - want as f64).abs() / want as f64;
+            assert!(err < 1.0 / 60.0, "q{q}: {got} vs {want}");
+        }
+        for v in [0u64, 1, 127, 128, 129, 1 << 20, u64::MAX] {
+            let i = Histogram::index(v);
+            assert!(i < BUCKETS);
+            assert!(Histogram::highest(i) >= v);
+            assert!(i == 0 || Histogram::highest(i - 1) < v);
+        }
+        let mut other = Histogram::new();
+        other.record(5);
+        h.merge(&other);
+        assert_eq!(h.total, 100_001);
+    }
+
+    /// A canned "server": replies are taken from `replies`, requests go to `sent`.
+    struct Fake {
+        replies: io::Cursor<Vec<u8>>,
+        sent: Vec<u8>,
+    }
+    impl Read for Fake {
+        fn read(&mut self, b: &mut [u8]) -> io::Result<usize> {
+            // Dribble a few bytes at a time to exercise partial replies.
+            let n = b.len().min(3);
+            self.replies.read(&mut b[..n])
+        }
+    }
+    impl Write for Fake {
+        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+            self.sent.extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn connection_counts_hits_misses_mismatches_and_errors() {
+        let wl = Workload::new(8, None, 4, 4);
+        // Connection 1 of 2 does keys 2, 4, 6, 8.
+        let mut replies = Vec::new();
+        let mut v = Vec::new();
+        wl.value(2, &mut v);
+        let _ = write!(replies_str(&mut replies), "VALUE 2 {} 4\r\n", wl.flags(2));
+        replies.extend_from_slice(&v);
+        replies.extend_from_slice(b"\r\nEND\r\n"); // key 2: good
+        replies.extend_from_slice(b"END\r\n"); // key 4: miss
+        let _ = write!(
+            replies_str(&mut replies),
+            "VALUE 6 {} 4\r\nxxxx\r\nEND\r\n",
+            wl.flags(6)
+        ); // mismatch
+        replies.extend_from_slice(b"SERVER_ERROR busy\r\n"); // key 8: error
+        let mut fake = Fake {
+            replies: io::Cursor::new(replies),
+            sent: Vec::new(),
+        };
+        let cfg = ConnConfig {
+            proto: Protocol::Memcache,
+            phase: Phase::Get,
+            connections: 2,
+            pipeline: 3,
+            duration_limit: None,
+        };
+        let r = run_connection(
+            &mut fake,
+            1,
+            &cfg,
+            &wl,
+            &AtomicU64::new(0),
+            &Barrier::new(1),
+        );
+        assert_eq!(fake.sent, b"get 2\r\nget 4\r\nget 6\r\nget 8\r\n");
+        assert_eq!((r.ops, r.misses, r.mismatches, r.errors), (4, 1, 1, 1));
+        assert_eq!(r.hist.total, 4);
+
+        // A server that hangs up mid-reply is one error, and no panic.
+        let mut fake = Fake {
+            replies: io::Cursor::new(b"+OK\r\n+O".to_vec()),
+            sent: Vec::new(),
+        };
+        let cfg = ConnConfig {
+            proto: Protocol::Resp,
+            phase: Phase::Set,
+            connections: 1,
+            pipeline: 1,
+            duration_limit: None,
+        };
+        let r = run_connection(
+            &mut fake,
+            0,
+            &cfg,
+            &wl,
+            &AtomicU64::new(0),
+            &Barrier::new(1),
+        );
+        assert_eq!((r.ops, r.errors), (1, 1));
+        assert!(
+            fake.sent
+                .starts_with(b"*3\r\n$3\r\nSET\r\n$1\r\n1\r\n$4\r\n1:")
+        );
+    }
+
+    /// `write!` into a byte vector.
+    fn replies_str(v: &mut Vec<u8>) -> impl std::fmt::Write + '_ {
+        struct W<'a>(&'a mut Vec<u8>);
+        impl std::fmt::Write for W<'_> {
+            fn write_str(&mut self, s: &str) -> std::fmt::Result {
+                self.0.extend_from_slice(s.as_bytes());
+                Ok(())
+            }
+        }
+        W(v)
+    }
+}

@@ -1,0 +1,1496 @@
+//! Runs Redis RESP commands for one connection over the same keyspace as the memcached port.
+//!
+//! Every command is declared once in `COMMANDS` (name, arity, write or not, key positions);
+//! unknown names, authentication and arity are checked once before dispatch. Reads run on the
+//! worker against the pass's LMDB read transaction; writes become `WriteOp`s for the writer
+//! and are answered when they commit. Replies follow the connection's protocol version (RESP2,
+//! or RESP3 after `HELLO 3`).
+
+use std::io::Write as _;
+use std::ops::Range;
+use std::sync::atomic::Ordering;
+
+use log::error;
+
+use super::conn::{Conn, WRITE_HIGH};
+use super::stats::{Counters, Totals, rusage};
+use super::worker::{Pass, Reply, Stop, Tag};
+use crate::command::{ExpireCond, Expiry, KeyValue, Outcome, SetCond, WriteOp};
+use crate::protocol::resp::{self, Incomplete, Parsed, enc, parse_i64};
+use crate::storage::{ItemRef, MAX_KEY};
+
+/// Per-connection RESP state.
+#[derive(Debug, Default)]
+pub struct Session {
+    pub v3: bool,
+    pub authed: bool,
+    pub name: Option<Vec<u8>>,
+    pub id: u64,
+}
+
+/// Per-connection parse buffers, reused across requests.
+#[derive(Debug, Default)]
+pub struct ArgBufs {
+    /// Argument ranges of the request being run.
+    pub args: Vec<Range<usize>>,
+    /// Unescaped inline arguments.
+    pub scratch: Vec<u8>,
+}
+
+/// How to answer a RESP write once it commits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RespReply {
+    /// The outcome maps directly (Done is +OK).
+    Plain,
+    /// SETNX: set is 1, not set is 0.
+    SetNx,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cmd {
+    Get,
+    Set,
+    SetNx,
+    SetEx,
+    PSetEx,
+    GetSet,
+    GetDel,
+    GetEx,
+    MGet,
+    MSet,
+    MSetNx,
+    Incr,
+    IncrBy,
+    Decr,
+    DecrBy,
+    IncrByFloat,
+    Append,
+    StrLen,
+    GetRange,
+    SetRange,
+    Del,
+    Exists,
+    Expire,
+    PExpire,
+    ExpireAt,
+    PExpireAt,
+    Ttl,
+    PTtl,
+    ExpireTime,
+    PExpireTime,
+    Persist,
+    Type,
+    Rename,
+    RenameNx,
+    Keys,
+    Scan,
+    RandomKey,
+    DbSize,
+    FlushDb,
+    Ping,
+    Echo,
+    Quit,
+    Select,
+    Info,
+    Command,
+    Config,
+    Client,
+    Time,
+    Auth,
+    Hello,
+}
+
+/// One command: Redis's arity rule (n: exactly n arguments including the name; -n: at least n),
+/// whether it writes, and where its keys are (first, last, step; last -1 = to the end).
+struct Spec {
+    name: &'static str,
+    arity: i32,
+    write: bool,
+    keys: (i32, i32, i32),
+    cmd: Cmd,
+}
+
+const fn spec(
+    name: &'static str,
+    arity: i32,
+    write: bool,
+    keys: (i32, i32, i32),
+    cmd: Cmd,
+) -> Spec {
+    Spec {
+        name,
+        arity,
+        write,
+        keys,
+        cmd,
+    }
+}
+
+const W: bool = true;
+const R: bool = false;
+const NOKEY: (i32, i32, i32) = (0, 0, 0);
+const KEY1: (i32, i32, i32) = (1, 1, 1);
+
+static COMMANDS: &[Spec] = &[
+    spec("get", 2, R, KEY1, Cmd::Get),
+    spec("set", -3, W, KEY1, Cmd::Set),
+    spec("setnx", 3, W, KEY1, Cmd::SetNx),
+    spec("setex", 4, W, KEY1, Cmd::SetEx),
+    spec("psetex", 4, W, KEY1, Cmd::PSetEx),
+    spec("getset", 3, W, KEY1, Cmd::GetSet),
+    spec("getdel", 2, W, KEY1, Cmd::GetDel),
+    spec("getex", -2, W, KEY1, Cmd::GetEx),
+    spec("mget", -2, R, (1, -1, 1), Cmd::MGet),
+    spec("mset", -3, W, (1, -1, 2), Cmd::MSet),
+    spec("msetnx", -3, W, (1, -1, 2), Cmd::MSetNx),
+    spec("incr", 2, W, KEY1, Cmd::Incr),
+    spec("incrby", 3, W, KEY1, Cmd::IncrBy),
+    spec("decr", 2, W, KEY1, Cmd::Decr),
+    spec("decrby", 3, W, KEY1, Cmd::DecrBy),
+    spec("incrbyfloat", 3, W, KEY1, Cmd::IncrByFloat),
+    spec("append", 3, W, KEY1, Cmd::Append),
+    spec("strlen", 2, R, KEY1, Cmd::StrLen),
+    spec("getrange", 4, R, KEY1, Cmd::GetRange),
+    spec("substr", 4, R, KEY1, Cmd::GetRange),
+    spec("setrange", 4, W, KEY1, Cmd::SetRange),
+    spec("del", -2, W, (1, -1, 1), Cmd::Del),
+    spec("unlink", -2, W, (1, -1, 1), Cmd::Del),
+    spec("exists", -2, R, (1, -1, 1), Cmd::Exists),
+    spec("expire", -3, W, KEY1, Cmd::Expire),
+    spec("pexpire", -3, W, KEY1, Cmd::PExpire),
+    spec("expireat", -3, W, KEY1, Cmd::ExpireAt),
+    spec("pexpireat", -3, W, KEY1, Cmd::PExpireAt),
+    spec("ttl", 2, R, KEY1, Cmd::Ttl),
+    spec("pttl", 2, R, KEY1, Cmd::PTtl),
+    spec("expiretime", 2, R, KEY1, Cmd::ExpireTime),
+    spec("pexpiretime", 2, R, KEY1, Cmd::PExpireTime),
+    spec("persist", 2, W, KEY1, Cmd::Persist),
+    spec("type", 2, R, KEY1, Cmd::Type),
+    spec("rename", 3, W, (1, 2, 1), Cmd::Rename),
+    spec("renamenx", 3, W, (1, 2, 1), Cmd::RenameNx),
+    spec("keys", 2, R, NOKEY, Cmd::Keys),
+    spec("scan", -2, R, NOKEY, Cmd::Scan),
+    spec("randomkey", 1, R, NOKEY, Cmd::RandomKey),
+    spec("dbsize", 1, R, NOKEY, Cmd::DbSize),
+    spec("flushdb", -1, W, NOKEY, Cmd::FlushDb),
+    spec("flushall", -1, W, NOKEY, Cmd::FlushDb),
+    spec("ping", -1, R, NOKEY, Cmd::Ping),
+    spec("echo", 2, R, NOKEY, Cmd::Echo),
+    spec("quit", -1, R, NOKEY, Cmd::Quit),
+    spec("select", 2, R, NOKEY, Cmd::Select),
+    spec("info", -1, R, NOKEY, Cmd::Info),
+    spec("command", -1, R, NOKEY, Cmd::Command),
+    spec("config", -2, R, NOKEY, Cmd::Config),
+    spec("client", -2, R, NOKEY, Cmd::Client),
+    spec("time", 1, R, NOKEY, Cmd::Time),
+    spec("auth", -2, R, NOKEY, Cmd::Auth),
+    spec("hello", -1, R, NOKEY, Cmd::Hello),
+];
+
+fn lookup(name: &[u8]) -> Option<&'static Spec> {
+    if name.len() > 16 {
+        return None;
+    }
+    let mut lower = [0u8; 16];
+    for (d, s) in lower.iter_mut().zip(name) {
+        *d = s.to_ascii_lowercase();
+    }
+    let lower = &lower[..name.len()];
+    COMMANDS.iter().find(|s| s.name.as_bytes() == lower)
+}
+
+/// The arguments of one request (argument 0 is the command name).
+#[derive(Clone, Copy)]
+struct Args<'a> {
+    src: &'a [u8],
+    ranges: &'a [Range<usize>],
+}
+
+impl<'a> Args<'a> {
+    fn len(&self) -> usize {
+        self.ranges.len()
+    }
+
+    fn get(&self, i: usize) -> &'a [u8] {
+        &self.src[self.ranges[i].clone()]
+    }
+
+    fn is(&self, i: usize, word: &str) -> bool {
+        self.get(i).eq_ignore_ascii_case(word.as_bytes())
+    }
+}
+
+const SYNTAX: &str = "ERR syntax error";
+const NOT_INTEGER: &str = "ERR value is not an integer or out of range";
+const BAD_KEY: &str = "ERR invalid key: memkeep keys are 1 to 511 bytes";
+
+/// Parses and runs up to `budget` requests from `conn`'s input.
+pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -> Stop {
+    let limits = resp::Limits {
+        max_bulk: pass.limits.item_size_max,
+    };
+    let mut left = budget;
+    loop {
+        if left == 0 {
+            return Stop::Budget;
+        }
+        if conn.pending_output() >= WRITE_HIGH {
+            return Stop::Blocked;
+        }
+        let epoch = conn.epoch;
+        let inflight = conn.inflight;
+        let full = conn.input_full();
+        let (input, out, bufs, sess) = conn.resp_io();
+        let parsed = match resp::parse(input, &limits, &mut bufs.args, &mut bufs.scratch) {
+            Err(Incomplete) if full => Parsed::Error("request larger than memkeep's limit".into()),
+            Err(Incomplete) => return Stop::NeedInput,
+            Ok(p) => p,
+        };
+        let (consumed, inline) = match parsed {
+            Parsed::Empty { consumed } => {
+                conn.consume(consumed);
+                continue;
+            }
+            Parsed::Error(msg) => {
+                if inflight > 0 {
+                    return Stop::Blocked;
+                }
+                enc::error(out, &format!("ERR Protocol error: {msg}"));
+                conn.closing = true;
+                return Stop::Close;
+            }
+            Parsed::Command { consumed, inline } => (consumed, inline),
+        };
+        let args = Args {
+            src: if inline { &bufs.scratch } else { input },
+            ranges: &bufs.args,
+        };
+        Counters::bump(&pass.counters.resp_commands);
+        let action = dispatch(args, sess, pass);
+        match action {
+            Action::Write(op, kind) => {
+                pass.pending.push(crate::storage::writer::WriteRequest {
+                    tag: Tag {
+                        slot,
+                        epoch,
+                        reply: Reply::Resp { kind },
+                    },
+                    op,
+                });
+                conn.inflight += 1;
+            }
+            Action::Immediate(_) if inflight > 0 => return Stop::Blocked,
+            Action::Immediate(run) => {
+                let close = run.run(args, out, sess, pass);
+                conn.consume(consumed);
+                if close {
+                    conn.closing = true;
+                    return Stop::Close;
+                }
+                left -= 1;
+                continue;
+            }
+        }
+        conn.consume(consumed);
+        left -= 1;
+    }
+}
+
+/// What a request turns into: a write for the writer, or something answered now.
+enum Action {
+    Write(WriteOp, RespReply),
+    Immediate(Now),
+}
+
+/// An immediate answer: run a read command, or send an error.
+enum Now {
+    Run(&'static Spec),
+    Error(String),
+}
+
+impl Now {
+    fn run(
+        self,
+        args: Args<'_>,
+        out: &mut Vec<u8>,
+        sess: &mut Session,
+        pass: &mut Pass<'_>,
+    ) -> bool {
+        match self {
+            Now::Error(msg) => {
+                enc::error(out, &msg);
+                false
+            }
+            Now::Run(spec) => read(spec.cmd, args, out, sess, pass),
+        }
+    }
+}
+
+fn dispatch(args: Args<'_>, sess: &Session, pass: &Pass<'_>) -> Action {
+    let name = args.get(0);
+    let Some(spec) = lookup(name) else {
+        return Action::Immediate(Now::Error(unknown_command(args)));
+    };
+    let needs_auth = !pass.shared.config.requirepass.is_empty() && !sess.authed;
+    if needs_auth && !matches!(spec.cmd, Cmd::Auth | Cmd::Hello | Cmd::Quit) {
+        return Action::Immediate(Now::Error("NOAUTH Authentication required.".into()));
+    }
+    let n = args.len() as i32;
+    if (spec.arity > 0 && n != spec.arity) || (spec.arity < 0 && n < -spec.arity) {
+        return Action::Immediate(Now::Error(format!(
+            "ERR wrong number of arguments for '{}' command",
+            spec.name
+        )));
+    }
+    if !spec.write {
+        return Action::Immediate(Now::Run(spec));
+    }
+    match write_op(spec.cmd, args, pass) {
+        Ok((op, kind)) => Action::Write(op, kind),
+        Err(msg) => Action::Immediate(Now::Error(msg)),
+    }
+}
+
+/// Redis 7's message, quoting the name and the first arguments (at most 128 bytes each).
+fn unknown_command(args: Args<'_>) -> String {
+    let clip = |b: &[u8]| String::from_utf8_lossy(&b[..b.len().min(128)]).into_owned();
+    let mut msg = format!(
+        "ERR unknown command '{}', with args beginning with: ",
+        clip(args.get(0))
+    );
+    let mut budget = 128usize;
+    for i in 1..args.len() {
+        let a = args.get(i);
+        if budget == 0 {
+            break;
+        }
+        let take = a.len().min(budget);
+        msg.push_str(&format!("'{}' ", String::from_utf8_lossy(&a[..take])));
+        budget -= take;
+    }
+    msg
+}
+
+fn key_ok(k: &[u8]) -> Result<(), String> {
+    if k.is_empty() || k.len() > MAX_KEY {
+        Err(BAD_KEY.into())
+    } else {
+        Ok(())
+    }
+}
+
+fn int_arg(b: &[u8]) -> Result<i64, String> {
+    parse_i64(b).ok_or_else(|| NOT_INTEGER.into())
+}
+
+/// An expiry given relative (`unit_ms` per unit) or absolute, as an absolute unix ms; Redis's
+/// "invalid expire time" when it is not positive (for SET-style options) or overflows.
+fn expire_arg(
+    b: &[u8],
+    unit_ms: i64,
+    absolute: bool,
+    now_ms: u64,
+    cmd: &str,
+    positive: bool,
+) -> Result<u64, String> {
+    let n = int_arg(b)?;
+    let invalid = || format!("ERR invalid expire time in '{cmd}' command");
+    if positive && n <= 0 {
+        return Err(invalid());
+    }
+    let ms = n.checked_mul(unit_ms).ok_or_else(invalid)?;
+    let at = if absolute {
+        ms
+    } else {
+        ms.checked_add(now_ms as i64).ok_or_else(invalid)?
+    };
+    // A time at or before now (including negative) means "already expired".
+    Ok(if at <= 0 { 1 } else { at as u64 })
+}
+
+fn write_op(cmd: Cmd, args: Args<'_>, pass: &Pass<'_>) -> Result<(WriteOp, RespReply), String> {
+    let now = pass.now_ms;
+    let key = args.get(1);
+    key_ok(key)?;
+    let plain = |op| Ok((op, RespReply::Plain));
+    match cmd {
+        Cmd::Set => {
+            let (mut cond, mut expiry, mut get) = (SetCond::Always, Expiry::Clear, false);
+            let mut expiry_given = false;
+            let mut i = 3;
+            while i < args.len() {
+                let has_next = i + 1 < args.len();
+                let mut set_expiry = |e: Expiry| {
+                    if expiry_given {
+                        return Err(SYNTAX.to_string());
+                    }
+                    expiry_given = true;
+                    expiry = e;
+                    Ok(())
+                };
+                if args.is(i, "NX") && cond != SetCond::Xx {
+                    cond = SetCond::Nx;
+                } else if args.is(i, "XX") && cond != SetCond::Nx {
+                    cond = SetCond::Xx;
+                } else if args.is(i, "GET") {
+                    get = true;
+                } else if args.is(i, "KEEPTTL") {
+                    set_expiry(Expiry::Keep)?;
+                } else if has_next
+                    && (args.is(i, "EX")
+                        || args.is(i, "PX")
+                        || args.is(i, "EXAT")
+                        || args.is(i, "PXAT"))
+                {
+                    let unit = if args.is(i, "EX") || args.is(i, "EXAT") {
+                        1000
+                    } else {
+                        1
+                    };
+                    let absolute = args.is(i, "EXAT") || args.is(i, "PXAT");
+                    let at = expire_arg(args.get(i + 1), unit, absolute, now, "set", true)?;
+                    set_expiry(Expiry::At(at))?;
+                    i += 1;
+                } else {
+                    return Err(SYNTAX.into());
+                }
+                i += 1;
+            }
+            plain(WriteOp::Set {
+                kv: KeyValue::new(key, args.get(2)),
+                cond,
+                expiry,
+                get,
+            })
+        }
+        Cmd::SetNx => Ok((
+            WriteOp::Set {
+                kv: KeyValue::new(key, args.get(2)),
+                cond: SetCond::Nx,
+                expiry: Expiry::Clear,
+                get: false,
+            },
+            RespReply::SetNx,
+        )),
+        Cmd::SetEx | Cmd::PSetEx => {
+            let (unit, name) = if cmd == Cmd::SetEx {
+                (1000, "setex")
+            } else {
+                (1, "psetex")
+            };
+            let at = expire_arg(args.get(2), unit, false, now, name, true)?;
+            plain(WriteOp::Set {
+                kv: KeyValue::new(key, args.get(3)),
+                cond: SetCond::Always,
+                expiry: Expiry::At(at),
+                get: false,
+            })
+        }
+        Cmd::GetSet => plain(WriteOp::Set {
+            kv: KeyValue::new(key, args.get(2)),
+            cond: SetCond::Always,
+            expiry: Expiry::Clear,
+            get: true,
+        }),
+        Cmd::GetDel => plain(WriteOp::GetDel { key: key.to_vec() }),
+        Cmd::GetEx => {
+            let expiry = match args.len() {
+                2 => Expiry::Keep,
+                3 if args.is(2, "PERSIST") => Expiry::Clear,
+                4 => {
+                    let unit = if args.is(2, "EX") || args.is(2, "EXAT") {
+                        1000
+                    } else {
+                        1
+                    };
+                    let absolute = args.is(2, "EXAT") || args.is(2, "PXAT");
+                    if !(args.is(2, "EX")
+                        || args.is(2, "PX")
+                        || args.is(2, "EXAT")
+                        || args.is(2, "PXAT"))
+                    {
+                        return Err(SYNTAX.into());
+                    }
+                    Expiry::At(expire_arg(args.get(3), unit, absolute, now, "getex", true)?)
+                }
+                _ => return Err(SYNTAX.into()),
+            };
+            plain(WriteOp::GetEx {
+                key: key.to_vec(),
+                expiry,
+            })
+        }
+        Cmd::MSet | Cmd::MSetNx => {
+            if args.len().is_multiple_of(2) {
+                let name = if cmd == Cmd::MSet { "mset" } else { "msetnx" };
+                return Err(format!(
+                    "ERR wrong number of arguments for '{name}' command"
+                ));
+            }
+            let mut kvs = Vec::with_capacity(args.len() / 2);
+            for i in (1..args.len()).step_by(2) {
+                key_ok(args.get(i))?;
+                kvs.push(KeyValue::new(args.get(i), args.get(i + 1)));
+            }
+            plain(WriteOp::MSet {
+                kvs,
+                nx: cmd == Cmd::MSetNx,
+            })
+        }
+        Cmd::Incr => plain(WriteOp::IncrBy {
+            key: key.to_vec(),
+            delta: 1,
+        }),
+        Cmd::Decr => plain(WriteOp::IncrBy {
+            key: key.to_vec(),
+            delta: -1,
+        }),
+        Cmd::IncrBy => plain(WriteOp::IncrBy {
+            key: key.to_vec(),
+            delta: int_arg(args.get(2))?,
+        }),
+        Cmd::DecrBy => {
+            let d = int_arg(args.get(2))?;
+            let delta = d.checked_neg().ok_or("ERR decrement would overflow")?;
+            plain(WriteOp::IncrBy {
+                key: key.to_vec(),
+                delta,
+            })
+        }
+        Cmd::IncrByFloat => {
+            let delta = crate::semantics::parse_float(args.get(2))
+                .ok_or("ERR value is not a valid float")?;
+            plain(WriteOp::IncrByFloat {
+                key: key.to_vec(),
+                delta,
+            })
+        }
+        Cmd::Append => plain(WriteOp::Append {
+            kv: KeyValue::new(key, args.get(2)),
+        }),
+        Cmd::SetRange => {
+            let offset = int_arg(args.get(2))?;
+            if offset < 0 {
+                return Err("ERR offset is out of range".into());
+            }
+            if offset as u64 + args.get(3).len() as u64 > pass.limits.item_size_max as u64 {
+                return Err("ERR string exceeds maximum allowed size (proto-max-bulk-len)".into());
+            }
+            plain(WriteOp::SetRange {
+                kv: KeyValue::new(key, args.get(3)),
+                offset: offset as usize,
+            })
+        }
+        Cmd::Del => {
+            let keys = (1..args.len()).map(|i| args.get(i).to_vec()).collect();
+            plain(WriteOp::Del { keys })
+        }
+        Cmd::Expire | Cmd::PExpire | Cmd::ExpireAt | Cmd::PExpireAt => {
+            let (unit, absolute, name) = match cmd {
+                Cmd::Expire => (1000, false, "expire"),
+                Cmd::PExpire => (1, false, "pexpire"),
+                Cmd::ExpireAt => (1000, true, "expireat"),
+                _ => (1, true, "pexpireat"),
+            };
+            let at_ms = expire_arg(args.get(2), unit, absolute, now, name, false)?;
+            let mut cond = ExpireCond::Always;
+            for i in 3..args.len() {
+                let c = if args.is(i, "NX") {
+                    ExpireCond::Nx
+                } else if args.is(i, "XX") {
+                    ExpireCond::Xx
+                } else if args.is(i, "GT") {
+                    ExpireCond::Gt
+                } else if args.is(i, "LT") {
+                    ExpireCond::Lt
+                } else {
+                    return Err(format!(
+                        "ERR Unsupported option {}",
+                        String::from_utf8_lossy(args.get(i))
+                    ));
+                };
+                let clash = matches!(
+                    (cond, c),
+                    (
+                        ExpireCond::Nx,
+                        ExpireCond::Xx | ExpireCond::Gt | ExpireCond::Lt
+                    )
+                ) || matches!(
+                    (cond, c),
+                    (
+                        ExpireCond::Xx | ExpireCond::Gt | ExpireCond::Lt,
+                        ExpireCond::Nx
+                    )
+                );
+                if clash {
+                    return Err(
+                        "ERR NX and XX, GT or LT options at the same time are not compatible"
+                            .into(),
+                    );
+                }
+                if matches!(
+                    (cond, c),
+                    (ExpireCond::Gt, ExpireCond::Lt) | (ExpireCond::Lt, ExpireCond::Gt)
+                ) {
+                    return Err("ERR GT and LT options at the same time are not compatible".into());
+                }
+                if cond == ExpireCond::Always || cond == ExpireCond::Xx {
+                    cond = c;
+                }
+            }
+            plain(WriteOp::Expire {
+                key: key.to_vec(),
+                at_ms,
+                cond,
+            })
+        }
+        Cmd::Persist => plain(WriteOp::Persist { key: key.to_vec() }),
+        Cmd::Rename | Cmd::RenameNx => {
+            key_ok(args.get(2))?;
+            plain(WriteOp::Rename {
+                from: key.to_vec(),
+                to: args.get(2).to_vec(),
+                nx: cmd == Cmd::RenameNx,
+            })
+        }
+        _ => Err(SYNTAX.into()),
+    }
+}
+
+/// Encodes a write's reply once it has committed.
+pub fn complete(out: &mut Vec<u8>, v3: bool, kind: RespReply, outcome: Outcome) {
+    match (kind, outcome) {
+        (RespReply::SetNx, Outcome::Done) => enc::int(out, 1),
+        (RespReply::SetNx, Outcome::Nil) => enc::int(out, 0),
+        (_, Outcome::Done) => enc::ok(out),
+        (_, Outcome::Int(n)) => enc::int(out, n),
+        (_, Outcome::Bulk(b)) => enc::bulk(out, &b),
+        (_, Outcome::Nil) => enc::null(out, v3),
+        (_, Outcome::Err(msg)) => enc::error(out, msg),
+        (_, Outcome::BadKey) => enc::error(out, BAD_KEY),
+        (_, Outcome::Full) => enc::error(
+            out,
+            "OOM command not allowed when used memory > 'maxmemory'.",
+        ),
+        (_, Outcome::TooLarge) => enc::error(
+            out,
+            "ERR string exceeds maximum allowed size (proto-max-bulk-len)",
+        ),
+        (_, other) => {
+            if other != Outcome::Failed {
+                error!("unexpected outcome for a RESP write: {other:?}");
+            }
+            enc::error(out, "ERR storage failure")
+        }
+    }
+}
+
+/// Runs a command answered on the worker; returns true when the connection should close.
+fn read(
+    cmd: Cmd,
+    args: Args<'_>,
+    out: &mut Vec<u8>,
+    sess: &mut Session,
+    pass: &mut Pass<'_>,
+) -> bool {
+    let v3 = sess.v3;
+    match cmd {
+        Cmd::Ping => match args.len() {
+            1 => enc::simple(out, "PONG"),
+            2 => enc::bulk(out, args.get(1)),
+            _ => enc::error(out, "ERR wrong number of arguments for 'ping' command"),
+        },
+        Cmd::Echo => enc::bulk(out, args.get(1)),
+        Cmd::Quit => {
+            enc::ok(out);
+            return true;
+        }
+        Cmd::Select => match parse_i64(args.get(1)) {
+            Some(0) => enc::ok(out),
+            Some(_) => enc::error(out, "ERR DB index is out of range"),
+            None => enc::error(out, NOT_INTEGER),
+        },
+        Cmd::Time => {
+            let now_us = pass.shared.clock.now_ms() * 1000;
+            enc::array(out, 2);
+            enc::bulk(out, (now_us / 1_000_000).to_string().as_bytes());
+            enc::bulk(out, (now_us % 1_000_000).to_string().as_bytes());
+        }
+        Cmd::Auth => auth(args, out, sess, pass),
+        Cmd::Hello => hello(args, out, sess, pass),
+        Cmd::Client => client(args, out, sess),
+        Cmd::Config => config(args, out, sess, pass),
+        Cmd::Command => command(args, out, v3),
+        Cmd::Info => info(args, out, v3, pass),
+        _ => data_read(cmd, args, out, v3, pass),
+    }
+    false
+}
+
+/// Reads that touch the store.
+fn data_read(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
+    let now = pass.now_ms;
+    let flushed = pass.flushed();
+    let counters = pass.counters;
+    let shared = pass.shared;
+    let (store, txn) = match pass.txn() {
+        Ok(t) => t,
+        Err(e) => {
+            error!("cannot open read transaction: {e}");
+            return enc::error(out, "ERR storage failure");
+        }
+    };
+    // The live item under a key, or None; storage errors are logged and read as absent.
+    let lookup = |key: &[u8]| -> Option<ItemRef<'_>> {
+        match store.get(txn, key) {
+            Ok(Some(item)) if !flushed && !item.meta.is_expired(now) => Some(item),
+            Ok(_) => None,
+            Err(e) => {
+                error!("read of a stored item failed: {e}");
+                None
+            }
+        }
+    };
+    let hit = |found: bool| {
+        Counters::bump(if found {
+            &counters.get_hits
+        } else {
+            &counters.get_misses
+        });
+    };
+    match cmd {
+        Cmd::Get => match lookup(args.get(1)) {
+            Some(item) => {
+                hit(true);
+                enc::bulk(out, item.value)
+            }
+            None => {
+                hit(false);
+                enc::null(out, v3)
+            }
+        },
+        Cmd::MGet => {
+            enc::array(out, args.len() - 1);
+            for i in 1..args.len() {
+                match lookup(args.get(i)) {
+                    Some(item) => {
+                        hit(true);
+                        enc::bulk(out, item.value)
+                    }
+                    None => {
+                        hit(false);
+                        enc::null(out, v3)
+                    }
+                }
+            }
+        }
+        Cmd::StrLen => enc::int(out, lookup(args.get(1)).map_or(0, |i| i.value.len() as i64)),
+        Cmd::GetRange => {
+            let (Some(start), Some(end)) = (parse_i64(args.get(2)), parse_i64(args.get(3))) else {
+                return enc::error(out, NOT_INTEGER);
+            };
+            let value = lookup(args.get(1)).map_or(&[][..], |i| i.value);
+            enc::bulk(out, substr(value, start, end));
+        }
+        Cmd::Exists => {
+            let n = (1..args.len())
+                .filter(|&i| lookup(args.get(i)).is_some())
+                .count();
+            enc::int(out, n as i64);
+        }
+        Cmd::Ttl | Cmd::PTtl | Cmd::ExpireTime | Cmd::PExpireTime => {
+            let v = match lookup(args.get(1)) {
+                None => -2,
+                Some(i) if i.meta.expire_at == 0 => -1,
+                Some(i) => {
+                    let at = i.meta.expire_at as i64;
+                    let left = at - now as i64;
+                    match cmd {
+                        Cmd::Ttl => (left + 500) / 1000,
+                        Cmd::PTtl => left,
+                        Cmd::ExpireTime => (at + 500) / 1000,
+                        _ => at,
+                    }
+                }
+            };
+            enc::int(out, v);
+        }
+        Cmd::Type => enc::simple(
+            out,
+            if lookup(args.get(1)).is_some() {
+                "string"
+            } else {
+                "none"
+            },
+        ),
+        Cmd::DbSize => enc::int(out, store.len(txn).unwrap_or(0) as i64),
+        Cmd::Keys => {
+            let pattern = args.get(1);
+            let mut found: Vec<&[u8]> = Vec::new();
+            match store.items().iter(txn) {
+                Ok(iter) => {
+                    for entry in iter {
+                        let Ok((key, bytes)) = entry else { break };
+                        let live = crate::storage::item::decode(bytes)
+                            .is_ok_and(|i| !flushed && !i.meta.is_expired(now));
+                        if live && glob_match(pattern, key) {
+                            found.push(key);
+                        }
+                    }
+                }
+                Err(e) => return enc::error(out, &format!("ERR storage failure: {e}")),
+            }
+            enc::array(out, found.len());
+            for k in found {
+                enc::bulk(out, k);
+            }
+        }
+        Cmd::Scan => scan(
+            args,
+            out,
+            ScanView {
+                store,
+                txn,
+                now,
+                flushed,
+            },
+            shared,
+        ),
+        Cmd::RandomKey => {
+            let seed =
+                shared.clock.now_ms() ^ (out.len() as u64).rotate_left(17) ^ 0x9e37_79b9_7f4a_7c15;
+            let probe = splitmix(seed).to_be_bytes();
+            let pick = |it: Option<(&[u8], &[u8])>| it.map(|(k, _)| k.to_vec());
+            let items = store.items();
+            let key = items
+                .get_greater_than_or_equal_to(txn, &probe[..])
+                .ok()
+                .flatten()
+                .map(|kv| kv.0.to_vec())
+                .or_else(|| pick(items.first(txn).ok().flatten()));
+            match key {
+                Some(k) => enc::bulk(out, &k),
+                None => enc::null(out, v3),
+            }
+        }
+        _ => enc::error(out, "ERR command not available here"),
+    }
+}
+
+/// What SCAN needs from the pass.
+struct ScanView<'a, 't> {
+    store: &'a crate::storage::lmdb::LmdbStore,
+    txn: &'t heed::RoTxn<'t>,
+    now: u64,
+    flushed: bool,
+}
+
+/// SCAN cursor [MATCH pattern] [COUNT n] [TYPE t]: keys in LMDB's order; the cursor names the
+/// last key returned (kept server-side), so keys present for the whole scan are returned even
+/// while others are written.
+fn scan(args: Args<'_>, out: &mut Vec<u8>, view: ScanView<'_, '_>, shared: &super::Shared) {
+    let Some(cursor) = std::str::from_utf8(args.get(1))
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+    else {
+        return enc::error(out, "ERR invalid cursor");
+    };
+    let (mut pattern, mut count, mut type_filter): (Option<&[u8]>, usize, Option<&[u8]>) =
+        (None, 10, None);
+    let mut i = 2;
+    while i < args.len() {
+        if i + 1 >= args.len() {
+            return enc::error(out, SYNTAX);
+        }
+        if args.is(i, "MATCH") {
+            pattern = Some(args.get(i + 1));
+        } else if args.is(i, "COUNT") {
+            match parse_i64(args.get(i + 1)) {
+                Some(n) if n >= 1 => count = n as usize,
+                Some(_) => return enc::error(out, SYNTAX),
+                None => return enc::error(out, NOT_INTEGER),
+            }
+        } else if args.is(i, "TYPE") {
+            type_filter = Some(args.get(i + 1));
+        } else {
+            return enc::error(out, SYNTAX);
+        }
+        i += 2;
+    }
+    let after: Option<Vec<u8>> = if cursor == 0 {
+        None
+    } else {
+        match shared
+            .scan_cursors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(cursor)
+        {
+            Some(k) => Some(k),
+            None => return enc::error(out, "ERR invalid cursor"),
+        }
+    };
+    let range = match &after {
+        None => (std::ops::Bound::Unbounded, std::ops::Bound::Unbounded),
+        Some(k) => (
+            std::ops::Bound::Excluded(&k[..]),
+            std::ops::Bound::Unbounded,
+        ),
+    };
+    let iter = match view.store.items().range(view.txn, &range) {
+        Ok(it) => it,
+        Err(e) => return enc::error(out, &format!("ERR storage failure: {e}")),
+    };
+    let mut found: Vec<&[u8]> = Vec::new();
+    let mut last: Option<&[u8]> = None;
+    let mut exhausted = true;
+    for (examined, entry) in iter.enumerate() {
+        let Ok((key, bytes)) = entry else { break };
+        if examined == count {
+            exhausted = false;
+            break;
+        }
+        last = Some(key);
+        let live = crate::storage::item::decode(bytes)
+            .is_ok_and(|i| !view.flushed && !i.meta.is_expired(view.now));
+        let type_ok = type_filter.is_none_or(|t| t.eq_ignore_ascii_case(b"string"));
+        if live && type_ok && pattern.is_none_or(|p| glob_match(p, key)) {
+            found.push(key);
+        }
+    }
+    let next = match (exhausted, last) {
+        (false, Some(k)) => shared
+            .scan_cursors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(k.to_vec()),
+        _ => 0,
+    };
+    enc::array(out, 2);
+    enc::bulk(out, next.to_string().as_bytes());
+    enc::array(out, found.len());
+    for k in found {
+        enc::bulk(out, k);
+    }
+}
+
+fn splitmix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// GETRANGE's index rules: negatives count from the end, both ends inclusive, clamped.
+fn substr(v: &[u8], start: i64, end: i64) -> &[u8] {
+    let len = v.len() as i64;
+    if len == 0 || (start < 0 && end < 0 && start > end) {
+        return &[];
+    }
+    let mut s = if start < 0 { len + start } else { start };
+    let mut e = if end < 0 { len + end } else { end };
+    s = s.max(0);
+    e = e.max(0).min(len - 1);
+    if s > e || s >= len {
+        &[]
+    } else {
+        &v[s as usize..=e as usize]
+    }
+}
+
+/// Redis's glob (stringmatchlen): `*`, `?`, `[abc]`, `[^a-z]`, `\x` escapes.
+pub fn glob_match(pattern: &[u8], s: &[u8]) -> bool {
+    let (mut p, mut i) = (0usize, 0usize);
+    // Where to resume after the last `*`: (pattern index after it, string index it matched to).
+    let mut star: Option<(usize, usize)> = None;
+    while i < s.len() {
+        let step = match pattern.get(p) {
+            Some(b'*') => {
+                star = Some((p + 1, i));
+                p += 1;
+                continue;
+            }
+            Some(b'?') => Some(p + 1),
+            Some(b'[') => class_match(pattern, p, s[i]),
+            Some(b'\\') if p + 1 < pattern.len() => (pattern[p + 1] == s[i]).then_some(p + 2),
+            Some(&c) => (c == s[i]).then_some(p + 1),
+            None => None,
+        };
+        match step {
+            Some(np) => {
+                p = np;
+                i += 1;
+            }
+            None => match star {
+                Some((sp, si)) => {
+                    p = sp;
+                    i = si + 1;
+                    star = Some((sp, si + 1));
+                }
+                None => return false,
+            },
+        }
+    }
+    pattern[p..].iter().all(|&c| c == b'*')
+}
+
+/// Matches `c` against the class starting at `pattern[p] == '['`; the index after the class.
+fn class_match(pattern: &[u8], p: usize, c: u8) -> Option<usize> {
+    let mut j = p + 1;
+    let negate = pattern.get(j) == Some(&b'^');
+    if negate {
+        j += 1;
+    }
+    let mut matched = false;
+    loop {
+        match pattern.get(j) {
+            None => {
+                // An unterminated class: Redis treats the end of pattern as its end.
+                break;
+            }
+            Some(b']') => {
+                j += 1;
+                break;
+            }
+            Some(b'\\') if j + 1 < pattern.len() => {
+                matched |= pattern[j + 1] == c;
+                j += 2;
+            }
+            Some(&lo)
+                if pattern.get(j + 1) == Some(&b'-')
+                    && j + 2 < pattern.len()
+                    && pattern[j + 2] != b']' =>
+            {
+                let hi = pattern[j + 2];
+                let (lo, hi) = if lo <= hi { (lo, hi) } else { (hi, lo) };
+                matched |= (lo..=hi).contains(&c);
+                j += 3;
+            }
+            Some(&x) => {
+                matched |= x == c;
+                j += 1;
+            }
+        }
+    }
+    (matched != negate).then_some(j)
+}
+
+fn auth(args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session, pass: &Pass<'_>) {
+    let required = &pass.shared.config.requirepass;
+    let (user, pass_arg) = match args.len() {
+        2 => (&b"default"[..], args.get(1)),
+        3 => (args.get(1), args.get(2)),
+        _ => return enc::error(out, SYNTAX),
+    };
+    if required.is_empty() {
+        return enc::error(
+            out,
+            "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
+        );
+    }
+    if user == b"default" && pass_arg == required.as_bytes() {
+        sess.authed = true;
+        enc::ok(out);
+    } else {
+        enc::error(
+            out,
+            "WRONGPASS invalid username-password pair or user is disabled.",
+        );
+    }
+}
+
+fn hello(args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session, pass: &Pass<'_>) {
+    let mut v3 = sess.v3;
+    let mut i = 1;
+    if args.len() > 1 {
+        match parse_i64(args.get(1)) {
+            Some(2) => v3 = false,
+            Some(3) => v3 = true,
+            Some(_) => return enc::error(out, "NOPROTO unsupported protocol version"),
+            None => {
+                return enc::error(
+                    out,
+                    "ERR Protocol version is not an integer or out of range",
+                );
+            }
+        }
+        i = 2;
+    }
+    let mut authed = sess.authed;
+    let mut name = None;
+    while i < args.len() {
+        if args.is(i, "AUTH") && i + 2 < args.len() {
+            let required = &pass.shared.config.requirepass;
+            let ok = args.get(i + 1) == b"default"
+                && (required.is_empty() || args.get(i + 2) == required.as_bytes());
+            if !ok {
+                return enc::error(
+                    out,
+                    "WRONGPASS invalid username-password pair or user is disabled.",
+                );
+            }
+            authed = true;
+            i += 3;
+        } else if args.is(i, "SETNAME") && i + 1 < args.len() {
+            name = Some(args.get(i + 1).to_vec());
+            i += 2;
+        } else {
+            return enc::error(
+                out,
+                &format!(
+                    "ERR Syntax error in HELLO option '{}'",
+                    String::from_utf8_lossy(args.get(i))
+                ),
+            );
+        }
+    }
+    if !pass.shared.config.requirepass.is_empty() && !authed {
+        return enc::error(
+            out,
+            "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time",
+        );
+    }
+    sess.v3 = v3;
+    sess.authed = authed;
+    if name.is_some() {
+        sess.name = name;
+    }
+    enc::map(out, 7, v3);
+    enc::bulk(out, b"server");
+    enc::bulk(out, b"redis");
+    enc::bulk(out, b"version");
+    enc::bulk(out, REDIS_VERSION.as_bytes());
+    enc::bulk(out, b"proto");
+    enc::int(out, if v3 { 3 } else { 2 });
+    enc::bulk(out, b"id");
+    enc::int(out, sess.id as i64);
+    enc::bulk(out, b"mode");
+    enc::bulk(out, b"standalone");
+    enc::bulk(out, b"role");
+    enc::bulk(out, b"master");
+    enc::bulk(out, b"modules");
+    enc::array(out, 0);
+}
+
+/// The Redis version memkeep reports, so clients enable what it implements.
+pub const REDIS_VERSION: &str = "7.0.0";
+
+fn client(args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session) {
+    if args.is(1, "SETNAME") && args.len() == 3 {
+        let name = args.get(2);
+        if name.iter().any(|&b| b <= b' ' || b > b'~') {
+            return enc::error(
+                out,
+                "ERR Client names cannot contain spaces, newlines or special characters.",
+            );
+        }
+        sess.name = (!name.is_empty()).then(|| name.to_vec());
+        enc::ok(out);
+    } else if args.is(1, "GETNAME") && args.len() == 2 {
+        match &sess.name {
+            Some(n) => enc::bulk(out, n),
+            None => enc::null(out, sess.v3),
+        }
+    } else if args.is(1, "ID") && args.len() == 2 {
+        enc::int(out, sess.id as i64);
+    } else if (args.is(1, "LIST") || args.is(1, "INFO")) && args.len() >= 2 {
+        let name = sess
+            .name
+            .as_deref()
+            .map(String::from_utf8_lossy)
+            .unwrap_or_default();
+        let line = format!(
+            "id={} name={} db=0 resp={}\n",
+            sess.id,
+            name,
+            if sess.v3 { 3 } else { 2 }
+        );
+        enc::bulk(out, line.as_bytes());
+    } else if args.is(1, "SETINFO") && args.len() == 4 {
+        enc::ok(out);
+    } else {
+        enc::error(
+            out,
+            &format!(
+                "ERR unknown subcommand '{}'. Try CLIENT HELP.",
+                String::from_utf8_lossy(args.get(1))
+            ),
+        );
+    }
+}
+
+fn config(args: Args<'_>, out: &mut Vec<u8>, sess: &Session, pass: &Pass<'_>) {
+    let cfg = &pass.shared.config;
+    if args.is(1, "GET") && args.len() >= 3 {
+        let appendfsync = match cfg.sync {
+            crate::config::SyncMode::Always => "always",
+            crate::config::SyncMode::Periodic => "everysec",
+            crate::config::SyncMode::Never => "no",
+        };
+        let params: [(&str, String); 11] = [
+            ("save", String::new()),
+            ("appendonly", "no".into()),
+            ("appendfsync", appendfsync.into()),
+            ("maxmemory", cfg.map_size.to_string()),
+            ("databases", "1".into()),
+            ("port", cfg.resp_port.to_string()),
+            ("bind", cfg.listen.clone()),
+            ("maxclients", cfg.max_connections.to_string()),
+            ("timeout", "0".into()),
+            ("proto-max-bulk-len", cfg.max_item_size.to_string()),
+            ("dir", cfg.data_dir.display().to_string()),
+        ];
+        let mut hits: Vec<&(&str, String)> = Vec::new();
+        for i in 2..args.len() {
+            let pat = args.get(i).to_ascii_lowercase();
+            for p in &params {
+                if glob_match(&pat, p.0.as_bytes()) && !hits.iter().any(|h| h.0 == p.0) {
+                    hits.push(p);
+                }
+            }
+        }
+        enc::map(out, hits.len(), sess.v3);
+        for (k, v) in hits {
+            enc::bulk(out, k.as_bytes());
+            enc::bulk(out, v.as_bytes());
+        }
+    } else if args.is(1, "RESETSTAT") && args.len() == 2 {
+        for c in pass.shared.counters.iter() {
+            c.reset();
+        }
+        enc::ok(out);
+    } else if args.is(1, "SET") {
+        enc::error(
+            out,
+            "ERR CONFIG SET is not supported by memkeep; use its config file or flags",
+        );
+    } else {
+        enc::error(
+            out,
+            &format!(
+                "ERR unknown subcommand or wrong number of arguments for '{}'. Try CONFIG HELP.",
+                String::from_utf8_lossy(args.get(1))
+            ),
+        );
+    }
+}
+
+fn command(args: Args<'_>, out: &mut Vec<u8>, v3: bool) {
+    let describe = |out: &mut Vec<u8>, s: &Spec| {
+        enc::array(out, 10);
+        enc::bulk(out, s.name.as_bytes());
+        enc::int(out, s.arity as i64);
+        enc::set(out, 1, v3);
+        enc::simple(out, if s.write { "write" } else { "readonly" });
+        enc::int(out, s.keys.0 as i64);
+        enc::int(out, s.keys.1 as i64);
+        enc::int(out, s.keys.2 as i64);
+        enc::set(out, 0, v3);
+        enc::array(out, 0);
+        enc::array(out, 0);
+        enc::array(out, 0);
+    };
+    if args.len() == 1 {
+        enc::array(out, COMMANDS.len());
+        for s in COMMANDS {
+            describe(out, s);
+        }
+    } else if args.is(1, "COUNT") {
+        enc::int(out, COMMANDS.len() as i64);
+    } else if args.is(1, "INFO") {
+        enc::array(out, args.len() - 2);
+        for i in 2..args.len() {
+            match lookup(args.get(i)) {
+                Some(s) => describe(out, s),
+                None => enc::null_array(out, v3),
+            }
+        }
+    } else if args.is(1, "DOCS") {
+        // No docs: clients fall back to plain input without hints.
+        enc::map(out, 0, v3);
+    } else {
+        enc::error(
+            out,
+            &format!(
+                "ERR unknown subcommand '{}'. Try COMMAND HELP.",
+                String::from_utf8_lossy(args.get(1))
+            ),
+        );
+    }
+}
+
+fn info(args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
+    let shared = pass.shared;
+    let cfg = &shared.config;
+    let mut t = Totals::default();
+    for c in shared.counters.iter() {
+        t.add(c);
+    }
+    let keys = match pass.txn() {
+        Ok((store, txn)) => store.len(txn).unwrap_or(0),
+        Err(_) => 0,
+    };
+    let used = shared.store.used_bytes();
+    let (user, sys) = rusage();
+    let uptime = shared.started.elapsed().as_secs();
+    let wanted: Vec<String> = (1..args.len())
+        .map(|i| String::from_utf8_lossy(args.get(i)).to_ascii_lowercase())
+        .collect();
+    let all = wanted.is_empty()
+        || wanted
+            .iter()
+            .any(|w| w == "all" || w == "everything" || w == "default");
+    let show = |name: &str| all || wanted.iter().any(|w| w == name);
+    let mut s = Vec::new();
+    let mut section = |name: &str, title: &str, body: String| {
+        if show(name) {
+            if !s.is_empty() {
+                s.extend_from_slice(b"\r\n");
+            }
+            let _ = write!(s, "# {title}\r\n{body}");
+        }
+    };
+    section(
+        "server",
+        "Server",
+        format!(
+            "redis_version:{REDIS_VERSION}\r\nmemkeep_version:{}\r\nredis_mode:standalone\r\nos:{} {}\r\narch_bits:{}\r\nprocess_id:{}\r\ntcp_port:{}\r\nuptime_in_seconds:{uptime}\r\nuptime_in_days:{}\r\nexecutable:memkeep\r\n",
+            env!("CARGO_PKG_VERSION"),
+            std::env::consts::OS,
+            std::env::consts::ARCH,
+            usize::BITS,
+            std::process::id(),
+            cfg.resp_port,
+            uptime / 86400
+        ),
+    );
+    section(
+        "clients",
+        "Clients",
+        format!(
+            "connected_clients:{}\r\nmaxclients:{}\r\nblocked_clients:0\r\n",
+            shared.gauges.curr_connections.load(Ordering::Relaxed),
+            cfg.max_connections
+        ),
+    );
+    section(
+        "memory",
+        "Memory",
+        format!(
+            "used_memory:{used}\r\nused_memory_human:{:.2}M\r\nmaxmemory:{}\r\nmaxmemory_policy:noeviction\r\n",
+            used as f64 / 1048576.0,
+            cfg.map_size
+        ),
+    );
+    section(
+        "persistence",
+        "Persistence",
+        format!(
+            "loading:0\r\nrdb_changes_since_last_save:0\r\nrdb_bgsave_in_progress:0\r\naof_enabled:0\r\nmemkeep_sync:{}\r\n",
+            cfg.sync
+        ),
+    );
+    section(
+        "stats",
+        "Stats",
+        format!(
+            "total_connections_received:{}\r\ntotal_commands_processed:{}\r\ninstantaneous_ops_per_sec:0\r\nrejected_connections:{}\r\nexpired_keys:0\r\nevicted_keys:0\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\n",
+            t.total_connections,
+            t.resp_commands + t.cmd_get + t.cmd_set,
+            t.rejected_connections,
+            t.get_hits,
+            t.get_misses
+        ),
+    );
+    section(
+        "cpu",
+        "CPU",
+        format!("used_cpu_sys:{sys:.6}\r\nused_cpu_user:{user:.6}\r\n"),
+    );
+    section(
+        "keyspace",
+        "Keyspace",
+        if keys > 0 {
+            format!("db0:keys={keys},expires=0,avg_ttl=0\r\n")
+        } else {
+            String::new()
+        },
+    );
+    enc::verbatim(out, &s, v3);
+}
+
+/// The scan cursors handed out, so a cursor names the key to resume after. Bounded: the oldest
+/// are forgotten (a forgotten cursor answers "ERR invalid cursor").
+#[derive(Debug, Default)]
+pub struct ScanCursors {
+    next: u64,
+    map: std::collections::HashMap<u64, Vec<u8>>,
+    order: std::collections::VecDeque<u64>,
+}
+
+const SCAN_CURSORS_MAX: usize = 16 * 1024;
+
+impl ScanCursors {
+    fn insert(&mut self, key: Vec<u8>) -> u64 {
+        self.next += 1;
+        // Not guessable from the count alone, never 0.
+        let id = (splitmix(self.next) >> 1) | 1;
+        if self.order.len() == SCAN_CURSORS_MAX
+            && let Some(old) = self.order.pop_front()
+        {
+            self.map.remove(&old);
+        }
+        self.map.insert(id, key);
+        self.order.push_back(id);
+        id
+    }
+
+    fn get(&self, id: u64) -> Option<Vec<u8>> {
+        self.map.get(&id).cloned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn glob_matches_like_redis() {
+        assert!(glob_match(b"*", b"anything"));
+        assert!(glob_match(b"h?llo", b"hello"));
+        assert!(glob_match(b"h*llo", b"heeeello"));
+        assert!(glob_match(b"h[ae]llo", b"hallo"));
+        assert!(!glob_match(b"h[^e]llo", b"hello"));
+        assert!(glob_match(b"h[a-b]llo", b"hbllo"));
+        assert!(glob_match(b"key:*:x", b"key:1:2:x"));
+        assert!(!glob_match(b"key:*:x", b"key:1:2:y"));
+        assert!(glob_match(b"a\\*b", b"a*b"));
+        assert!(!glob_match(b"a\\*b", b"axb"));
+        assert!(glob_match(b"", b""));
+        assert!(!glob_match(b"", b"a"));
+    }
+
+    #[test]
+    fn getrange_indexes_like_redis() {
+        let v = b"This is a string";
+        assert_eq!(substr(v, 0, 3), b"This");
+        assert_eq!(substr(v, -3, -1), b"ing");
+        assert_eq!(substr(v, 0, -1), v);
+        assert_eq!(substr(v, 10, 100), b"string");
+        assert_eq!(substr(v, 5, 3), b"");
+        assert_eq!(substr(b"", 0, -1), b"");
+    }
+
+    #[test]
+    fn command_table_names_are_lowercase_and_unique() {
+        for (i, s) in COMMANDS.iter().enumerate() {
+            assert_eq!(s.name, s.name.to_ascii_lowercase());
+            assert!(
+                COMMANDS[i + 1..].iter().all(|o| o.name != s.name),
+                "{} twice",
+                s.name
+            );
+            assert!(lookup(s.name.to_ascii_uppercase().as_bytes()).is_some());
+        }
+    }
+}
