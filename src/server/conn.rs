@@ -44,6 +44,8 @@ pub struct Conn {
     pub readable: bool,
     /// The peer closed its sending side.
     pub eof: bool,
+    /// The poller reported the peer's close: read until EOF, never stop at a short read.
+    pub hup: bool,
     /// Close once the pending output is flushed (quit, fatal protocol error).
     pub closing: bool,
     /// The socket failed: close now.
@@ -73,6 +75,7 @@ impl Conn {
             inflight: 0,
             readable: true,
             eof: false,
+            hup: false,
             closing: false,
             broken: false,
             want_write: false,
@@ -167,8 +170,15 @@ impl Conn {
                     self.readable = false;
                 }
                 Ok(n) => {
+                    let space = self.rbuf.len() - self.rend;
                     self.rend += n;
                     Counters::add(&counters.bytes_read, n as u64);
+                    if n < space && !self.hup {
+                        // A short read drained the socket: bytes arriving later raise a new
+                        // edge-triggered event, so skip the read that would only say WouldBlock.
+                        self.readable = false;
+                        return;
+                    }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     self.readable = false;

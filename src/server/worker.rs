@@ -256,6 +256,7 @@ impl Worker {
             };
             if event.is_readable() || event.is_read_closed() || event.is_error() {
                 conn.readable = true;
+                conn.hup |= event.is_read_closed() || event.is_error();
             }
             self.mark(key);
         }

@@ -1,0 +1,1298 @@
+//! TCP integration tests: real memkeep processes on free loopback ports with temporary data
+//! directories, driven over plain `std::net::TcpStream`s.
+//!
+//! Invariants: every socket has a generous read timeout, so a missing reply fails the test
+//! instead of hanging it; waits for a condition are bounded polling loops with deadlines (sleeps
+//! only pace slow clients); every process a test starts is killed by its owner's `Drop`.
+
+mod common;
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{Options, Server};
+
+const BIN: &str = env!("CARGO_BIN_EXE_memkeep");
+/// Read and write timeout of every test socket: long enough for a loaded 2-core machine,
+/// short enough that a lost reply fails the test.
+const IO_TIMEOUT: Duration = Duration::from_secs(30);
+/// Deadline for conditions polled in a loop (a server noticing a closed connection, ...).
+const POLL_DEADLINE: Duration = Duration::from_secs(20);
+const TOO_MANY: &str = "ERROR Too many open connections";
+const TOO_LARGE: &str = "SERVER_ERROR object too large for cache";
+const BAD_FORMAT: &str = "CLIENT_ERROR bad command line format";
+
+// ---------------------------------------------------------------------------------------------
+// Client
+
+/// One retrieved item.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Item {
+    key: String,
+    flags: u32,
+    value: Vec<u8>,
+    cas: Option<u64>,
+}
+
+/// A memcached text-protocol client on a blocking socket with timeouts.
+struct Client {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+    name: String,
+}
+
+fn open_stream(addr: SocketAddr) -> io::Result<TcpStream> {
+    let s = TcpStream::connect_timeout(&addr, IO_TIMEOUT)?;
+    s.set_nodelay(true)?;
+    s.set_read_timeout(Some(IO_TIMEOUT))?;
+    s.set_write_timeout(Some(IO_TIMEOUT))?;
+    Ok(s)
+}
+
+impl Client {
+    fn try_connect(addr: SocketAddr, name: &str) -> io::Result<Client> {
+        let s = open_stream(addr)?;
+        let writer = s.try_clone()?;
+        Ok(Client {
+            reader: BufReader::with_capacity(64 * 1024, s),
+            writer,
+            name: name.to_string(),
+        })
+    }
+
+    fn connect(addr: SocketAddr, name: &str) -> Client {
+        Client::try_connect(addr, name).unwrap_or_else(|e| panic!("{name}: connect {addr}: {e}"))
+    }
+
+    fn send(&mut self, bytes: &[u8]) {
+        if let Err(e) = self.writer.write_all(bytes) {
+            panic!("{}: write of {} bytes failed: {e}", self.name, bytes.len());
+        }
+    }
+
+    /// The next reply line without its `\r\n`; `None` at EOF.
+    fn try_line(&mut self) -> io::Result<Option<String>> {
+        let mut buf = Vec::new();
+        if self.reader.read_until(b'\n', &mut buf)? == 0 {
+            return Ok(None);
+        }
+        if !buf.ends_with(b"\r\n") {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("line not ended by CRLF: {}", show(&buf)),
+            ));
+        }
+        buf.truncate(buf.len() - 2);
+        String::from_utf8(buf)
+            .map(Some)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("non-UTF-8 line: {e}")))
+    }
+
+    fn line(&mut self) -> String {
+        match self.try_line() {
+            Ok(Some(l)) => l,
+            Ok(None) => panic!(
+                "{}: connection closed while a reply line was expected",
+                self.name
+            ),
+            Err(e) => panic!("{}: reading a reply line failed: {e}", self.name),
+        }
+    }
+
+    fn expect(&mut self, want: &str) {
+        let got = self.line();
+        assert_eq!(got, want, "{}: unexpected reply", self.name);
+    }
+
+    /// Reads until EOF; fails on a timeout.
+    fn rest_until_eof(&mut self) -> Vec<u8> {
+        let mut rest = Vec::new();
+        if let Err(e) = self.reader.read_to_end(&mut rest) {
+            panic!(
+                "{}: expected the server to close the connection, got {e} after {}",
+                self.name,
+                show(&rest)
+            );
+        }
+        rest
+    }
+
+    /// Reads `VALUE` blocks up to `END`.
+    fn values(&mut self) -> Vec<Item> {
+        let mut items = Vec::new();
+        loop {
+            let line = self.line();
+            if line == "END" {
+                return items;
+            }
+            let t: Vec<&str> = line.split(' ').collect();
+            assert!(
+                t[0] == "VALUE" && (t.len() == 4 || t.len() == 5),
+                "{}: expected VALUE or END, got {line:?}",
+                self.name
+            );
+            let flags: u32 = t[2]
+                .parse()
+                .unwrap_or_else(|_| panic!("bad flags in {line:?}"));
+            let len: usize = t[3]
+                .parse()
+                .unwrap_or_else(|_| panic!("bad length in {line:?}"));
+            let cas = t.get(4).map(|c| {
+                c.parse::<u64>()
+                    .unwrap_or_else(|_| panic!("bad cas in {line:?}"))
+            });
+            let mut data = vec![0u8; len + 2];
+            if let Err(e) = self.reader.read_exact(&mut data) {
+                panic!("{}: reading a {len}-byte value failed: {e}", self.name);
+            }
+            assert_eq!(
+                &data[len..],
+                b"\r\n",
+                "{}: value of {} not followed by CRLF",
+                self.name,
+                t[1]
+            );
+            data.truncate(len);
+            items.push(Item {
+                key: t[1].to_string(),
+                flags,
+                value: data,
+                cas,
+            });
+        }
+    }
+
+    fn set(&mut self, key: &str, flags: u32, exptime: i64, value: &[u8]) -> String {
+        self.send(&set_request(key, flags, exptime, value));
+        self.line()
+    }
+
+    fn set_ok(&mut self, key: &str, flags: u32, exptime: i64, value: &[u8]) {
+        let reply = self.set(key, flags, exptime, value);
+        assert_eq!(reply, "STORED", "{}: set {key}", self.name);
+    }
+
+    fn retrieve(&mut self, verb: &str, keys: &[&str]) -> HashMap<String, Item> {
+        self.send(format!("{verb} {}\r\n", keys.join(" ")).as_bytes());
+        let mut map = HashMap::new();
+        for item in self.values() {
+            assert!(
+                keys.contains(&item.key.as_str()),
+                "{}: {verb} returned unasked key {}",
+                self.name,
+                item.key
+            );
+            assert!(
+                map.insert(item.key.clone(), item).is_none(),
+                "{}: {verb} returned a key twice",
+                self.name
+            );
+        }
+        map
+    }
+
+    fn get(&mut self, key: &str) -> Option<Item> {
+        self.retrieve("get", &[key]).remove(key)
+    }
+
+    fn gets(&mut self, key: &str) -> Option<Item> {
+        self.retrieve("gets", &[key]).remove(key)
+    }
+
+    /// `stats [args]` as a name -> value map.
+    fn stats(&mut self, args: &str) -> HashMap<String, String> {
+        let req = if args.is_empty() {
+            "stats\r\n".to_string()
+        } else {
+            format!("stats {args}\r\n")
+        };
+        self.send(req.as_bytes());
+        let mut stats = HashMap::new();
+        loop {
+            let line = self.line();
+            if line == "END" {
+                return stats;
+            }
+            let mut t = line.splitn(3, ' ');
+            assert_eq!(t.next(), Some("STAT"), "{}: stats line {line:?}", self.name);
+            let (name, value) = (t.next().expect("stat name"), t.next().expect("stat value"));
+            stats.insert(name.to_string(), value.to_string());
+        }
+    }
+
+    fn version(&mut self) {
+        self.send(b"version\r\n");
+        let line = self.line();
+        assert!(
+            line.starts_with("VERSION "),
+            "{}: version answered {line:?}",
+            self.name
+        );
+    }
+}
+
+fn set_request(key: &str, flags: u32, exptime: i64, value: &[u8]) -> Vec<u8> {
+    let mut r = format!("set {key} {flags} {exptime} {}\r\n", value.len()).into_bytes();
+    r.extend_from_slice(value);
+    r.extend_from_slice(b"\r\n");
+    r
+}
+
+/// Printable form of bytes for failure messages (truncated).
+fn show(b: &[u8]) -> String {
+    let s: String = b
+        .iter()
+        .take(200)
+        .flat_map(|&c| std::ascii::escape_default(c))
+        .map(char::from)
+        .collect();
+    if b.len() > 200 {
+        format!("\"{s}\"... ({} bytes)", b.len())
+    } else {
+        format!("\"{s}\"")
+    }
+}
+
+/// A deterministic value of `len` bytes that differs for every `seed`, including `\r`, `\n`
+/// and NUL bytes so values are binary.
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// A value that names its key (so a mix-up shows in the failure) followed by binary filler.
+fn keyed_value(key: &str, seed: u64, filler: usize) -> Vec<u8> {
+    let mut v = format!("{key}=").into_bytes();
+    v.extend_from_slice(&pattern(seed, filler));
+    v
+}
+
+/// Checks every `(key, value)` through multi-gets of 100 keys; returns the number checked.
+fn assert_all_present(c: &mut Client, expected: &[(String, Vec<u8>)], what: &str) -> usize {
+    for chunk in expected.chunks(100) {
+        let keys: Vec<&str> = chunk.iter().map(|(k, _)| k.as_str()).collect();
+        let got = c.retrieve("get", &keys);
+        for (k, v) in chunk {
+            match got.get(k) {
+                None => panic!("{what}: key {k} is missing"),
+                Some(item) => assert!(
+                    item.value == *v,
+                    "{what}: key {k} has {} instead of {}",
+                    show(&item.value),
+                    show(v)
+                ),
+            }
+        }
+    }
+    expected.len()
+}
+
+/// Polls `f` until it returns `Some` or `POLL_DEADLINE` passes.
+fn poll_until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + POLL_DEADLINE;
+    loop {
+        if let Some(t) = f() {
+            return t;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {POLL_DEADLINE:?} waiting for {what}"
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Processes the tests start themselves (for exit codes and stderr)
+
+/// Runs memkeep with `args` to completion (killed after `timeout`): status, stdout, stderr.
+fn run_to_exit(args: &[&str], timeout: Duration) -> (ExitStatus, String, String) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (out_path, err_path) = (dir.path().join("stdout"), dir.path().join("stderr"));
+    let mut child = Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(File::create(&out_path).expect("stdout file"))
+        .stderr(File::create(&err_path).expect("stderr file"))
+        .spawn()
+        .expect("spawn memkeep");
+    let status = wait_exit(&mut child, timeout).unwrap_or_else(|| {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!(
+            "memkeep {args:?} still running after {timeout:?}; stderr: {}",
+            read_lossy(&err_path)
+        )
+    });
+    (status, read_lossy(&out_path), read_lossy(&err_path))
+}
+
+fn read_lossy(p: &Path) -> String {
+    std::fs::read(p)
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default()
+}
+
+/// Waits (bounded) for `child` to exit.
+fn wait_exit(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A memkeep process on a given data dir, started and stopped by the test itself so it can
+/// signal it and read its exit status. Killed on drop if still running.
+struct Proc {
+    child: Child,
+    port: u16,
+    stderr_path: PathBuf,
+}
+
+impl Proc {
+    fn start(dir: &Path, args: &[&str]) -> Proc {
+        let mut last = String::new();
+        for launch in 0..5 {
+            let port = common::free_port();
+            let stderr_path = dir.join(format!("proc-stderr-{}-{launch}.log", port));
+            let mut child = Command::new(BIN)
+                .args([
+                    "-p",
+                    &port.to_string(),
+                    "--resp-port",
+                    "0",
+                    "-l",
+                    "127.0.0.1",
+                    "-H",
+                ])
+                .arg(dir)
+                .args(args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(File::create(&stderr_path).expect("stderr file"))
+                .spawn()
+                .expect("spawn memkeep");
+            let addr = SocketAddr::from(([127, 0, 0, 1], port));
+            let deadline = Instant::now() + POLL_DEADLINE;
+            loop {
+                if let Some(status) = child.try_wait().expect("try_wait") {
+                    last = format!("exited early with {status}: {}", read_lossy(&stderr_path));
+                    break;
+                }
+                if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+                    if child.try_wait().expect("try_wait").is_none() {
+                        return Proc {
+                            child,
+                            port,
+                            stderr_path,
+                        };
+                    }
+                    continue;
+                }
+                if Instant::now() >= deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!(
+                        "memkeep not accepting after {POLL_DEADLINE:?}: {}",
+                        read_lossy(&stderr_path)
+                    );
+                }
+                thread::sleep(Duration::from_millis(10));
+            }
+        }
+        panic!("memkeep did not start: {last}");
+    }
+
+    fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    fn stderr(&self) -> String {
+        read_lossy(&self.stderr_path)
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. Concurrency
+
+#[test]
+fn two_hundred_concurrent_clients_each_read_back_their_own_values() {
+    const CLIENTS: usize = 200;
+    const KEYS: usize = 50;
+    let server = Server::start(BIN, &[]);
+    // Every connection is open before any thread starts, so all 200 are served at once.
+    let clients: Vec<Client> = (0..CLIENTS)
+        .map(|c| Client::connect(server.addr(), &format!("client {c}")))
+        .collect();
+    let value = |c: usize, k: usize| {
+        keyed_value(
+            &format!("c{c}:k{k}"),
+            (c * KEYS + k) as u64,
+            (c * 7 + k * 13) % 300,
+        )
+    };
+    thread::scope(|s| {
+        for (c, mut client) in clients.into_iter().enumerate() {
+            s.spawn(move || {
+                for k in 0..KEYS {
+                    client.set_ok(
+                        &format!("c{c}:k{k}"),
+                        (c * 1000 + k) as u32,
+                        0,
+                        &value(c, k),
+                    );
+                }
+                for k in 0..KEYS {
+                    let key = format!("c{c}:k{k}");
+                    let item = client
+                        .get(&key)
+                        .unwrap_or_else(|| panic!("client {c}: {key} missing"));
+                    assert_eq!(
+                        item.flags,
+                        (c * 1000 + k) as u32,
+                        "client {c}: flags of {key}"
+                    );
+                    assert!(
+                        item.value == value(c, k),
+                        "client {c}: value of {key} is {}",
+                        show(&item.value)
+                    );
+                }
+            });
+        }
+    });
+    // Nothing leaked between clients: one more connection sees all 10,000 items as written.
+    let expected: Vec<(String, Vec<u8>)> = (0..CLIENTS)
+        .flat_map(|c| (0..KEYS).map(move |k| (format!("c{c}:k{k}"), value(c, k))))
+        .collect();
+    let mut check = Client::connect(server.addr(), "checker");
+    assert_eq!(
+        assert_all_present(&mut check, &expected, "after 200 clients"),
+        CLIENTS * KEYS
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Deep pipeline
+
+#[test]
+fn pipeline_of_10000_mixed_requests_in_one_write_is_answered_in_order() {
+    const PAIRS: usize = 5_000;
+    let server = Server::start(BIN, &[]);
+    let mut c = Client::connect(server.addr(), "pipeline");
+    let key = |i: usize| format!("pipe:{i}");
+    let value = |i: usize| keyed_value(&key(i), i as u64, i % 97);
+    // Each set is followed by a get of a key set earlier in the same pipeline (or just now),
+    // so every get must see the writes that precede it on the connection.
+    let mut buf = Vec::new();
+    for i in 0..PAIRS {
+        buf.extend_from_slice(&set_request(&key(i), i as u32, 0, &value(i)));
+        buf.extend_from_slice(format!("get {}\r\n", key(i / 2)).as_bytes());
+    }
+    let mut writer = c.writer.try_clone().expect("clone socket");
+    thread::scope(|s| {
+        // One write_all of the whole pipeline; replies are read concurrently so neither side's
+        // socket buffers can fill up and stall the other.
+        let w = s.spawn(move || writer.write_all(&buf));
+        for i in 0..PAIRS {
+            let reply = c.line();
+            assert_eq!(reply, "STORED", "reply to set #{i}");
+            let items = c.values();
+            let j = i / 2;
+            assert_eq!(items.len(), 1, "get #{i} of {} returned {items:?}", key(j));
+            assert_eq!(items[0].key, key(j), "get #{i}");
+            assert_eq!(items[0].flags, j as u32, "get #{i}: flags");
+            assert!(
+                items[0].value == value(j),
+                "get #{i}: value {}",
+                show(&items[0].value)
+            );
+        }
+        w.join()
+            .expect("writer thread")
+            .expect("write_all of the pipeline");
+    });
+    // In sync afterwards: the next request gets its own reply and nothing is left over.
+    c.version();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. Large values
+
+fn assert_largest_value_fits_and_one_more_byte_does_not(server: &Server, limit: usize) {
+    let mut c = Client::connect(server.addr(), "large");
+    let big = pattern(limit as u64, limit);
+    c.set_ok("big", 42, 0, &big);
+    let item = c.get("big").expect("big is stored");
+    assert_eq!(item.flags, 42);
+    assert_eq!(item.value.len(), limit);
+    assert!(
+        item.value == big,
+        "a {limit}-byte value did not read back byte-identical"
+    );
+
+    let too_big = pattern(limit as u64 + 1, limit + 1);
+    assert_eq!(c.set("big2", 0, 0, &too_big), TOO_LARGE);
+    // The refused data block was swallowed whole: the connection is still in sync.
+    c.version();
+    assert_eq!(c.get("big2"), None);
+    let item = c.get("big").expect("big still stored");
+    assert!(
+        item.value == big,
+        "big changed after a refused set of another key"
+    );
+    c.set_ok("small", 0, 0, b"after");
+    assert_eq!(c.get("small").expect("small").value, b"after");
+}
+
+#[test]
+fn value_of_exactly_1mb_round_trips_and_one_byte_more_is_refused() {
+    let server = Server::start(BIN, &[]);
+    assert_largest_value_fits_and_one_more_byte_does_not(&server, 1 << 20);
+}
+
+#[test]
+fn max_item_size_2m_stores_a_2mb_value() {
+    let server = Server::start(BIN, &["-I", "2m"]);
+    assert_largest_value_fits_and_one_more_byte_does_not(&server, 2 << 20);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Slow clients
+
+/// 20 clients dribble a `set` one byte at a time and hold back its last byte until a fast client
+/// has finished 1,000 set/get round trips: a server that waited on any incomplete request would
+/// never let the fast client finish.
+#[test]
+fn slow_clients_sending_byte_by_byte_do_not_hold_up_a_fast_client() {
+    const SLOW: usize = 20;
+    const ROUNDS: usize = 1_000;
+    let server = Server::start(BIN, &[]);
+    let started = AtomicUsize::new(0);
+    let fast_done = AtomicBool::new(false);
+    let slow_value = |i: usize| keyed_value(&format!("slow:{i}"), 1000 + i as u64, 200);
+    let fast_elapsed = thread::scope(|s| {
+        let mut slow = Vec::new();
+        for i in 0..SLOW {
+            let mut c = Client::connect(server.addr(), &format!("slow {i}"));
+            let (started, fast_done) = (&started, &fast_done);
+            slow.push(s.spawn(move || {
+                let req = set_request(&format!("slow:{i}"), i as u32, 0, &slow_value(i));
+                let (body, last) = req.split_at(req.len() - 1);
+                for (n, b) in body.iter().enumerate() {
+                    c.send(std::slice::from_ref(b));
+                    if n == 0 {
+                        started.fetch_add(1, Ordering::SeqCst);
+                    }
+                    thread::sleep(Duration::from_millis(5));
+                }
+                // The last byte goes only after the fast client is done.
+                poll_until("the fast client", || {
+                    fast_done.load(Ordering::SeqCst).then_some(())
+                });
+                c.send(last);
+                c.expect("STORED");
+            }));
+        }
+        // Start once every slow connection has a partial request in the server.
+        poll_until("every slow client's first byte", || {
+            (started.load(Ordering::SeqCst) == SLOW).then_some(())
+        });
+        let t0 = Instant::now();
+        let mut fast = Client::connect(server.addr(), "fast");
+        for j in 0..ROUNDS {
+            let key = format!("fast:{j}");
+            let v = keyed_value(&key, j as u64, j % 50);
+            fast.set_ok(&key, j as u32, 0, &v);
+            let item = fast
+                .get(&key)
+                .unwrap_or_else(|| panic!("fast: {key} missing"));
+            assert!(
+                item.value == v && item.flags == j as u32,
+                "fast: {key} read back as {item:?}"
+            );
+        }
+        let elapsed = t0.elapsed();
+        // Every slow request is still missing its last byte here.
+        fast_done.store(true, Ordering::SeqCst);
+        for h in slow {
+            h.join().expect("slow client");
+        }
+        elapsed
+    });
+    eprintln!("fast client: {ROUNDS} round trips in {fast_elapsed:?} next to {SLOW} slow clients");
+    assert!(
+        fast_elapsed < Duration::from_secs(20),
+        "1,000 round trips took {fast_elapsed:?} next to slow clients"
+    );
+    let mut c = Client::connect(server.addr(), "checker");
+    for i in 0..SLOW {
+        let item = c
+            .get(&format!("slow:{i}"))
+            .unwrap_or_else(|| panic!("slow:{i} missing"));
+        assert_eq!(item.flags, i as u32, "flags of slow:{i}");
+        assert!(
+            item.value == slow_value(i),
+            "slow:{i} is {}",
+            show(&item.value)
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. Restart
+
+#[test]
+fn restart_keeps_every_item_with_its_flags_and_cas_and_cas_keeps_growing() {
+    let mut server = Server::start(BIN, &[]);
+    let now_s = (common::now_ms() / 1000) as i64;
+    // (key, flags, exptime, value): relative and absolute (beyond 30 days) expiry in the future.
+    let items: Vec<(String, u32, i64, Vec<u8>)> = vec![
+        ("r:plain".into(), 0, 0, b"hello".to_vec()),
+        ("r:flag1".into(), 1, 0, b"one".to_vec()),
+        ("r:flagmax".into(), u32::MAX, 0, b"max".to_vec()),
+        ("r:ttl".into(), 12345, 1000, b"expires in 1000 s".to_vec()),
+        (
+            "r:abs".into(),
+            7,
+            now_s + 100_000,
+            b"absolute expiry".to_vec(),
+        ),
+        ("r:empty".into(), 3, 0, Vec::new()),
+        ("r:binary".into(), 99, 1000, (0..=255u8).collect()),
+        ("r:large".into(), 0xdead_beef, 0, pattern(5, 100_000)),
+    ];
+    let mut c = Client::connect(server.addr(), "before restart");
+    for (k, f, e, v) in &items {
+        c.set_ok(k, *f, *e, v);
+    }
+    // Overwrites and arithmetic move CAS too.
+    c.set_ok("r:counter", 5, 0, b"10");
+    c.send(b"incr r:counter 32\r\n");
+    c.expect("42");
+    let keys: Vec<&str> = items
+        .iter()
+        .map(|(k, ..)| k.as_str())
+        .chain(["r:counter"])
+        .collect();
+    let before = c.retrieve("gets", &keys);
+    assert_eq!(
+        before.len(),
+        keys.len(),
+        "all items before restart: {before:?}"
+    );
+    for (k, f, _, v) in &items {
+        assert_eq!(before[k].flags, *f, "flags of {k}");
+        assert!(before[k].value == *v, "value of {k}");
+    }
+    let mut cas: Vec<u64> = before
+        .values()
+        .map(|i| i.cas.expect("gets returns cas"))
+        .collect();
+    cas.sort_unstable();
+    cas.dedup();
+    assert_eq!(
+        cas.len(),
+        keys.len(),
+        "CAS uniques must be distinct: {cas:?}"
+    );
+    let max_cas = *cas.last().unwrap();
+    drop(c);
+
+    server.restart();
+
+    let mut c = Client::connect(server.addr(), "after restart");
+    let after = c.retrieve("gets", &keys);
+    assert_eq!(after, before, "items changed across restart");
+    c.set_ok("r:new", 0, 0, b"new");
+    let new_cas = c.gets("r:new").expect("r:new").cas.unwrap();
+    assert!(
+        new_cas > max_cas,
+        "CAS after restart {new_cas} is not above {max_cas}"
+    );
+    // A cas with the pre-restart unique still works: the unique really is the same.
+    let counter_cas = after["r:counter"].cas.unwrap();
+    c.send(format!("cas r:counter 5 0 2 {counter_cas}\r\n43\r\n").as_bytes());
+    c.expect("STORED");
+    assert_eq!(c.get("r:counter").expect("counter").value, b"43");
+}
+
+#[test]
+fn ttl_keeps_running_across_restart_on_the_manual_clock() {
+    let start_ms = common::now_ms() / 1000 * 1000;
+    let mut server = Server::start_with(
+        BIN,
+        Options {
+            debug_clock_ms: Some(start_ms),
+            ..Options::default()
+        },
+    );
+    let start_s = (start_ms / 1000) as i64;
+    let mut c = Client::connect(server.addr(), "before restart");
+    c.set_ok("t:rel", 1, 100, b"relative 100 s");
+    c.set_ok("t:abs", 2, start_s + 150, b"absolute +150 s");
+    c.set_ok("t:forever", 3, 0, b"no expiry");
+    let keys = ["t:rel", "t:abs", "t:forever"];
+    let before = c.retrieve("gets", &keys);
+    assert_eq!(before.len(), 3);
+    drop(c);
+
+    server.advance_clock(50).expect("advance 50 s");
+    server.restart();
+    let mut c = Client::connect(server.addr(), "after restart");
+    assert_eq!(c.retrieve("gets", &keys), before, "at +50 s after restart");
+
+    server.advance_clock(49).expect("advance 49 s");
+    assert_eq!(c.retrieve("gets", &keys), before, "at +99 s");
+    server.advance_clock(2).expect("advance 2 s");
+    let got = c.retrieve("gets", &keys);
+    assert_eq!(got.len(), 2, "at +101 s t:rel expired: {got:?}");
+    assert!(!got.contains_key("t:rel"));
+
+    server.restart();
+    let mut c = Client::connect(server.addr(), "second restart");
+    let got = c.retrieve("gets", &keys);
+    assert!(
+        !got.contains_key("t:rel"),
+        "expired item came back after restart"
+    );
+    assert_eq!(got["t:abs"], before["t:abs"]);
+    server.advance_clock(50).expect("advance 50 s");
+    let got = c.retrieve("gets", &keys);
+    assert_eq!(got.len(), 1, "at +151 s only t:forever is left: {got:?}");
+    assert_eq!(got["t:forever"], before["t:forever"]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. kill -9 under write load
+
+/// What one writer thread learned: acknowledged writes, and writes sent but never acknowledged.
+#[derive(Default)]
+struct WriterLog {
+    acked: Vec<(String, Vec<u8>)>,
+    unacked: Vec<(String, Vec<u8>)>,
+}
+
+fn kill9_under_write_load_loses_no_acknowledged_write(sync_args: &[&str]) {
+    const WRITERS: usize = 8;
+    const BATCH: usize = 4;
+    /// Acknowledged writes to see before the kill, so it lands in the middle of the load.
+    const BEFORE_KILL: usize = 400;
+    /// Bound on writes per thread in case the kill never comes.
+    const MAX_PER_WRITER: usize = 200_000;
+    let mut server = Server::start(BIN, sync_args);
+    let settings = Client::connect(server.addr(), "settings").stats("settings");
+    assert_eq!(
+        settings["sync"], sync_args[1],
+        "the server runs in the sync mode the test asked for"
+    );
+    let acked_total = AtomicUsize::new(0);
+    let logs: Vec<WriterLog> = thread::scope(|s| {
+        let handles: Vec<_> = (0..WRITERS)
+            .map(|t| {
+                let mut c = Client::connect(server.addr(), &format!("writer {t}"));
+                let acked_total = &acked_total;
+                s.spawn(move || {
+                    let mut log = WriterLog::default();
+                    let mut i = 0;
+                    'run: while i < MAX_PER_WRITER {
+                        let mut req = Vec::new();
+                        let mut batch = Vec::new();
+                        for _ in 0..BATCH {
+                            let key = format!("crash:{t}:{i}");
+                            let value =
+                                keyed_value(&key, (t * MAX_PER_WRITER + i) as u64, (i * 37) % 1500);
+                            req.extend_from_slice(&set_request(&key, t as u32, 0, &value));
+                            batch.push((key, value));
+                            i += 1;
+                        }
+                        if c.writer.write_all(&req).is_err() {
+                            log.unacked.extend(batch);
+                            break;
+                        }
+                        let mut replies = batch.into_iter();
+                        while let Some(kv) = replies.next() {
+                            match c.try_line() {
+                                Ok(Some(line)) => {
+                                    assert_eq!(line, "STORED", "writer {t}: reply to set {}", kv.0);
+                                    log.acked.push(kv);
+                                    acked_total.fetch_add(1, Ordering::SeqCst);
+                                }
+                                // The server died: this write and the rest of the batch are unknown.
+                                Ok(None) | Err(_) => {
+                                    log.unacked.push(kv);
+                                    log.unacked.extend(replies);
+                                    break 'run;
+                                }
+                            }
+                        }
+                    }
+                    log
+                })
+            })
+            .collect();
+        poll_until("writes before the kill", || {
+            (acked_total.load(Ordering::SeqCst) >= BEFORE_KILL).then_some(())
+        });
+        server.kill9();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("writer thread"))
+            .collect()
+    });
+    let acked: Vec<(String, Vec<u8>)> = logs.iter().flat_map(|l| l.acked.iter().cloned()).collect();
+    assert!(acked.len() >= BEFORE_KILL);
+
+    server.relaunch();
+    let mut c = Client::connect(server.addr(), "after kill -9");
+    assert_all_present(&mut c, &acked, &format!("kill -9 with {sync_args:?}"));
+    // Writes never acknowledged may be lost, but never half-applied or mixed up.
+    let unacked: Vec<&(String, Vec<u8>)> = logs.iter().flat_map(|l| l.unacked.iter()).collect();
+    for chunk in unacked.chunks(100) {
+        let keys: Vec<&str> = chunk.iter().map(|(k, _)| k.as_str()).collect();
+        let got = c.retrieve("get", &keys);
+        for (k, v) in chunk {
+            if let Some(item) = got.get(k) {
+                assert!(
+                    item.value == *v,
+                    "unacknowledged {k} present with a wrong value {}",
+                    show(&item.value)
+                );
+            }
+        }
+    }
+    let survived = unacked.len() - {
+        let mut missing = 0;
+        for chunk in unacked.chunks(100) {
+            let keys: Vec<&str> = chunk.iter().map(|(k, _)| k.as_str()).collect();
+            missing += keys.len() - c.retrieve("get", &keys).len();
+        }
+        missing
+    };
+    eprintln!(
+        "kill -9 with {sync_args:?}: {} acknowledged writes all present; {survived} of {} unacknowledged present",
+        acked.len(),
+        unacked.len()
+    );
+    // The store is writable after the crash.
+    c.set_ok("after-crash", 0, 0, b"ok");
+}
+
+#[test]
+fn kill9_under_write_load_loses_no_acknowledged_write_with_sync_always() {
+    kill9_under_write_load_loses_no_acknowledged_write(&["--sync", "always"]);
+}
+
+#[test]
+fn kill9_under_write_load_loses_no_acknowledged_write_with_sync_periodic() {
+    kill9_under_write_load_loses_no_acknowledged_write(&[
+        "--sync",
+        "periodic",
+        "--sync-interval-ms",
+        "50",
+    ]);
+}
+
+#[test]
+fn kill9_under_write_load_loses_no_acknowledged_write_with_sync_never() {
+    kill9_under_write_load_loses_no_acknowledged_write(&["--sync", "never"]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. Connection limit
+
+/// A connection the server has accepted and serves. Earlier connections (the harness's
+/// readiness probe, or one the test just closed) may still count against the limit for a moment,
+/// so a refusal is retried until the deadline.
+fn connect_served(addr: SocketAddr, name: &str) -> Client {
+    poll_until(&format!("{name} to be accepted"), || {
+        let mut c = Client::try_connect(addr, name).ok()?;
+        c.writer.write_all(b"version\r\n").ok()?;
+        match c.try_line() {
+            Ok(Some(line)) if line.starts_with("VERSION ") => Some(c),
+            Ok(Some(line)) if line == TOO_MANY => None,
+            Ok(Some(line)) => panic!("{name}: version answered {line:?}"),
+            // Refused and closed before our request was read.
+            Ok(None) | Err(_) => None,
+        }
+    })
+}
+
+#[test]
+fn connection_over_max_connections_is_told_and_closed_and_the_others_keep_working() {
+    let server = Server::start(BIN, &["-c", "3"]);
+    let mut conns: Vec<Client> = (0..3)
+        .map(|i| connect_served(server.addr(), &format!("conn {i}")))
+        .collect();
+    for c in &mut conns {
+        c.version();
+    }
+
+    let mut fourth = Client::connect(server.addr(), "conn 4");
+    let got = fourth.rest_until_eof();
+    assert_eq!(
+        show(&got),
+        show(format!("{TOO_MANY}\r\n").as_bytes()),
+        "the 4th connection's whole input"
+    );
+
+    let closed = conns.remove(0);
+    closed
+        .writer
+        .shutdown(Shutdown::Both)
+        .expect("close conn 0");
+    drop(closed);
+    let mut replacement = connect_served(server.addr(), "replacement");
+    replacement.set_ok("limit:k", 9, 0, b"v");
+    for c in &mut conns {
+        c.version();
+        let item = c.get("limit:k").expect("limit:k");
+        assert_eq!((item.flags, item.value), (9, b"v".to_vec()));
+    }
+    let stats = replacement.stats("");
+    assert_eq!(stats["max_connections"], "3");
+    let rejected: u64 = stats["rejected_connections"]
+        .parse()
+        .expect("rejected_connections");
+    assert!(
+        rejected >= 1,
+        "the 4th connection was not counted as rejected"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 8. Startup errors
+
+/// Asserts a failed start: non-zero exit, exactly one line on stderr, no panic text; returns
+/// that line.
+fn assert_fails_with_one_line(args: &[&str]) -> String {
+    let (status, out, err) = run_to_exit(args, Duration::from_secs(20));
+    assert!(
+        !status.success(),
+        "memkeep {args:?} exited with {status}; stderr {err:?}"
+    );
+    assert!(
+        status.code().is_some(),
+        "memkeep {args:?} died by a signal: {status}"
+    );
+    assert!(
+        !out.contains("panicked") && !err.contains("panicked"),
+        "memkeep {args:?} panicked: {err}"
+    );
+    assert!(
+        err.ends_with('\n') && err.lines().count() == 1,
+        "memkeep {args:?}: stderr must be one line, got {err:?}"
+    );
+    err.trim_end().to_string()
+}
+
+#[test]
+fn data_dir_that_cannot_be_created_fails_startup_with_one_line_naming_it() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let file = tmp.path().join("plain-file");
+    std::fs::write(&file, b"not a directory").expect("write file");
+    let data_dir = file.join("data");
+    let port = common::free_port().to_string();
+    let line = assert_fails_with_one_line(&[
+        "-p",
+        &port,
+        "--resp-port",
+        "0",
+        "-H",
+        data_dir.to_str().unwrap(),
+    ]);
+    assert!(
+        line.contains(data_dir.to_str().unwrap()),
+        "the error names the data dir: {line:?}"
+    );
+}
+
+#[test]
+fn port_in_use_fails_startup_with_one_line_saying_cannot_listen() {
+    let taken = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = taken.local_addr().unwrap().port().to_string();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let line = assert_fails_with_one_line(&[
+        "-p",
+        &port,
+        "-l",
+        "127.0.0.1",
+        "--resp-port",
+        "0",
+        "-H",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(line.contains("cannot listen"), "{line:?}");
+    assert!(line.contains(&port), "the error names the port: {line:?}");
+    drop(taken);
+}
+
+#[test]
+fn bad_flag_values_fail_startup_with_one_line_and_no_panic() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path().to_str().unwrap();
+    let port = common::free_port().to_string();
+    let cases: [(&[&str], &str); 6] = [
+        (&["-p", "notaport"], "notaport"),
+        (&["-p", "70000"], "70000"),
+        (&["--sync", "sometimes"], "sometimes"),
+        (&["-I", "0"], "max_item_size"),
+        (&["-c", "0"], "max_connections"),
+        (&["--no-such-flag"], "no-such-flag"),
+    ];
+    for (bad, mention) in cases {
+        let mut args = vec!["--resp-port", "0", "-H", d];
+        if !bad.contains(&"-p") {
+            args.extend_from_slice(&["-p", &port]);
+        }
+        args.extend_from_slice(bad);
+        let line = assert_fails_with_one_line(&args);
+        assert!(
+            line.contains(mention),
+            "memkeep {bad:?}: the error should mention {mention:?}: {line:?}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 9. Graceful shutdown
+
+#[test]
+fn sigterm_during_a_pipeline_exits_zero_and_keeps_every_acknowledged_set() {
+    const SETS: usize = 1_000;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut proc = Proc::start(dir.path(), &["--sync", "always"]);
+    let mut c = Client::connect(proc.addr(), "pipeline");
+    let key = |i: usize| format!("term:{i}");
+    let value = |i: usize| keyed_value(&key(i), i as u64, i % 200);
+    let mut buf = Vec::new();
+    for i in 0..SETS {
+        buf.extend_from_slice(&set_request(&key(i), i as u32, 0, &value(i)));
+    }
+    c.send(&buf);
+    let sent_term = Instant::now();
+    // Safety: kill(2) on our own child's pid.
+    let rc = unsafe { libc::kill(proc.child.id() as libc::pid_t, libc::SIGTERM) };
+    assert_eq!(rc, 0, "kill(SIGTERM)");
+    // Replies come back in order, each STORED, until the server closes the connection.
+    let mut stored = 0;
+    loop {
+        match c.try_line() {
+            Ok(Some(line)) => {
+                assert_eq!(line, "STORED", "reply #{stored} during shutdown");
+                stored += 1;
+            }
+            Ok(None) => break,
+            // A reset once the process is gone ends the replies too.
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => break,
+            Err(e) => panic!("reading replies during shutdown: {e}"),
+        }
+    }
+    assert!(stored <= SETS);
+    eprintln!("SIGTERM after a pipeline of {SETS} sets: {stored} acknowledged");
+    let left = Duration::from_secs(10).saturating_sub(sent_term.elapsed());
+    let status = wait_exit(&mut proc.child, left).unwrap_or_else(|| {
+        panic!(
+            "memkeep still running 10 s after SIGTERM; stderr: {}",
+            proc.stderr()
+        )
+    });
+    assert!(
+        status.success(),
+        "memkeep exited with {status} after SIGTERM; stderr: {}",
+        proc.stderr()
+    );
+    assert!(!proc.stderr().contains("panicked"), "{}", proc.stderr());
+
+    let again = Proc::start(dir.path(), &[]);
+    let mut c = Client::connect(again.addr(), "after restart");
+    let expected: Vec<(String, Vec<u8>)> = (0..stored).map(|i| (key(i), value(i))).collect();
+    assert_all_present(&mut c, &expected, "after SIGTERM");
+    // One connection's writes commit in order, so what survived is a prefix of the pipeline,
+    // every value whole.
+    let mut present = Vec::new();
+    for chunk in (0..SETS).collect::<Vec<_>>().chunks(100) {
+        let keys: Vec<String> = chunk.iter().map(|&i| key(i)).collect();
+        let got = c.retrieve("get", &keys.iter().map(String::as_str).collect::<Vec<_>>());
+        for &i in chunk {
+            if let Some(item) = got.get(&key(i)) {
+                assert!(
+                    item.value == value(i),
+                    "{} has a wrong value {}",
+                    key(i),
+                    show(&item.value)
+                );
+                present.push(i);
+            }
+        }
+    }
+    let committed = present.len();
+    assert_eq!(
+        present,
+        (0..committed).collect::<Vec<_>>(),
+        "the surviving sets are not a prefix of the pipeline"
+    );
+    eprintln!("SIGTERM: {committed} sets committed, {stored} acknowledged");
+    for i in (0..stored).step_by(97) {
+        assert_eq!(c.get(&key(i)).expect("acknowledged key").flags, i as u32);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 10. Errors keep the connection usable
+
+/// (request bytes, expected reply lines): each a client error memcached answers and survives.
+fn error_steps() -> Vec<(Vec<u8>, Vec<&'static str>)> {
+    let long = "k".repeat(251);
+    vec![
+        (b"set e:k 0 0 3\r\nold\r\n".to_vec(), vec!["STORED"]),
+        // Data block longer than declared: bad data chunk, then "\n"-ended rest is an empty line.
+        (
+            b"set e:k 0 0 1\r\nxy\r\n".to_vec(),
+            vec!["CLIENT_ERROR bad data chunk", "ERROR"],
+        ),
+        (
+            format!("set {long} 0 0 1\r\nx\r\n").into_bytes(),
+            vec![BAD_FORMAT, "ERROR"],
+        ),
+        (format!("get {long}\r\n").into_bytes(), vec![BAD_FORMAT]),
+        (
+            b"set e:k abc 0 1\r\nx\r\n".to_vec(),
+            vec![BAD_FORMAT, "ERROR"],
+        ),
+        (b"set e:k 0 0 -1\r\n".to_vec(), vec![BAD_FORMAT]),
+        (
+            b"incr e:k abc\r\n".to_vec(),
+            vec!["CLIENT_ERROR invalid numeric delta argument"],
+        ),
+        (
+            b"touch e:k abc\r\n".to_vec(),
+            vec!["CLIENT_ERROR invalid exptime argument"],
+        ),
+        (b"get e:k\r\n".to_vec(), vec!["VALUE e:k 0 3", "old", "END"]),
+        (b"set e:new 5 0 5\r\nfresh\r\n".to_vec(), vec!["STORED"]),
+        (
+            b"get e:new e:k\r\n".to_vec(),
+            vec!["VALUE e:new 5 5", "fresh", "VALUE e:k 0 3", "old", "END"],
+        ),
+    ]
+}
+
+#[test]
+fn connection_stays_usable_after_client_errors() {
+    let server = Server::start(BIN, &[]);
+    let mut c = Client::connect(server.addr(), "errors one by one");
+    for (req, replies) in error_steps() {
+        c.send(&req);
+        for want in replies {
+            let got = c.line();
+            assert_eq!(got, want, "after sending {}", show(&req));
+        }
+    }
+    // The same requests pipelined in one write, and again one byte per write.
+    for one_byte in [false, true] {
+        let mut c = Client::connect(
+            server.addr(),
+            if one_byte {
+                "errors byte by byte"
+            } else {
+                "errors pipelined"
+            },
+        );
+        let steps = error_steps();
+        let all: Vec<u8> = steps.iter().flat_map(|(r, _)| r.iter().copied()).collect();
+        if one_byte {
+            for b in &all {
+                c.send(std::slice::from_ref(b));
+            }
+        } else {
+            c.send(&all);
+        }
+        for (req, replies) in steps {
+            for want in replies {
+                assert_eq!(
+                    c.line(),
+                    want,
+                    "pipelined (one byte per write: {one_byte}), reply to {}",
+                    show(&req)
+                );
+            }
+        }
+        c.version();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 11. libmemcached's memccapable
+
+fn on_path(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
+}
+
+#[test]
+fn memccapable_ascii_suite_passes() {
+    let Some(memccapable) = on_path("memccapable") else {
+        panic!("memccapable is not on PATH: run `make deps` (it installs libmemcached-tools)");
+    };
+    let server = Server::start(BIN, &[]);
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let out_path = tmp.path().join("memccapable.out");
+    let out = File::create(&out_path).expect("output file");
+    let mut child = Command::new(&memccapable)
+        .args(["-a", "-h", "127.0.0.1", "-p", &server.port().to_string()])
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().expect("clone file"))
+        .stderr(out)
+        .spawn()
+        .expect("spawn memccapable");
+    let status = wait_exit(&mut child, Duration::from_secs(120)).unwrap_or_else(|| {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!(
+            "memccapable still running after 120 s: {}",
+            read_lossy(&out_path)
+        )
+    });
+    let text = read_lossy(&out_path);
+    assert!(
+        text.contains("All tests passed"),
+        "memccapable output:\n{text}"
+    );
+    assert!(!text.contains("[FAIL]"), "memccapable output:\n{text}");
+    assert!(
+        status.success(),
+        "memccapable exited with {status}:\n{text}"
+    );
+}
