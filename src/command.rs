@@ -162,6 +162,8 @@ pub enum WriteOp {
         to: Vec<u8>,
         nx: bool,
     },
+    /// A list, hash, set or sorted-set command (see `types`).
+    Coll(crate::types::CollOp),
 }
 
 /// One item returned by a write that also reads (gat).
@@ -173,7 +175,7 @@ pub struct ValueOut {
     pub value: Vec<u8>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
     Stored,
     NotStored,
@@ -205,4 +207,12 @@ pub enum Outcome {
     Err(&'static str),
     /// The key (or a key) is not one memkeep can store (empty, or longer than LMDB allows).
     BadKey,
+    /// The key holds another kind of value (a list where a string is needed, ...).
+    WrongType,
+    /// RESP double (a bulk string in RESP2).
+    Double(f64),
+    /// RESP array of outcomes (e.g. LPOP with a count).
+    Array(Vec<Outcome>),
+    /// RESP null array (RESP2 `*-1`).
+    NilArray,
 }

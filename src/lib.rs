@@ -19,3 +19,4 @@ pub mod protocol;
 pub mod semantics;
 pub mod server;
 pub mod storage;
+pub mod types;

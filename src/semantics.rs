@@ -54,6 +54,10 @@ pub fn apply<S: WriteView>(s: &mut S, op: &WriteOp, ctx: Ctx) -> Result<Outcome,
 
 fn apply_inner<S: WriteView>(s: &mut S, op: &WriteOp, ctx: Ctx) -> Result<Outcome, StoreError> {
     match op {
+        // Collections run on the LMDB store directly (`types`), never through a WriteView.
+        WriteOp::Coll(_) => Ok(Outcome::Err(
+            "ERR collections are not supported by this store",
+        )),
         WriteOp::Store {
             mode,
             kv,
@@ -81,6 +85,11 @@ fn apply_inner<S: WriteView>(s: &mut S, op: &WriteOp, ctx: Ctx) -> Result<Outcom
             let at = expire_at(*exptime, ctx.now_ms);
             let mut out = Vec::new();
             for key in keys.split(|&b| b == b' ').filter(|k| !k.is_empty()) {
+                if live_meta(s, key, ctx.now_ms)?.is_some_and(|m| m.kind != Kind::String) {
+                    return Ok(Outcome::WrongType);
+                }
+            }
+            for key in keys.split(|&b| b == b' ').filter(|k| !k.is_empty()) {
                 if let Some(v) = touch(s, key, at, ctx.now_ms)? {
                     out.push(v);
                 }
@@ -99,6 +108,7 @@ fn apply_inner<S: WriteView>(s: &mut S, op: &WriteOp, ctx: Ctx) -> Result<Outcom
         WriteOp::SetRange { kv, offset } => set_range(s, kv.key(), Some(*offset), kv.value(), ctx),
         WriteOp::GetDel { key } => match live(s, key, ctx.now_ms)? {
             None => Ok(Outcome::Nil),
+            Some((meta, _)) if meta.kind != Kind::String => Ok(Outcome::WrongType),
             Some((_, value)) => {
                 s.delete(key)?;
                 Ok(Outcome::Bulk(value))
@@ -106,6 +116,7 @@ fn apply_inner<S: WriteView>(s: &mut S, op: &WriteOp, ctx: Ctx) -> Result<Outcom
         },
         WriteOp::GetEx { key, expiry } => match live(s, key, ctx.now_ms)? {
             None => Ok(Outcome::Nil),
+            Some((meta, _)) if meta.kind != Kind::String => Ok(Outcome::WrongType),
             Some((mut meta, value)) => {
                 let at = match expiry {
                     Expiry::Keep => meta.expire_at,
@@ -194,7 +205,8 @@ fn apply_inner<S: WriteView>(s: &mut S, op: &WriteOp, ctx: Ctx) -> Result<Outcom
             if from != to {
                 meta.cas = s.next_cas();
                 s.put(to, &meta, &[&value])?;
-                s.delete(from)?;
+                // The elements of a collection stay where they are: they follow its id.
+                s.take(from)?;
             }
             Ok(if *nx { Outcome::Int(1) } else { Outcome::Done })
         }
@@ -249,6 +261,9 @@ fn store<S: WriteView>(
             let Some(item) = s.get(key)?.filter(|i| !i.meta.is_expired(ctx.now_ms)) else {
                 return Ok(Outcome::NotStored);
             };
+            if item.meta.kind != Kind::String {
+                return Ok(Outcome::WrongType);
+            }
             if item.value.len() + kv.value().len() > ctx.item_size_max {
                 return Ok(Outcome::TooLarge);
             }
@@ -290,6 +305,9 @@ fn resp_set<S: WriteView>(
     ctx: Ctx,
 ) -> Result<Outcome, StoreError> {
     let old = live(s, kv.key(), ctx.now_ms)?;
+    if get && old.as_ref().is_some_and(|(m, _)| m.kind != Kind::String) {
+        return Ok(Outcome::WrongType);
+    }
     let apply = match cond {
         SetCond::Always => true,
         SetCond::Nx => old.is_none(),
@@ -336,6 +354,7 @@ fn incr_by<S: WriteView>(
             },
             0,
         ),
+        Some(item) if item.meta.kind != Kind::String => return Ok(Outcome::WrongType),
         Some(item) => match crate::protocol::resp::parse_i64(item.value) {
             Some(n) => (item.meta, n),
             None => return Ok(Outcome::Err(NOT_INTEGER)),
@@ -391,6 +410,7 @@ fn incr_by_float<S: WriteView>(
             },
             0.0,
         ),
+        Some(item) if item.meta.kind != Kind::String => return Ok(Outcome::WrongType),
         Some(item) => match parse_float(item.value).filter(|v| v.is_finite()) {
             Some(n) => (item.meta, n),
             None => return Ok(Outcome::Err("ERR value is not a valid float")),
@@ -416,6 +436,12 @@ fn set_range<S: WriteView>(
     ctx: Ctx,
 ) -> Result<Outcome, StoreError> {
     let existing = live(s, key, ctx.now_ms)?;
+    if existing
+        .as_ref()
+        .is_some_and(|(m, _)| m.kind != Kind::String)
+    {
+        return Ok(Outcome::WrongType);
+    }
     let old_len = existing.as_ref().map_or(0, |(_, v)| v.len());
     let at = offset.unwrap_or(old_len);
     if offset.is_some() && data.is_empty() {
@@ -469,6 +495,9 @@ fn arith<S: WriteView>(
     let Some(item) = s.get(key)?.filter(|i| !i.meta.is_expired(ctx.now_ms)) else {
         return Ok(Outcome::NotFound);
     };
+    if item.meta.kind != Kind::String {
+        return Ok(Outcome::WrongType);
+    }
     let Some(n) = parse_counter(item.value) else {
         return Ok(Outcome::NonNumeric);
     };

@@ -11,7 +11,7 @@ use super::stats::{Counters, Totals, rusage};
 use super::worker::{Pass, Reply, Stop, Tag};
 use crate::command::{KeyValue, Outcome, StoreMode, WriteOp};
 use crate::protocol::memcache::{Frame, Incomplete, KeyList, Request, parse};
-use crate::storage::ItemRef;
+use crate::storage::{ItemRef, Kind};
 
 /// How to answer a memcached write once it commits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,6 +28,11 @@ pub enum McReply {
     },
     Flush,
 }
+
+/// What a memcached client sees when a key holds a Redis collection (a list, hash, ...) where a
+/// string value is needed.
+pub const WRONGTYPE: &str =
+    "CLIENT_ERROR WRONGTYPE Operation against a key holding the wrong kind of value";
 
 pub const VERSION: &str = concat!("1.6.18-memkeep-", env!("CARGO_PKG_VERSION"));
 
@@ -273,6 +278,13 @@ fn get(keys: KeyList<'_>, with_cas: bool, out: &mut Vec<u8>, pass: &mut Pass<'_>
     for key in keys.iter() {
         Counters::bump(&counters.cmd_get);
         match store.get(txn, key) {
+            Ok(Some(ItemRef { meta, .. }))
+                if !flushed && !meta.is_expired(now) && meta.kind != Kind::String =>
+            {
+                // A Redis collection: the whole reply becomes the error, as for a bad key.
+                out.truncate(start);
+                return line(out, WRONGTYPE);
+            }
             Ok(Some(ItemRef { meta, value })) if !flushed && !meta.is_expired(now) => {
                 Counters::bump(&counters.get_hits);
                 value_line(out, key, meta.flags, value, with_cas.then_some(meta.cas));
@@ -366,8 +378,15 @@ pub fn complete(
             line(out, "SERVER_ERROR storage failure")
         }
         Outcome::BadKey => line(out, "CLIENT_ERROR bad command line format"),
+        Outcome::WrongType => line(out, WRONGTYPE),
         // RESP-only outcomes never answer a memcached write.
-        Outcome::Int(_) | Outcome::Bulk(_) | Outcome::Nil | Outcome::Err(_) => {
+        Outcome::Int(_)
+        | Outcome::Bulk(_)
+        | Outcome::Nil
+        | Outcome::Err(_)
+        | Outcome::Double(_)
+        | Outcome::Array(_)
+        | Outcome::NilArray => {
             error!("a RESP outcome reached a memcached reply");
             line(out, "SERVER_ERROR internal error")
         }

@@ -17,7 +17,7 @@ use super::stats::{Counters, Totals, rusage};
 use super::worker::{Pass, Reply, Stop, Tag};
 use crate::command::{ExpireCond, Expiry, KeyValue, Outcome, SetCond, WriteOp};
 use crate::protocol::resp::{self, Incomplete, Parsed, enc, parse_i64};
-use crate::storage::{ItemRef, MAX_KEY};
+use crate::storage::{ItemRef, Kind, MAX_KEY};
 
 /// Per-connection RESP state.
 #[derive(Debug, Default)]
@@ -46,8 +46,16 @@ pub enum RespReply {
     SetNx,
 }
 
+/// The collection families whose commands live in `crate::types`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Cmd {
+pub enum Family {
+    List,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cmd {
+    /// A collection command: its family and its code within the family's table.
+    Coll(Family, u8),
     Get,
     Set,
     SetNx,
@@ -102,15 +110,15 @@ enum Cmd {
 
 /// One command: Redis's arity rule (n: exactly n arguments including the name; -n: at least n),
 /// whether it writes, and where its keys are (first, last, step; last -1 = to the end).
-struct Spec {
-    name: &'static str,
-    arity: i32,
-    write: bool,
-    keys: (i32, i32, i32),
-    cmd: Cmd,
+pub struct Spec {
+    pub name: &'static str,
+    pub arity: i32,
+    pub write: bool,
+    pub keys: (i32, i32, i32),
+    pub cmd: Cmd,
 }
 
-const fn spec(
+pub const fn spec(
     name: &'static str,
     arity: i32,
     write: bool,
@@ -126,10 +134,19 @@ const fn spec(
     }
 }
 
-const W: bool = true;
-const R: bool = false;
-const NOKEY: (i32, i32, i32) = (0, 0, 0);
-const KEY1: (i32, i32, i32) = (1, 1, 1);
+pub const W: bool = true;
+pub const R: bool = false;
+pub const NOKEY: (i32, i32, i32) = (0, 0, 0);
+pub const KEY1: (i32, i32, i32) = (1, 1, 1);
+
+/// Every command table: the string, key and server commands here, then each collection family's.
+fn tables() -> [&'static [Spec]; 2] {
+    [COMMANDS, crate::types::list::COMMANDS]
+}
+
+fn all_specs() -> impl Iterator<Item = &'static Spec> {
+    tables().into_iter().flatten()
+}
 
 static COMMANDS: &[Spec] = &[
     spec("get", 2, R, KEY1, Cmd::Get),
@@ -196,32 +213,37 @@ fn lookup(name: &[u8]) -> Option<&'static Spec> {
         *d = s.to_ascii_lowercase();
     }
     let lower = &lower[..name.len()];
-    COMMANDS.iter().find(|s| s.name.as_bytes() == lower)
+    all_specs().find(|s| s.name.as_bytes() == lower)
 }
 
 /// The arguments of one request (argument 0 is the command name).
 #[derive(Clone, Copy)]
-struct Args<'a> {
+pub struct Args<'a> {
     src: &'a [u8],
     ranges: &'a [Range<usize>],
 }
 
 impl<'a> Args<'a> {
-    fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.ranges.len()
     }
 
-    fn get(&self, i: usize) -> &'a [u8] {
+    pub fn is_empty(&self) -> bool {
+        self.ranges.is_empty()
+    }
+
+    pub fn get(&self, i: usize) -> &'a [u8] {
         &self.src[self.ranges[i].clone()]
     }
 
-    fn is(&self, i: usize, word: &str) -> bool {
+    /// Argument `i` equals `word`, ignoring ASCII case.
+    pub fn is(&self, i: usize, word: &str) -> bool {
         self.get(i).eq_ignore_ascii_case(word.as_bytes())
     }
 }
 
-const SYNTAX: &str = "ERR syntax error";
-const NOT_INTEGER: &str = "ERR value is not an integer or out of range";
+pub const SYNTAX: &str = "ERR syntax error";
+pub const NOT_INTEGER: &str = "ERR value is not an integer or out of range";
 const BAD_KEY: &str = "ERR invalid key: memkeep keys are 1 to 511 bytes";
 
 /// Parses and runs up to `budget` requests from `conn`'s input.
@@ -371,7 +393,7 @@ fn unknown_command(args: Args<'_>) -> String {
     msg
 }
 
-fn key_ok(k: &[u8]) -> Result<(), String> {
+pub fn key_ok(k: &[u8]) -> Result<(), String> {
     if k.is_empty() || k.len() > MAX_KEY {
         Err(BAD_KEY.into())
     } else {
@@ -379,7 +401,7 @@ fn key_ok(k: &[u8]) -> Result<(), String> {
     }
 }
 
-fn int_arg(b: &[u8]) -> Result<i64, String> {
+pub fn int_arg(b: &[u8]) -> Result<i64, String> {
     parse_i64(b).ok_or_else(|| NOT_INTEGER.into())
 }
 
@@ -414,6 +436,14 @@ fn write_op(cmd: Cmd, args: Args<'_>, pass: &Pass<'_>) -> Result<(WriteOp, RespR
     key_ok(key)?;
     let plain = |op| Ok((op, RespReply::Plain));
     match cmd {
+        Cmd::Coll(family, code) => {
+            let op = match family {
+                Family::List => {
+                    crate::types::CollOp::List(crate::types::list::write_op(code, args)?)
+                }
+            };
+            plain(WriteOp::Coll(op))
+        }
         Cmd::Set => {
             let (mut cond, mut expiry, mut get) = (SetCond::Always, Expiry::Clear, false);
             let mut expiry_given = false;
@@ -672,6 +702,15 @@ pub fn complete(out: &mut Vec<u8>, v3: bool, kind: RespReply, outcome: Outcome) 
             out,
             "OOM command not allowed when used memory > 'maxmemory'.",
         ),
+        (_, Outcome::WrongType) => enc::error(out, crate::types::WRONGTYPE),
+        (_, Outcome::Double(d)) => enc::double(out, d, v3),
+        (_, Outcome::NilArray) => enc::null_array(out, v3),
+        (_, Outcome::Array(items)) => {
+            enc::array(out, items.len());
+            for item in items {
+                complete(out, v3, RespReply::Plain, item);
+            }
+        }
         (_, Outcome::TooLarge) => enc::error(
             out,
             "ERR string exceeds maximum allowed size (proto-max-bulk-len)",
@@ -759,6 +798,22 @@ fn data_read(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut P
         });
     };
     match cmd {
+        Cmd::Coll(family, code) => {
+            let cx = crate::types::ReadCx {
+                store,
+                txn,
+                now,
+                flushed,
+            };
+            match family {
+                Family::List => crate::types::list::read(code, args, &cx, out, v3),
+            }
+        }
+        Cmd::Get | Cmd::StrLen | Cmd::GetRange
+            if lookup(args.get(1)).is_some_and(|i| i.meta.kind != Kind::String) =>
+        {
+            enc::error(out, crate::types::WRONGTYPE)
+        }
         Cmd::Get => match lookup(args.get(1)) {
             Some(item) => {
                 hit(true);
@@ -772,7 +827,7 @@ fn data_read(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut P
         Cmd::MGet => {
             enc::array(out, args.len() - 1);
             for i in 1..args.len() {
-                match lookup(args.get(i)) {
+                match lookup(args.get(i)).filter(|i| i.meta.kind == Kind::String) {
                     Some(item) => {
                         hit(true);
                         enc::bulk(out, item.value)
@@ -817,11 +872,7 @@ fn data_read(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut P
         }
         Cmd::Type => enc::simple(
             out,
-            if lookup(args.get(1)).is_some() {
-                "string"
-            } else {
-                "none"
-            },
+            lookup(args.get(1)).map_or("none", |i| i.meta.kind.name()),
         ),
         Cmd::DbSize => enc::int(out, store.len(txn).unwrap_or(0) as i64),
         Cmd::Keys => {
@@ -951,9 +1002,11 @@ fn scan(args: Args<'_>, out: &mut Vec<u8>, view: ScanView<'_, '_>, shared: &supe
             break;
         }
         last = Some(key);
-        let live = crate::storage::item::decode(bytes)
-            .is_ok_and(|i| !view.flushed && !i.meta.is_expired(view.now));
-        let type_ok = type_filter.is_none_or(|t| t.eq_ignore_ascii_case(b"string"));
+        let item = crate::storage::item::decode(bytes).ok();
+        let live = item.is_some_and(|i| !view.flushed && !i.meta.is_expired(view.now));
+        let type_ok = type_filter.is_none_or(|t| {
+            item.is_some_and(|i| t.eq_ignore_ascii_case(i.meta.kind.name().as_bytes()))
+        });
         if live && type_ok && pattern.is_none_or(|p| glob_match(p, key)) {
             found.push(key);
         }
@@ -1291,12 +1344,12 @@ fn command(args: Args<'_>, out: &mut Vec<u8>, v3: bool) {
         enc::array(out, 0);
     };
     if args.len() == 1 {
-        enc::array(out, COMMANDS.len());
-        for s in COMMANDS {
+        enc::array(out, all_specs().count());
+        for s in all_specs() {
             describe(out, s);
         }
     } else if args.is(1, "COUNT") {
-        enc::int(out, COMMANDS.len() as i64);
+        enc::int(out, all_specs().count() as i64);
     } else if args.is(1, "INFO") {
         enc::array(out, args.len() - 2);
         for i in 2..args.len() {
@@ -1483,10 +1536,11 @@ mod tests {
 
     #[test]
     fn command_table_names_are_lowercase_and_unique() {
-        for (i, s) in COMMANDS.iter().enumerate() {
+        let all: Vec<&Spec> = all_specs().collect();
+        for (i, s) in all.iter().enumerate() {
             assert_eq!(s.name, s.name.to_ascii_lowercase());
             assert!(
-                COMMANDS[i + 1..].iter().all(|o| o.name != s.name),
+                all[i + 1..].iter().all(|o| o.name != s.name),
                 "{} twice",
                 s.name
             );

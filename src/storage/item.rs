@@ -21,17 +21,37 @@ const BASE_LEN: usize = 10;
 /// Longest possible header.
 pub const MAX_HEADER: usize = BASE_LEN + 4 + 8;
 
-/// What an item holds. Only strings exist so far; RESP collections add kinds.
+/// What an item holds. A string's value is its bytes; a collection's value is its metadata
+/// (see `types::CollMeta`), its elements live in the `elems`/`zscore` databases.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     String = 0,
+    List = 1,
+    Hash = 2,
+    Set = 3,
+    ZSet = 4,
 }
 
 impl Kind {
     fn from_u8(b: u8) -> Option<Kind> {
         match b {
             0 => Some(Kind::String),
+            1 => Some(Kind::List),
+            2 => Some(Kind::Hash),
+            3 => Some(Kind::Set),
+            4 => Some(Kind::ZSet),
             _ => None,
+        }
+    }
+
+    /// The name Redis's TYPE command answers.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::String => "string",
+            Kind::List => "list",
+            Kind::Hash => "hash",
+            Kind::Set => "set",
+            Kind::ZSet => "zset",
         }
     }
 }
@@ -206,5 +226,6 @@ mod tests {
         assert!(decode(&[2, 0, 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
         assert!(decode(&[1, 0x30, 0, 0, 0, 0, 0, 0, 0, 0, 1]).is_err());
         assert!(decode(&[1, 0x0f, 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
+        assert!(decode(&[1, 0x05, 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
     }
 }

@@ -8,6 +8,12 @@
 //!   It is written on every store with an expiry and never updated in place: an entry whose time
 //!   no longer matches its item is stale and simply dropped when the sweeper reaches it.
 //! - `meta`:   `format` -> [FORMAT_VERSION], `cas` -> u64 LE counter, `flush_at` -> u64 LE.
+//! - `elems`:  collection id (u64 BE) ++ sub-key -> element (list items, hash fields, set and
+//!   sorted-set members; see `types`). A collection's id is fixed when it is created, so a
+//!   RENAME moves only its metadata record.
+//! - `zscore`: collection id ++ order-preserving score ++ member -> empty (sorted-set order).
+//! - `gc`:     collection id -> empty: collections deleted or overwritten whose elements the
+//!   writer still has to reclaim, a bounded chunk per batch (so DEL of any size is O(1)).
 
 use std::io::Write;
 use std::ops::Bound;
@@ -17,7 +23,7 @@ use heed::types::Bytes;
 use heed::{Database, Env, EnvFlags, EnvOpenOptions, RoTxn, RwTxn, WithTls};
 
 use super::item::{self, FORMAT_VERSION};
-use super::{ItemMeta, ItemRef, ReadView, StoreError, WriteView};
+use super::{ItemMeta, ItemRef, Kind, ReadView, StoreError, WriteView};
 use crate::config::SyncMode;
 
 const META_FORMAT: &[u8] = b"format";
@@ -42,6 +48,9 @@ pub struct LmdbStore {
     items: Database<Bytes, Bytes>,
     expiry: Database<Bytes, Bytes>,
     meta: Database<Bytes, Bytes>,
+    pub(crate) elems: Database<Bytes, Bytes>,
+    pub(crate) zscore: Database<Bytes, Bytes>,
+    gc: Database<Bytes, Bytes>,
 }
 
 /// State the writer restores from the store at startup.
@@ -91,6 +100,9 @@ impl LmdbStore {
         let items = db(&mut wtxn, "items")?;
         let expiry = db(&mut wtxn, "expiry")?;
         let meta = db(&mut wtxn, "meta")?;
+        let elems = db(&mut wtxn, "elems")?;
+        let zscore = db(&mut wtxn, "zscore")?;
+        let gc = db(&mut wtxn, "gc")?;
         match meta
             .get(&wtxn, META_FORMAT)
             .map_err(|e| at("cannot read", &e))?
@@ -126,6 +138,9 @@ impl LmdbStore {
                 items,
                 expiry,
                 meta,
+                elems,
+                zscore,
+                gc,
             },
             Persisted { cas, flush_at },
         ))
@@ -203,12 +218,66 @@ impl LmdbStore {
             if let Some(bytes) = self.items.get(txn, key)?
                 && item::decode(bytes)?.meta.expire_at == t
             {
+                if let Some(id) = self.collection_id(txn, key)? {
+                    self.schedule_gc(txn, id)?;
+                }
                 self.items.delete(txn, key)?;
                 removed += 1;
             }
             self.expiry.delete(txn, entry)?;
         }
         Ok(removed)
+    }
+
+    /// The id of the collection stored under `key`, if a collection is stored there.
+    pub fn collection_id(&self, txn: &RoTxn, key: &[u8]) -> Result<Option<u64>, StoreError> {
+        match self.items.get(txn, key)? {
+            Some(bytes) => {
+                let item = item::decode(bytes)?;
+                Ok(if item.meta.kind == Kind::String {
+                    None
+                } else {
+                    id_of(&[item.value])
+                })
+            }
+            None => Ok(None),
+        }
+    }
+
+    fn schedule_gc(&self, txn: &mut RwTxn, id: u64) -> Result<(), StoreError> {
+        Ok(self.gc.put(txn, &id.to_be_bytes(), &[])?)
+    }
+
+    /// Whether deleted collections still have elements to reclaim.
+    pub fn gc_pending(&self, txn: &RoTxn) -> Result<bool, StoreError> {
+        Ok(!self.gc.is_empty(txn)?)
+    }
+
+    /// Deletes up to `limit` elements of deleted collections; returns how many it deleted.
+    pub fn collect_garbage(&self, txn: &mut RwTxn, limit: usize) -> Result<usize, StoreError> {
+        let mut budget = limit;
+        while budget > 0 {
+            let Some(id) = self.gc.first(txn)?.map(|(k, _)| k.to_vec()) else {
+                break;
+            };
+            for db in [self.elems, self.zscore] {
+                let keys: Vec<Vec<u8>> = db
+                    .prefix_iter(txn, &id[..])?
+                    .take(budget)
+                    .map(|r| r.map(|(k, _)| k.to_vec()))
+                    .collect::<Result<_, _>>()?;
+                for k in &keys {
+                    db.delete(txn, k)?;
+                }
+                budget -= keys.len();
+                if budget == 0 {
+                    // Maybe more left: the entry stays for the next round.
+                    return Ok(limit);
+                }
+            }
+            self.gc.delete(txn, &id)?;
+        }
+        Ok(limit - budget)
     }
 
     pub fn put_cas(&self, txn: &mut RwTxn, cas: u64) -> Result<(), StoreError> {
@@ -231,9 +300,27 @@ impl LmdbStore {
     fn clear_all(&self, txn: &mut RwTxn) -> Result<(), StoreError> {
         self.items.clear(txn)?;
         self.expiry.clear(txn)?;
+        self.elems.clear(txn)?;
+        self.zscore.clear(txn)?;
+        self.gc.clear(txn)?;
         self.meta.delete(txn, META_FLUSH_AT)?;
         Ok(())
     }
+}
+
+/// The collection id a metadata value starts with (u64 LE), read across `parts`.
+fn id_of(parts: &[&[u8]]) -> Option<u64> {
+    let mut id = [0u8; 8];
+    let mut n = 0;
+    for p in parts {
+        let take = (8 - n).min(p.len());
+        id[n..n + take].copy_from_slice(&p[..take]);
+        n += take;
+        if n == 8 {
+            return Some(u64::from_le_bytes(id));
+        }
+    }
+    None
 }
 
 /// A write transaction seen through `WriteView`.
@@ -241,6 +328,13 @@ pub struct LmdbWrite<'t, 'e> {
     store: &'t LmdbStore,
     txn: &'t mut RwTxn<'e>,
     cas: &'t mut u64,
+}
+
+impl<'e> LmdbWrite<'_, 'e> {
+    /// The store and the open transaction, for the collection types.
+    pub fn parts(&mut self) -> (&LmdbStore, &mut RwTxn<'e>) {
+        (self.store, self.txn)
+    }
 }
 
 impl ReadView for LmdbWrite<'_, '_> {
@@ -253,6 +347,13 @@ impl WriteView for LmdbWrite<'_, '_> {
     fn put(&mut self, key: &[u8], meta: &ItemMeta, parts: &[&[u8]]) -> Result<(), StoreError> {
         if key.is_empty() || key.len() > super::MAX_KEY {
             return Err(StoreError::BadKey);
+        }
+        // Replacing a collection by anything but its own metadata orphans its elements.
+        if let Some(old) = self.store.collection_id(self.txn, key)? {
+            let new = (meta.kind != Kind::String).then(|| id_of(parts)).flatten();
+            if new != Some(old) {
+                self.store.schedule_gc(self.txn, old)?;
+            }
         }
         let (hdr, n) = meta.header();
         let len = n + parts.iter().map(|p| p.len()).sum::<usize>();
@@ -274,6 +375,16 @@ impl WriteView for LmdbWrite<'_, '_> {
     }
 
     fn delete(&mut self, key: &[u8]) -> Result<bool, StoreError> {
+        if key.is_empty() || key.len() > super::MAX_KEY {
+            return Ok(false);
+        }
+        if let Some(id) = self.store.collection_id(self.txn, key)? {
+            self.store.schedule_gc(self.txn, id)?;
+        }
+        Ok(self.store.items.delete(self.txn, key)?)
+    }
+
+    fn take(&mut self, key: &[u8]) -> Result<bool, StoreError> {
         if key.is_empty() || key.len() > super::MAX_KEY {
             return Ok(false);
         }
@@ -300,7 +411,6 @@ impl WriteView for LmdbWrite<'_, '_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::Kind;
 
     fn meta(cas: u64, expire_at: u64) -> ItemMeta {
         ItemMeta {

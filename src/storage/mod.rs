@@ -64,8 +64,11 @@ pub trait ReadView {
 pub trait WriteView: ReadView {
     /// Stores `parts` concatenated as the value of `key`, replacing any old item.
     fn put(&mut self, key: &[u8], meta: &ItemMeta, parts: &[&[u8]]) -> Result<(), StoreError>;
-    /// Removes `key`; true if it was there.
+    /// Removes `key` (and, for a collection, its elements); true if it was there.
     fn delete(&mut self, key: &[u8]) -> Result<bool, StoreError>;
+    /// Removes `key`'s record but keeps a collection's elements, whose metadata the caller is
+    /// moving under another key (RENAME).
+    fn take(&mut self, key: &[u8]) -> Result<bool, StoreError>;
     /// Removes every item.
     fn clear(&mut self) -> Result<(), StoreError>;
     /// Arranges for every item to be removed at `at_ms` (a delayed `flush_all`).

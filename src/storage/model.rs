@@ -52,6 +52,10 @@ impl WriteView for ModelStore {
         Ok(self.items.remove(key).is_some())
     }
 
+    fn take(&mut self, key: &[u8]) -> Result<bool, StoreError> {
+        self.delete(key)
+    }
+
     fn clear(&mut self) -> Result<(), StoreError> {
         self.items.clear();
         self.flush_at = None;

@@ -21,7 +21,7 @@ use heed::RwTxn;
 use log::{debug, error, warn};
 
 use super::StoreError;
-use super::lmdb::{LmdbStore, Persisted};
+use super::lmdb::{LmdbStore, LmdbWrite, Persisted};
 use crate::clock::Clock;
 use crate::command::{Outcome, WriteOp};
 use crate::config::SyncMode;
@@ -92,6 +92,20 @@ pub struct WriterConfig {
     pub item_size_max: usize,
 }
 
+/// Applies one write: collection commands run on LMDB directly, the rest through `semantics`.
+fn apply(w: &mut LmdbWrite<'_, '_>, op: &WriteOp, ctx: Ctx) -> Result<Outcome, StoreError> {
+    match op {
+        WriteOp::Coll(c) => match crate::types::apply(w, c, ctx.now_ms) {
+            Err(StoreError::BadKey) => Ok(Outcome::BadKey),
+            other => other,
+        },
+        _ => semantics::apply(w, op, ctx),
+    }
+}
+
+/// Most elements of deleted collections reclaimed per batch.
+const GC_CHUNK: usize = 1000;
+
 /// Time between expiry sweeps, and the most items one sweep deletes.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 const SWEEP_LIMIT: usize = 1000;
@@ -108,6 +122,8 @@ pub struct Writer<T> {
     flush_at: FlushAt,
     mailboxes: Vec<Arc<Mailbox<T>>>,
     outboxes: Vec<Vec<Completion<T>>>,
+    /// Deleted collections still have elements to reclaim.
+    gc_more: bool,
 }
 
 impl<T: Send> Writer<T> {
@@ -129,6 +145,7 @@ impl<T: Send> Writer<T> {
             flush_at,
             mailboxes,
             outboxes,
+            gc_more: true,
         }
     }
 
@@ -143,6 +160,10 @@ impl<T: Send> Writer<T> {
             let mut wait = next_sweep.saturating_duration_since(now);
             if self.cfg.sync == SyncMode::Periodic && unsynced {
                 wait = wait.min(next_sync.saturating_duration_since(now));
+            }
+            if self.gc_more {
+                // Deleted collections still hold elements: keep reclaiming between batches.
+                wait = Duration::ZERO;
             }
             let mut disconnected = false;
             match rx.recv_timeout(wait) {
@@ -161,7 +182,7 @@ impl<T: Send> Writer<T> {
                 }
             }
             let sweep = Instant::now() >= next_sweep;
-            if count > 0 || sweep || self.flush_due() {
+            if count > 0 || sweep || self.flush_due() || self.gc_more {
                 let swept = self.commit(&mut batch, sweep);
                 unsynced = true;
                 if sweep {
@@ -208,6 +229,7 @@ impl<T: Send> Writer<T> {
             Vec::with_capacity(batch.iter().map(|s| s.reqs.len()).sum());
         let mut swept = 0;
         let mut ran_due = false;
+        let mut gc_more = self.gc_more;
         let result = (|| -> Result<(), StoreError> {
             let mut txn = self.store.write_txn()?;
             ran_due = self.housekeeping(&mut txn, ctx.now_ms, sweep, &mut swept)?;
@@ -215,16 +237,23 @@ impl<T: Send> Writer<T> {
             for sub in batch.iter() {
                 for req in &sub.reqs {
                     let mut w = self.store.writer(&mut txn, &mut cas);
-                    outcomes.push(semantics::apply(&mut w, &req.op, ctx)?);
+                    outcomes.push(apply(&mut w, &req.op, ctx)?);
                 }
             }
             if cas != self.cas {
                 self.store.put_cas(&mut txn, cas)?;
             }
+            if self.store.gc_pending(&txn)? {
+                self.store.collect_garbage(&mut txn, GC_CHUNK)?;
+                gc_more = self.store.gc_pending(&txn)?;
+            } else {
+                gc_more = false;
+            }
             txn.commit()?;
             self.cas = cas;
             Ok(())
         })();
+        self.gc_more = gc_more;
         match result {
             Ok(()) => {
                 let ops = batch.iter().flat_map(|s| s.reqs.iter().map(|r| &r.op));
@@ -296,7 +325,7 @@ impl<T: Send> Writer<T> {
         let result = (|| -> Result<Outcome, StoreError> {
             let mut txn = self.store.write_txn()?;
             let mut w = self.store.writer(&mut txn, &mut cas);
-            let outcome = semantics::apply(&mut w, op, ctx)?;
+            let outcome = apply(&mut w, op, ctx)?;
             self.store.put_cas(&mut txn, cas)?;
             txn.commit()?;
             Ok(outcome)

@@ -1,0 +1,264 @@
+//! Redis collections on LMDB: lists, hashes, sets and sorted sets.
+//!
+//! Layout (as Kvrocks and LedisDB lay types over an ordered store, adapted to LMDB):
+//! - the key's record in `items` has the collection's kind and, as its value, its metadata
+//!   (`CollMeta`): a 64-bit id fixed at creation, the element count, and a list's head/tail;
+//! - each element is a record in `elems` under `id (u64 BE) ++ sub-key`: a list's position
+//!   (order-preserving i64), a hash's field, a set's or sorted set's member;
+//! - a sorted set also indexes `id ++ order-preserving score ++ member` in `zscore`.
+//!
+//! So a range (LRANGE, HGETALL, ZRANGE) is one B-tree cursor walk, O(log n + k); keying
+//! elements by id rather than by key keeps records short and lets RENAME move only the metadata;
+//! DEL of any collection is O(1): its id goes to the `gc` database and the writer reclaims the
+//! elements in bounded chunks. An empty collection is deleted, as Redis does.
+//!
+//! Each family module declares its RESP commands in one table and provides `write_op` (parse a
+//! write's arguments on the worker), `apply` (run it in the writer's transaction) and `read`
+//! (answer a read from the worker's read transaction, straight from the map).
+
+pub mod list;
+
+use heed::{RoTxn, RwTxn};
+
+use crate::command::Outcome;
+use crate::storage::lmdb::{LmdbStore, LmdbWrite};
+use crate::storage::{ItemMeta, Kind, StoreError, WriteView, item};
+
+/// A collection write, carried to the writer inside `WriteOp::Coll`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CollOp {
+    List(list::ListOp),
+}
+
+/// Runs a collection write in the writer's transaction.
+pub fn apply(w: &mut LmdbWrite<'_, '_>, op: &CollOp, now: u64) -> Result<Outcome, StoreError> {
+    match op {
+        CollOp::List(op) => list::apply(w, op, now),
+    }
+}
+
+/// A collection's metadata, the value of its record in `items`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CollMeta {
+    pub id: u64,
+    pub len: u64,
+    /// Lists: the position of the first element.
+    pub head: i64,
+    /// Lists: one past the position of the last element.
+    pub tail: i64,
+}
+
+impl CollMeta {
+    pub fn encode(&self) -> [u8; 32] {
+        let mut b = [0u8; 32];
+        b[0..8].copy_from_slice(&self.id.to_le_bytes());
+        b[8..16].copy_from_slice(&self.len.to_le_bytes());
+        b[16..24].copy_from_slice(&self.head.to_le_bytes());
+        b[24..32].copy_from_slice(&self.tail.to_le_bytes());
+        b
+    }
+
+    pub fn decode(v: &[u8]) -> Result<CollMeta, StoreError> {
+        let word = |i: usize| -> Result<[u8; 8], StoreError> {
+            v.get(i * 8..i * 8 + 8)
+                .and_then(|s| s.try_into().ok())
+                .ok_or_else(|| StoreError::Corrupt("collection metadata truncated".into()))
+        };
+        Ok(CollMeta {
+            id: u64::from_le_bytes(word(0)?),
+            len: u64::from_le_bytes(word(1)?),
+            head: i64::from_le_bytes(word(2)?),
+            tail: i64::from_le_bytes(word(3)?),
+        })
+    }
+}
+
+/// What is under a key, as a collection command sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Found {
+    Missing,
+    WrongType,
+    Coll(ItemMeta, CollMeta),
+}
+
+fn classify(bytes: Option<&[u8]>, kind: Kind, now: u64) -> Result<Found, StoreError> {
+    let Some(bytes) = bytes else {
+        return Ok(Found::Missing);
+    };
+    let item = item::decode(bytes)?;
+    if item.meta.is_expired(now) {
+        Ok(Found::Missing)
+    } else if item.meta.kind != kind {
+        Ok(Found::WrongType)
+    } else {
+        Ok(Found::Coll(item.meta, CollMeta::decode(item.value)?))
+    }
+}
+
+/// The element key of `sub` in collection `id`.
+pub fn elem_key(id: u64, sub: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(8 + sub.len());
+    k.extend_from_slice(&id.to_be_bytes());
+    k.extend_from_slice(sub);
+    k
+}
+
+/// Longest sub-key (hash field, set member) an element record can carry: LMDB's key limit
+/// minus the 8-byte id (and, in the score index, 8 bytes of score).
+pub const MAX_SUB: usize = crate::storage::MAX_KEY - 16;
+
+/// A collection's elements as (sub-key, value) pairs, in order.
+pub type Elems = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// The writer's view for collection commands: the store, the transaction and the CAS counter.
+pub struct Tx<'a, 'w, 'e> {
+    pub w: &'a mut LmdbWrite<'w, 'e>,
+    pub now: u64,
+}
+
+impl<'e> Tx<'_, '_, 'e> {
+    fn store_txn(&mut self) -> (&LmdbStore, &mut RwTxn<'e>) {
+        self.w.parts()
+    }
+
+    /// Looks `key` up as a collection of `kind`.
+    pub fn find(&mut self, key: &[u8], kind: Kind) -> Result<Found, StoreError> {
+        let now = self.now;
+        let (store, txn) = self.store_txn();
+        if key.is_empty() || key.len() > crate::storage::MAX_KEY {
+            return Ok(Found::Missing);
+        }
+        classify(store.items().get(txn, key)?, kind, now)
+    }
+
+    /// A new, empty collection of `kind` (not stored until `save`).
+    pub fn create(&mut self, kind: Kind) -> (ItemMeta, CollMeta) {
+        let id = self.w.next_cas();
+        (
+            ItemMeta {
+                kind,
+                flags: 0,
+                expire_at: 0,
+                cas: id,
+            },
+            CollMeta {
+                id,
+                len: 0,
+                head: 0,
+                tail: 0,
+            },
+        )
+    }
+
+    /// Stores the metadata (with a new CAS unique); deletes the key when the collection is
+    /// empty.
+    pub fn save(&mut self, key: &[u8], meta: &ItemMeta, coll: &CollMeta) -> Result<(), StoreError> {
+        if coll.len == 0 {
+            // No elements are left to reclaim.
+            self.w.take(key)?;
+            return Ok(());
+        }
+        let mut meta = *meta;
+        meta.cas = self.w.next_cas();
+        self.w.put(key, &meta, &[&coll.encode()])
+    }
+
+    pub fn elem_get(&mut self, id: u64, sub: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        let (store, txn) = self.store_txn();
+        Ok(store
+            .elems
+            .get(txn, &elem_key(id, sub))?
+            .map(|v| v.to_vec()))
+    }
+
+    pub fn elem_put(&mut self, id: u64, sub: &[u8], value: &[u8]) -> Result<(), StoreError> {
+        let (store, txn) = self.store_txn();
+        Ok(store.elems.put(txn, &elem_key(id, sub), value)?)
+    }
+
+    pub fn elem_del(&mut self, id: u64, sub: &[u8]) -> Result<bool, StoreError> {
+        let (store, txn) = self.store_txn();
+        Ok(store.elems.delete(txn, &elem_key(id, sub))?)
+    }
+
+    /// Every (sub-key, value) of collection `id`, in order.
+    pub fn elems_all(&mut self, id: u64) -> Result<Elems, StoreError> {
+        let (store, txn) = self.store_txn();
+        let prefix = id.to_be_bytes();
+        store
+            .elems
+            .prefix_iter(txn, &prefix[..])?
+            .map(|r| {
+                r.map(|(k, v)| (k[8..].to_vec(), v.to_vec()))
+                    .map_err(StoreError::from)
+            })
+            .collect()
+    }
+}
+
+/// The worker's view for collection reads.
+pub struct ReadCx<'a, 't> {
+    pub store: &'a LmdbStore,
+    pub txn: &'t RoTxn<'t>,
+    pub now: u64,
+    /// A delayed flush_all has come due: everything reads as missing.
+    pub flushed: bool,
+}
+
+impl ReadCx<'_, '_> {
+    pub fn find(&self, key: &[u8], kind: Kind) -> Result<Found, StoreError> {
+        if self.flushed || key.is_empty() || key.len() > crate::storage::MAX_KEY {
+            return Ok(Found::Missing);
+        }
+        classify(self.store.items().get(self.txn, key)?, kind, self.now)
+    }
+}
+
+/// The message Redis gives for a command on the wrong kind of value.
+pub const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
+
+/// Redis's index rule for ranges: negatives count from the end; the result is clamped to
+/// [0, len) and may be empty (None).
+pub fn clamp_range(start: i64, stop: i64, len: u64) -> Option<(u64, u64)> {
+    let len = len as i64;
+    let s = if start < 0 {
+        (len + start).max(0)
+    } else {
+        start
+    };
+    let e = if stop < 0 {
+        len + stop
+    } else {
+        stop.min(len - 1)
+    };
+    (s <= e && s < len && e >= 0).then_some((s as u64, e as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_roundtrips() {
+        let m = CollMeta {
+            id: 7,
+            len: 3,
+            head: -2,
+            tail: 1,
+        };
+        assert_eq!(CollMeta::decode(&m.encode()).expect("decodes"), m);
+        assert!(CollMeta::decode(&[0; 10]).is_err());
+    }
+
+    #[test]
+    fn ranges_follow_redis_index_rules() {
+        assert_eq!(clamp_range(0, -1, 5), Some((0, 4)));
+        assert_eq!(clamp_range(-2, -1, 5), Some((3, 4)));
+        assert_eq!(clamp_range(1, 100, 5), Some((1, 4)));
+        assert_eq!(clamp_range(-100, 1, 5), Some((0, 1)));
+        assert_eq!(clamp_range(3, 1, 5), None);
+        assert_eq!(clamp_range(5, 10, 5), None);
+        assert_eq!(clamp_range(0, -1, 0), None);
+        assert_eq!(clamp_range(0, -6, 5), None);
+    }
+}
