@@ -18,6 +18,7 @@ use super::worker::{Pass, Reply, Stop, Tag};
 use crate::command::{ExpireCond, Expiry, KeyValue, Outcome, SetCond, WriteOp};
 use crate::protocol::resp::{self, Incomplete, Parsed, enc, parse_i64};
 use crate::storage::{ItemRef, Kind, MAX_KEY};
+use crate::types::{self, CollOp};
 
 /// Per-connection RESP state.
 #[derive(Debug, Default)]
@@ -50,6 +51,9 @@ pub enum RespReply {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Family {
     List,
+    Hash,
+    Set,
+    ZSet,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,8 +144,15 @@ pub const NOKEY: (i32, i32, i32) = (0, 0, 0);
 pub const KEY1: (i32, i32, i32) = (1, 1, 1);
 
 /// Every command table: the string, key and server commands here, then each collection family's.
-fn tables() -> [&'static [Spec]; 2] {
-    [COMMANDS, crate::types::list::COMMANDS]
+fn tables() -> [&'static [Spec]; 5] {
+    use crate::types::{hash, list, set, zset};
+    [
+        COMMANDS,
+        list::COMMANDS,
+        hash::COMMANDS,
+        set::COMMANDS,
+        zset::COMMANDS,
+    ]
 }
 
 fn all_specs() -> impl Iterator<Item = &'static Spec> {
@@ -438,9 +449,10 @@ fn write_op(cmd: Cmd, args: Args<'_>, pass: &Pass<'_>) -> Result<(WriteOp, RespR
     match cmd {
         Cmd::Coll(family, code) => {
             let op = match family {
-                Family::List => {
-                    crate::types::CollOp::List(crate::types::list::write_op(code, args)?)
-                }
+                Family::List => CollOp::List(types::list::write_op(code, args)?),
+                Family::Hash => CollOp::Hash(types::hash::write_op(code, args)?),
+                Family::Set => CollOp::Set(types::set::write_op(code, args)?),
+                Family::ZSet => CollOp::ZSet(types::zset::write_op(code, args)?),
             };
             plain(WriteOp::Coll(op))
         }
@@ -799,14 +811,19 @@ fn data_read(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut P
     };
     match cmd {
         Cmd::Coll(family, code) => {
-            let cx = crate::types::ReadCx {
+            let cursors = &shared.scan_cursors;
+            let cx = types::ReadCx {
                 store,
                 txn,
                 now,
                 flushed,
+                cursors,
             };
             match family {
-                Family::List => crate::types::list::read(code, args, &cx, out, v3),
+                Family::List => types::list::read(code, args, &cx, out, v3),
+                Family::Hash => types::hash::read(code, args, &cx, out, v3),
+                Family::Set => types::set::read(code, args, &cx, out, v3),
+                Family::ZSet => types::zset::read(code, args, &cx, out, v3),
             }
         }
         Cmd::Get | Cmd::StrLen | Cmd::GetRange
@@ -1484,7 +1501,8 @@ pub struct ScanCursors {
 const SCAN_CURSORS_MAX: usize = 16 * 1024;
 
 impl ScanCursors {
-    fn insert(&mut self, key: Vec<u8>) -> u64 {
+    /// Remembers `key` as a resume point; the cursor id to hand out.
+    pub fn insert(&mut self, key: Vec<u8>) -> u64 {
         self.next += 1;
         // Not guessable from the count alone, never 0.
         let id = (splitmix(self.next) >> 1) | 1;
@@ -1498,7 +1516,8 @@ impl ScanCursors {
         id
     }
 
-    fn get(&self, id: u64) -> Option<Vec<u8>> {
+    /// The resume point of cursor `id`, if still remembered.
+    pub fn get(&self, id: u64) -> Option<Vec<u8>> {
         self.map.get(&id).cloned()
     }
 }

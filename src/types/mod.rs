@@ -16,7 +16,10 @@
 //! write's arguments on the worker), `apply` (run it in the writer's transaction) and `read`
 //! (answer a read from the worker's read transaction, straight from the map).
 
+pub mod hash;
 pub mod list;
+pub mod set;
+pub mod zset;
 
 use heed::{RoTxn, RwTxn};
 
@@ -28,12 +31,18 @@ use crate::storage::{ItemMeta, Kind, StoreError, WriteView, item};
 #[derive(Debug, Clone, PartialEq)]
 pub enum CollOp {
     List(list::ListOp),
+    Hash(hash::HashOp),
+    Set(set::SetOp),
+    ZSet(zset::ZSetOp),
 }
 
 /// Runs a collection write in the writer's transaction.
 pub fn apply(w: &mut LmdbWrite<'_, '_>, op: &CollOp, now: u64) -> Result<Outcome, StoreError> {
     match op {
         CollOp::List(op) => list::apply(w, op, now),
+        CollOp::Hash(op) => hash::apply(w, op, now),
+        CollOp::Set(op) => set::apply(w, op, now),
+        CollOp::ZSet(op) => zset::apply(w, op, now),
     }
 }
 
@@ -117,7 +126,9 @@ pub struct Tx<'a, 'w, 'e> {
 }
 
 impl<'e> Tx<'_, '_, 'e> {
-    fn store_txn(&mut self) -> (&LmdbStore, &mut RwTxn<'e>) {
+    /// The store and the transaction, for what the helpers below do not cover (range walks,
+    /// the sorted-set score index).
+    pub fn store_txn(&mut self) -> (&LmdbStore, &mut RwTxn<'e>) {
         self.w.parts()
     }
 
@@ -203,6 +214,9 @@ pub struct ReadCx<'a, 't> {
     pub now: u64,
     /// A delayed flush_all has come due: everything reads as missing.
     pub flushed: bool,
+    /// Server-side scan cursors (HSCAN, SSCAN, ZSCAN): a cursor names the sub-key to resume
+    /// after.
+    pub cursors: &'a std::sync::Mutex<crate::server::resp::ScanCursors>,
 }
 
 impl ReadCx<'_, '_> {
@@ -212,6 +226,30 @@ impl ReadCx<'_, '_> {
         }
         classify(self.store.items().get(self.txn, key)?, kind, self.now)
     }
+}
+
+/// A pseudo-random u64 (SPOP, SRANDMEMBER, RANDOMKEY): xorshift per thread, seeded from the
+/// time and the thread. Not for anything secret.
+pub fn random_u64() -> u64 {
+    use std::cell::Cell;
+    thread_local! {
+        static STATE: Cell<u64> = Cell::new({
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0x9e37_79b9_7f4a_7c15);
+            let here = &t as *const u64 as u64;
+            (t ^ here.rotate_left(32)) | 1
+        });
+    }
+    STATE.with(|s| {
+        let mut x = s.get();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        s.set(x);
+        x
+    })
 }
 
 /// The message Redis gives for a command on the wrong kind of value.
