@@ -132,7 +132,8 @@ struct Args {
     /// Print one JSON object per phase on stdout instead of the human-readable lines
     #[arg(long)]
     json: bool,
-    /// Stop each phase after this many seconds (the phase is then reported as incomplete)
+    /// Stop each phase after this many seconds (a safety cap; the phase is then reported as
+    /// incomplete, which alone does not fail the run)
     #[arg(long, value_name = "SECS")]
     duration_limit: Option<f64>,
     /// Socket connect/read/write timeout; a timeout is an error that ends the connection
@@ -806,7 +807,7 @@ fn run_connection<S: Read + Write>(
                 Phase::Get => encode_get(cfg.proto, &key, &mut wbuf),
             }
             inflight.push(next);
-            next += cfg.connections;
+            next = next.saturating_add(cfg.connections);
         }
         if inflight.is_empty() {
             break;
@@ -960,7 +961,10 @@ struct PhaseResult {
     hist: Histogram,
     conn_secs_min: f64,
     conn_secs_max: f64,
+    /// Every key got a reply (false after --duration-limit or a broken connection).
     complete: bool,
+    /// Some connection stopped because of --duration-limit.
+    stopped_early: bool,
     notes: Vec<String>,
 }
 
@@ -1064,6 +1068,7 @@ fn run_phase(
         conn_secs_min: f64::MAX,
         conn_secs_max: 0.0,
         complete: true,
+        stopped_early: false,
         notes: Vec::new(),
     };
     let begin = results.iter().map(|r| r.begin).min();
@@ -1080,9 +1085,7 @@ fn run_phase(
         let s = r.end.duration_since(r.begin).as_secs_f64();
         out.conn_secs_min = out.conn_secs_min.min(s);
         out.conn_secs_max = out.conn_secs_max.max(s);
-        if r.stopped_early {
-            out.complete = false;
-        }
+        out.stopped_early |= r.stopped_early;
         for n in &r.notes {
             if out.notes.len() < 10 {
                 out.notes.push(format!("conn {i}: {n}"));
@@ -1092,6 +1095,7 @@ fn run_phase(
     if results.is_empty() {
         out.conn_secs_min = 0.0;
     }
+    out.complete = out.ops == wl.keys;
     out.hist = hist;
     Ok(out)
 }
@@ -1181,8 +1185,10 @@ fn human_line(r: &PhaseResult) -> String {
         r.conn_secs_min,
         r.conn_secs_max,
     );
-    if !r.complete {
-        s.push_str("  [stopped by --duration-limit]");
+    if r.stopped_early {
+        s.push_str("  [incomplete: stopped by --duration-limit]");
+    } else if !r.complete {
+        s.push_str("  [incomplete]");
     }
     s
 }

@@ -18,6 +18,8 @@
 use std::io::Write;
 use std::ops::Bound;
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use heed::types::Bytes;
 use heed::{Database, Env, EnvFlags, EnvOpenOptions, RoTxn, RwTxn, WithTls};
@@ -29,6 +31,8 @@ use crate::config::SyncMode;
 const META_FORMAT: &[u8] = b"format";
 const META_CAS: &[u8] = b"cas";
 const META_FLUSH_AT: &[u8] = b"flush_at";
+/// Present once a collection has ever been stored (since the last flush).
+const META_COLLS: &[u8] = b"colls";
 
 /// Opening the store failed: the message is one line for the operator.
 #[derive(Debug)]
@@ -51,6 +55,9 @@ pub struct LmdbStore {
     pub(crate) elems: Database<Bytes, Bytes>,
     pub(crate) zscore: Database<Bytes, Bytes>,
     gc: Database<Bytes, Bytes>,
+    /// Whether any collection may exist. While false, writes skip looking for a collection to
+    /// reclaim under the key they overwrite: memcached-only workloads pay nothing for types.
+    has_colls: Arc<AtomicBool>,
 }
 
 /// State the writer restores from the store at startup.
@@ -79,15 +86,19 @@ impl LmdbStore {
         opts.map_size(map_size).max_dbs(8).max_readers(max_readers);
         // The one place sync-weakening flags are set. `always` keeps LMDB's default: every
         // commit fsyncs the data pages, then the meta page, so a reply sent after commit is
-        // durable. `periodic` and `never` commit without fsync (NO_SYNC); the page cache still
-        // holds every commit, so a process crash loses nothing, only an OS crash or power loss
-        // can undo the most recent commits (LMDB keeps the file consistent without WRITE_MAP).
+        // durable and the file is consistent after any crash. `periodic` and `never` commit
+        // without fsync (NO_SYNC) and write pages in place through the map (WRITE_MAP: no page
+        // copies, no pwrite per commit; measured about a quarter less writer CPU per SET). The
+        // page cache holds every commit, so a process crash loses nothing; an OS crash or
+        // power loss can lose recent commits and, since nothing orders the page write-back,
+        // can leave the file damaged: the README says so. With WRITE_MAP the file's length is
+        // the map size (sparse: only used pages take disk).
         let flags = match sync {
             SyncMode::Always => EnvFlags::empty(),
-            SyncMode::Periodic | SyncMode::Never => EnvFlags::NO_SYNC,
+            SyncMode::Periodic | SyncMode::Never => EnvFlags::NO_SYNC | EnvFlags::WRITE_MAP,
         };
         // Safety: the environment is opened once per process on a local directory that only
-        // this process writes; `flags` holds only NO_SYNC, which does not affect memory safety.
+        // this process writes; with WRITE_MAP the map is writable, and only LMDB writes it.
         let env = unsafe { opts.flags(flags).open(dir) }
             .map_err(|e| at("cannot open data directory", &e))?;
         let mut wtxn = env
@@ -130,6 +141,10 @@ impl LmdbStore {
         };
         let cas = read_u64(&wtxn, META_CAS)?.unwrap_or(0);
         let flush_at = read_u64(&wtxn, META_FLUSH_AT)?;
+        let has_colls = meta
+            .get(&wtxn, META_COLLS)
+            .map_err(|e| at("cannot read", &e))?
+            .is_some();
         wtxn.commit()
             .map_err(|e| at("cannot write to data directory", &e))?;
         Ok((
@@ -141,6 +156,7 @@ impl LmdbStore {
                 elems,
                 zscore,
                 gc,
+                has_colls: Arc::new(AtomicBool::new(has_colls)),
             },
             Persisted { cas, flush_at },
         ))
@@ -231,6 +247,9 @@ impl LmdbStore {
 
     /// The id of the collection stored under `key`, if a collection is stored there.
     pub fn collection_id(&self, txn: &RoTxn, key: &[u8]) -> Result<Option<u64>, StoreError> {
+        if !self.has_colls.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
         match self.items.get(txn, key)? {
             Some(bytes) => {
                 let item = item::decode(bytes)?;
@@ -242,6 +261,16 @@ impl LmdbStore {
             }
             None => Ok(None),
         }
+    }
+
+    /// Records that collections may exist from now on (called before one is stored).
+    pub fn mark_collections(&self, txn: &mut RwTxn) -> Result<(), StoreError> {
+        if !self.has_colls.load(Ordering::Relaxed) {
+            // Set before the commit: if it aborts, the flag is merely pessimistic.
+            self.has_colls.store(true, Ordering::Relaxed);
+            self.meta.put(txn, META_COLLS, &[1])?;
+        }
+        Ok(())
     }
 
     fn schedule_gc(&self, txn: &mut RwTxn, id: u64) -> Result<(), StoreError> {
@@ -303,6 +332,9 @@ impl LmdbStore {
         self.elems.clear(txn)?;
         self.zscore.clear(txn)?;
         self.gc.clear(txn)?;
+        // The in-memory flag stays set (pessimistic) in case this transaction aborts; a restart
+        // reads the cleared state.
+        self.meta.delete(txn, META_COLLS)?;
         self.meta.delete(txn, META_FLUSH_AT)?;
         Ok(())
     }

@@ -266,7 +266,7 @@ pub fn apply(w: &mut LmdbWrite<'_, '_>, op: &ListOp, now: u64) -> Result<Outcome
             let (meta, mut coll) = match tx.find(key, Kind::List)? {
                 Found::WrongType => return Ok(Outcome::WrongType),
                 Found::Missing if *existing_only => return Ok(Outcome::Int(0)),
-                Found::Missing => tx.create(Kind::List),
+                Found::Missing => tx.create(Kind::List)?,
                 Found::Coll(m, c) => (m, c),
             };
             for v in values {
@@ -416,7 +416,7 @@ pub fn apply(w: &mut LmdbWrite<'_, '_>, op: &ListOp, now: u64) -> Result<Outcome
             tx.save(src, &smeta, &scoll)?;
             let (dmeta, mut dcoll) = match tx.find(dst, Kind::List)? {
                 Found::Coll(m, c) => (m, c),
-                _ => tx.create(Kind::List),
+                _ => tx.create(Kind::List)?,
             };
             push_one(&mut tx, &mut dcoll, *to_left, &v)?;
             tx.save(dst, &dmeta, &dcoll)?;

@@ -143,9 +143,11 @@ impl<'e> Tx<'_, '_, 'e> {
     }
 
     /// A new, empty collection of `kind` (not stored until `save`).
-    pub fn create(&mut self, kind: Kind) -> (ItemMeta, CollMeta) {
+    pub fn create(&mut self, kind: Kind) -> Result<(ItemMeta, CollMeta), StoreError> {
+        let (store, txn) = self.store_txn();
+        store.mark_collections(txn)?;
         let id = self.w.next_cas();
-        (
+        Ok((
             ItemMeta {
                 kind,
                 flags: 0,
@@ -158,7 +160,7 @@ impl<'e> Tx<'_, '_, 'e> {
                 head: 0,
                 tail: 0,
             },
-        )
+        ))
     }
 
     /// Stores the metadata (with a new CAS unique); deletes the key when the collection is
