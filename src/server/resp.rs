@@ -6,7 +6,10 @@
 //! and are answered when they commit. Replies follow the connection's protocol version (RESP2,
 //! or RESP3 after `HELLO 3`).
 
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::io::Write as _;
+use std::sync::OnceLock;
 use std::ops::Range;
 use std::sync::atomic::Ordering;
 
@@ -224,7 +227,31 @@ fn lookup(name: &[u8]) -> Option<&'static Spec> {
         *d = s.to_ascii_lowercase();
     }
     let lower = &lower[..name.len()];
-    all_specs().find(|s| s.name.as_bytes() == lower)
+    // Built once: every request looks its name up here.
+    static INDEX: OnceLock<HashMap<&'static [u8], &'static Spec, BuildHasherDefault<Fnv>>> =
+        OnceLock::new();
+    INDEX
+        .get_or_init(|| all_specs().map(|s| (s.name.as_bytes(), s)).collect())
+        .get(lower)
+        .copied()
+}
+
+/// FNV-1a: command names are short and trusted-length, so a cheap hash beats SipHash here.
+#[derive(Default)]
+struct Fnv(u64);
+
+impl Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        let mut h = if self.0 == 0 { 0xcbf2_9ce4_8422_2325 } else { self.0 };
+        for &b in bytes {
+            h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
+        }
+        self.0 = h;
+    }
 }
 
 /// The arguments of one request (argument 0 is the command name).
