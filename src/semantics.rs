@@ -143,12 +143,7 @@ fn apply_inner<S: WriteView>(s: &mut S, op: &WriteOp, ctx: Ctx) -> Result<Outcom
                 }
             }
             for kv in kvs {
-                let meta = ItemMeta {
-                    kind: Kind::String,
-                    flags: 0,
-                    expire_at: 0,
-                    cas: s.next_cas(),
-                };
+                let meta = ItemMeta::string(s.next_cas());
                 s.put(kv.key(), &meta, &[kv.value()])?;
             }
             Ok(if *nx { Outcome::Int(1) } else { Outcome::Done })
@@ -345,15 +340,7 @@ fn incr_by<S: WriteView>(
     ctx: Ctx,
 ) -> Result<Outcome, StoreError> {
     let (mut meta, n) = match s.get(key)?.filter(|i| !i.meta.is_expired(ctx.now_ms)) {
-        None => (
-            ItemMeta {
-                kind: Kind::String,
-                flags: 0,
-                expire_at: 0,
-                cas: 0,
-            },
-            0,
-        ),
+        None => (ItemMeta::string(0), 0),
         Some(item) if item.meta.kind != Kind::String => return Ok(Outcome::WrongType),
         Some(item) => match crate::protocol::resp::parse_i64(item.value) {
             Some(n) => (item.meta, n),
@@ -401,15 +388,7 @@ fn incr_by_float<S: WriteView>(
     ctx: Ctx,
 ) -> Result<Outcome, StoreError> {
     let (mut meta, n) = match s.get(key)?.filter(|i| !i.meta.is_expired(ctx.now_ms)) {
-        None => (
-            ItemMeta {
-                kind: Kind::String,
-                flags: 0,
-                expire_at: 0,
-                cas: 0,
-            },
-            0.0,
-        ),
+        None => (ItemMeta::string(0), 0.0),
         Some(item) if item.meta.kind != Kind::String => return Ok(Outcome::WrongType),
         Some(item) => match parse_float(item.value).filter(|v| v.is_finite()) {
             Some(n) => (item.meta, n),
@@ -454,15 +433,7 @@ fn set_range<S: WriteView>(
             "ERR string exceeds maximum allowed size (proto-max-bulk-len)",
         ));
     }
-    let (mut meta, mut value) = existing.unwrap_or((
-        ItemMeta {
-            kind: Kind::String,
-            flags: 0,
-            expire_at: 0,
-            cas: 0,
-        },
-        Vec::new(),
-    ));
+    let (mut meta, mut value) = existing.unwrap_or((ItemMeta::string(0), Vec::new()));
     if offset.is_none() {
         meta.cas = s.next_cas();
         s.put(key, &meta, &[&value, data])?;

@@ -67,6 +67,16 @@ pub struct ItemMeta {
 }
 
 impl ItemMeta {
+    /// A plain string item: no flags, no expiry.
+    pub fn string(cas: u64) -> ItemMeta {
+        ItemMeta {
+            kind: Kind::String,
+            flags: 0,
+            expire_at: 0,
+            cas,
+        }
+    }
+
     pub fn is_expired(&self, now_ms: u64) -> bool {
         self.expire_at != 0 && self.expire_at <= now_ms
     }
