@@ -27,9 +27,11 @@ unit:
 
 test: deps lint unit
 
-# Replays the golden transcripts against a real memcached, proving the goldens right.
+# Replays the golden transcripts against real memcached and redis-server, proving the goldens
+# right (cases that need memkeep's clock or restarts are skipped there).
 conformance: deps
-	MEMKEEP_CONFORMANCE=memcached $(CARGO) test --release --test transcripts -- --nocapture
+	MEMKEEP_CONFORMANCE=memcached $(CARGO) test --release --test transcripts
+	MEMKEEP_CONFORMANCE=redis $(CARGO) test --release --test transcripts
 
 clean:
 	$(CARGO) clean
