@@ -103,6 +103,10 @@ fn apply(w: &mut LmdbWrite<'_, '_>, op: &WriteOp, ctx: Ctx) -> Result<Outcome, S
     }
 }
 
+/// Group commit with fsync: how long to wait for one more submission, and for all of them.
+const GATHER_GAP: Duration = Duration::from_micros(50);
+const GATHER_MAX: Duration = Duration::from_micros(200);
+
 /// Most elements of deleted collections reclaimed per batch.
 const GC_CHUNK: usize = 1000;
 
@@ -155,6 +159,7 @@ impl<T: Send> Writer<T> {
         let mut next_sweep = Instant::now();
         let mut next_sync = Instant::now() + self.cfg.sync_interval;
         let mut unsynced = false;
+        let mut last_batch = 0usize;
         loop {
             let now = Instant::now();
             let mut wait = next_sweep.saturating_duration_since(now);
@@ -172,14 +177,31 @@ impl<T: Send> Writer<T> {
                 Err(RecvTimeoutError::Disconnected) => disconnected = true,
             }
             let mut count: usize = batch.iter().map(|s| s.reqs.len()).sum();
+            // With fsync per commit, a commit costs far more than a short wait: when fewer
+            // writes are in hand than the last batch carried, give their writers' next
+            // requests a moment to arrive, so one fsync covers them all.
+            let gather = self.cfg.sync == SyncMode::Always && count > 0 && count < last_batch;
+            let deadline = Instant::now() + GATHER_MAX;
             while count < self.cfg.max_batch {
-                match rx.try_recv() {
+                let next = if gather && count < last_batch {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        break;
+                    }
+                    rx.recv_timeout(left.min(GATHER_GAP)).map_err(|_| ())
+                } else {
+                    rx.try_recv().map_err(|_| ())
+                };
+                match next {
                     Ok(sub) => {
                         count += sub.reqs.len();
                         batch.push(sub);
                     }
-                    Err(_) => break,
+                    Err(()) => break,
                 }
+            }
+            if count > 0 {
+                last_batch = count;
             }
             let sweep = Instant::now() >= next_sweep;
             if count > 0 || sweep || self.flush_due() || self.gc_more {
