@@ -16,6 +16,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tempfile::TempDir;
 
+pub mod resp;
+
 /// How long a server gets to accept its first connection, and to exit after SIGTERM.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often a start is retried when the child dies early (e.g. the port was taken meanwhile).
