@@ -9,8 +9,8 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::io::Write as _;
-use std::sync::OnceLock;
 use std::ops::Range;
+use std::sync::OnceLock;
 use std::sync::atomic::Ordering;
 
 use log::error;
@@ -246,7 +246,11 @@ impl Hasher for Fnv {
     }
 
     fn write(&mut self, bytes: &[u8]) {
-        let mut h = if self.0 == 0 { 0xcbf2_9ce4_8422_2325 } else { self.0 };
+        let mut h = if self.0 == 0 {
+            0xcbf2_9ce4_8422_2325
+        } else {
+            self.0
+        };
         for &b in bytes {
             h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
         }
@@ -470,6 +474,17 @@ fn expire_arg(
 
 fn write_op(cmd: Cmd, args: Args<'_>, pass: &Pass<'_>) -> Result<(WriteOp, RespReply), String> {
     let now = pass.now_ms;
+    if cmd == Cmd::FlushDb {
+        // FLUSHDB / FLUSHALL [ASYNC|SYNC]: either way the store is cleared before the reply.
+        return match args.len() {
+            1 => Ok((WriteOp::FlushAll { delay: 0 }, RespReply::Plain)),
+            2 if args.is(1, "ASYNC") || args.is(1, "SYNC") => {
+                Ok((WriteOp::FlushAll { delay: 0 }, RespReply::Plain))
+            }
+            _ => Err(SYNTAX.into()),
+        };
+    }
+    // Every other write names its key first (the command table says so).
     let key = args.get(1);
     key_ok(key)?;
     let plain = |op| Ok((op, RespReply::Plain));
@@ -1578,6 +1593,17 @@ mod tests {
         assert_eq!(substr(v, 10, 100), b"string");
         assert_eq!(substr(v, 5, 3), b"");
         assert_eq!(substr(b"", 0, -1), b"");
+    }
+
+    #[test]
+    fn writes_other_than_flush_take_a_key_first() {
+        for s in all_specs().filter(|s| s.write && s.cmd != Cmd::FlushDb) {
+            assert!(
+                s.arity.abs() >= 2 && s.keys.0 == 1,
+                "{} must name a key first",
+                s.name
+            );
+        }
     }
 
     #[test]

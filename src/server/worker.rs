@@ -293,10 +293,21 @@ impl Worker {
             let stop = if stopping || conn.broken {
                 Stop::Blocked
             } else {
-                match conn.proto {
-                    Proto::Memcache => memcache::process(conn, &mut pass, key as u32, BUDGET),
-                    Proto::Resp => super::resp::process(conn, &mut pass, key as u32, BUDGET),
-                }
+                // A bug that panics on some request must cost that client its connection, not
+                // the worker and every other client on it.
+                let run =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match conn.proto {
+                        Proto::Memcache => memcache::process(conn, &mut pass, key as u32, BUDGET),
+                        Proto::Resp => super::resp::process(conn, &mut pass, key as u32, BUDGET),
+                    }));
+                run.unwrap_or_else(|_| {
+                    error!(
+                        "a request made worker {} panic; its connection is closed",
+                        self.id
+                    );
+                    conn.broken = true;
+                    Stop::Blocked
+                })
             };
             let more_output = conn.flush(counters);
             let close = conn.broken
