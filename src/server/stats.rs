@@ -59,14 +59,17 @@ counters!(
 );
 
 impl Counters {
+    /// Adds one. Each counter has one writing thread (its worker; the acceptor only writes
+    /// `rejected_connections`), so a plain load and store suffices where a locked add would
+    /// cost more on every request. A `stats reset` racing with a bump may be lost.
     #[inline]
     pub fn bump(c: &AtomicU64) {
-        c.fetch_add(1, Ordering::Relaxed);
+        Counters::add(c, 1);
     }
 
     #[inline]
     pub fn add(c: &AtomicU64, n: u64) {
-        c.fetch_add(n, Ordering::Relaxed);
+        c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
     }
 }
 
