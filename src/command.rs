@@ -215,4 +215,9 @@ pub enum Outcome {
     Array(Vec<Outcome>),
     /// RESP null array (RESP2 `*-1`).
     NilArray,
+    /// A RESP3 set (RESP2: an array), e.g. SPOP with a count.
+    Set(Vec<Outcome>),
+    /// Pairs (e.g. ZPOPMIN with a count): a flat array in RESP2, an array of 2-element arrays
+    /// in RESP3.
+    Pairs(Vec<(Outcome, Outcome)>),
 }

@@ -350,21 +350,123 @@ pub mod enc {
         }
     }
 
-    /// Formats a double as Redis does for replies ("%.17g", with inf/-inf).
-    pub fn fmt_double(d: f64) -> String {
-        if d.is_infinite() {
-            return if d > 0.0 { "inf".into() } else { "-inf".into() };
+    /// A score as text, without allocating.
+    pub struct ScoreText {
+        buf: [u8; 40],
+        len: usize,
+    }
+
+    impl Default for ScoreText {
+        fn default() -> Self {
+            ScoreText::new()
         }
+    }
+
+    impl ScoreText {
+        /// An integer's text.
+        pub fn integer(n: i64) -> ScoreText {
+            let mut t = ScoreText::new();
+            t.push(itoa::Buffer::new().format(n).as_bytes());
+            t
+        }
+
+        pub fn as_bytes(&self) -> &[u8] {
+            &self.buf[..self.len]
+        }
+
+        pub fn new() -> ScoreText {
+            ScoreText {
+                buf: [0; 40],
+                len: 0,
+            }
+        }
+
+        pub fn push(&mut self, b: &[u8]) {
+            self.buf[self.len..self.len + b.len()].copy_from_slice(b);
+            self.len += b.len();
+        }
+    }
+
+    /// A score as Redis 7.0 replies with it (`addReplyDouble`: C's `%.17g`, `inf`, `-inf`), e.g.
+    /// `1`, `1.5`, `0.10000000000000001`, `1e+20`, `1.0000000000000001e-05`.
+    pub fn fmt_double(d: f64) -> ScoreText {
+        let mut t = ScoreText::new();
         if d.is_nan() {
-            return "nan".into();
-        }
-        // Shortest text that reads back as the same double: what %.17g prints after Redis
-        // trims it, for the values clients see.
-        let s = format!("{d}");
-        if s.contains('e') || s.len() <= 17 {
-            s
+            t.push(b"nan");
+        } else if d.is_infinite() {
+            t.push(if d > 0.0 { b"inf" } else { b"-inf" });
+        } else if d == 0.0 {
+            t.push(if d.is_sign_negative() { b"-0" } else { b"0" });
+        } else if d.fract() == 0.0 && d.abs() < 1e17 {
+            // At most 17 digits: %.17g prints the integer itself.
+            t.push(itoa::Buffer::new().format(d as i64).as_bytes());
         } else {
-            format!("{d:e}")
+            g17(d, &mut t);
+        }
+        t
+    }
+
+    /// `%.17g` for a finite non-zero `d`: 17 significant digits (correctly rounded, as glibc), fixed
+    /// notation for exponents -4..16, else `d.ddde±XX`; trailing zeros dropped.
+    fn g17(d: f64, t: &mut ScoreText) {
+        use std::io::Write as _;
+        let mut sci = [0u8; 40];
+        let n = {
+            let mut w = &mut sci[..];
+            let _ = write!(w, "{d:.16e}");
+            40 - w.len()
+        };
+        let s = &sci[..n];
+        let (neg, s) = match s.split_first() {
+            Some((b'-', rest)) => (true, rest),
+            _ => (false, s),
+        };
+        let epos = s.iter().position(|&c| c == b'e').unwrap_or(s.len());
+        let mut digits = [0u8; 17];
+        let mut nd = 0;
+        for &c in &s[..epos] {
+            if c.is_ascii_digit() && nd < 17 {
+                digits[nd] = c;
+                nd += 1;
+            }
+        }
+        let exp: i32 = std::str::from_utf8(&s[(epos + 1).min(s.len())..])
+            .ok()
+            .and_then(|e| e.parse().ok())
+            .unwrap_or(0);
+        // Significant digits without trailing zeros.
+        let mut last = nd;
+        while last > 1 && digits[last - 1] == b'0' {
+            last -= 1;
+        }
+        if neg {
+            t.push(b"-");
+        }
+        if !(-4..17).contains(&exp) {
+            t.push(&digits[..1]);
+            if last > 1 {
+                t.push(b".");
+                t.push(&digits[1..last]);
+            }
+            t.push(if exp < 0 { b"e-" } else { b"e+" });
+            let e = exp.unsigned_abs();
+            if e < 10 {
+                t.push(b"0");
+            }
+            t.push(itoa::Buffer::new().format(e).as_bytes());
+        } else if exp >= 0 {
+            let int = exp as usize + 1;
+            t.push(&digits[..int]);
+            if last > int {
+                t.push(b".");
+                t.push(&digits[int..last]);
+            }
+        } else {
+            t.push(b"0.");
+            for _ in 0..(-exp - 1) {
+                t.push(b"0");
+            }
+            t.push(&digits[..last]);
         }
     }
 

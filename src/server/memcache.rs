@@ -386,7 +386,9 @@ pub fn complete(
         | Outcome::Err(_)
         | Outcome::Double(_)
         | Outcome::Array(_)
-        | Outcome::NilArray => {
+        | Outcome::NilArray
+        | Outcome::Pairs(_)
+        | Outcome::Set(_) => {
             error!("a RESP outcome reached a memcached reply");
             line(out, "SERVER_ERROR internal error")
         }

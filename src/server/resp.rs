@@ -759,6 +759,28 @@ pub fn complete(out: &mut Vec<u8>, v3: bool, kind: RespReply, outcome: Outcome) 
         (_, Outcome::WrongType) => enc::error(out, crate::types::WRONGTYPE),
         (_, Outcome::Double(d)) => enc::double(out, d, v3),
         (_, Outcome::NilArray) => enc::null_array(out, v3),
+        (_, Outcome::Set(items)) => {
+            enc::set(out, items.len(), v3);
+            for item in items {
+                complete(out, v3, RespReply::Plain, item);
+            }
+        }
+        (_, Outcome::Pairs(pairs)) => {
+            if v3 {
+                enc::array(out, pairs.len());
+                for (a, b) in pairs {
+                    enc::array(out, 2);
+                    complete(out, v3, RespReply::Plain, a);
+                    complete(out, v3, RespReply::Plain, b);
+                }
+            } else {
+                enc::array(out, pairs.len() * 2);
+                for (a, b) in pairs {
+                    complete(out, v3, RespReply::Plain, a);
+                    complete(out, v3, RespReply::Plain, b);
+                }
+            }
+        }
         (_, Outcome::Array(items)) => {
             enc::array(out, items.len());
             for item in items {

@@ -1,29 +1,882 @@
-//! Hashes: not implemented yet (the command table is empty).
+//! Hashes: one element record per field, `id ++ field -> value`, so fields come back in byte
+//! order (Redis's order is its own and unspecified). HSET/HGET/HDEL/HEXISTS are O(log n) per
+//! field, HLEN is O(1) (the metadata's count), HGETALL/HKEYS/HVALS are one cursor walk.
+//!
+//! Fields are at most `MAX_SUB` (495) bytes: LMDB keys are short and the element key carries
+//! the collection id. A longer field in a write answers `ERR memkeep: field longer than 495
+//! bytes`; in a read it is simply absent.
+//!
+//! Also here, shared with sets (and usable by sorted sets): the HSCAN/SSCAN walk and the
+//! random picks behind HRANDFIELD/SRANDMEMBER/SPOP (`Picker`: O(log n) seeks per pick, biased,
+//! used for a few picks from a large collection; exact sampling by one walk otherwise).
 
-use super::{ReadCx, Tx};
+use std::collections::HashSet;
+use std::ops::Bound;
+
+use heed::types::Bytes;
+use heed::{Database, RoTxn};
+
+use super::{CollMeta, Found, MAX_SUB, ReadCx, Tx, WRONGTYPE, elem_key, random_u64};
 use crate::command::Outcome;
-use crate::protocol::resp::enc;
-use crate::server::resp::{Args, SYNTAX, Spec};
-use crate::storage::StoreError;
-use crate::storage::lmdb::LmdbWrite;
+use crate::protocol::resp::{enc, parse_i64};
+use crate::semantics::{format_float, parse_float};
+use crate::server::resp::{Args, Cmd, Family, KEY1, NOT_INTEGER, R, SYNTAX, Spec, W, glob_match};
+use crate::server::resp::{int_arg, spec};
+use crate::storage::lmdb::{LmdbStore, LmdbWrite};
+use crate::storage::{Kind, StoreError};
 
-pub static COMMANDS: &[Spec] = &[];
+const HSET: u8 = 0;
+const HSETNX: u8 = 1;
+const HMSET: u8 = 2;
+const HGET: u8 = 3;
+const HMGET: u8 = 4;
+const HDEL: u8 = 5;
+const HGETALL: u8 = 6;
+const HKEYS: u8 = 7;
+const HVALS: u8 = 8;
+const HLEN: u8 = 9;
+const HEXISTS: u8 = 10;
+const HINCRBY: u8 = 11;
+const HINCRBYFLOAT: u8 = 12;
+const HSTRLEN: u8 = 13;
+const HSCAN: u8 = 14;
+const HRANDFIELD: u8 = 15;
+
+const fn hash(
+    name: &'static str,
+    arity: i32,
+    write: bool,
+    keys: (i32, i32, i32),
+    code: u8,
+) -> Spec {
+    spec(name, arity, write, keys, Cmd::Coll(Family::Hash, code))
+}
+
+pub static COMMANDS: &[Spec] = &[
+    hash("hset", -4, W, KEY1, HSET),
+    hash("hsetnx", 4, W, KEY1, HSETNX),
+    hash("hmset", -4, W, KEY1, HMSET),
+    hash("hget", 3, R, KEY1, HGET),
+    hash("hmget", -3, R, KEY1, HMGET),
+    hash("hdel", -3, W, KEY1, HDEL),
+    hash("hgetall", 2, R, KEY1, HGETALL),
+    hash("hkeys", 2, R, KEY1, HKEYS),
+    hash("hvals", 2, R, KEY1, HVALS),
+    hash("hlen", 2, R, KEY1, HLEN),
+    hash("hexists", 3, R, KEY1, HEXISTS),
+    hash("hincrby", 4, W, KEY1, HINCRBY),
+    hash("hincrbyfloat", 4, W, KEY1, HINCRBYFLOAT),
+    hash("hstrlen", 3, R, KEY1, HSTRLEN),
+    hash("hscan", -3, R, KEY1, HSCAN),
+    hash("hrandfield", -2, R, KEY1, HRANDFIELD),
+];
 
 #[derive(Debug, Clone, PartialEq)]
-pub enum HashOp {}
-
-/// Parses a write's arguments (arity is already checked).
-pub fn write_op(_code: u8, _args: Args<'_>) -> Result<HashOp, String> {
-    Err(SYNTAX.into())
+pub enum HashOp {
+    /// HSET (answers how many fields are new), HMSET (`nx` false, answers +OK), HSETNX (one
+    /// pair, `nx`: only if the field is absent).
+    Set {
+        key: Vec<u8>,
+        pairs: Vec<(Vec<u8>, Vec<u8>)>,
+        nx: bool,
+        ok: bool,
+    },
+    Del {
+        key: Vec<u8>,
+        fields: Vec<Vec<u8>>,
+    },
+    IncrBy {
+        key: Vec<u8>,
+        field: Vec<u8>,
+        delta: i64,
+    },
+    IncrByFloat {
+        key: Vec<u8>,
+        field: Vec<u8>,
+        delta: f64,
+    },
 }
 
-/// Runs a write in the writer's transaction.
+/// A hash field or set member a write may store: at most `MAX_SUB` bytes.
+pub(crate) fn sub_ok(sub: &[u8], what: &str) -> Result<(), String> {
+    if sub.len() > MAX_SUB {
+        Err(format!("ERR memkeep: {what} longer than {MAX_SUB} bytes"))
+    } else {
+        Ok(())
+    }
+}
+
+fn field_arg(args: Args<'_>, i: usize) -> Result<Vec<u8>, String> {
+    let f = args.get(i);
+    sub_ok(f, "field")?;
+    Ok(f.to_vec())
+}
+
+/// Parses a hash write's arguments (arity is already checked).
+pub fn write_op(code: u8, args: Args<'_>) -> Result<HashOp, String> {
+    let key = args.get(1).to_vec();
+    Ok(match code {
+        HSET | HMSET | HSETNX => {
+            if !args.len().is_multiple_of(2) {
+                let name = if code == HSET { "hset" } else { "hmset" };
+                return Err(format!(
+                    "ERR wrong number of arguments for '{name}' command"
+                ));
+            }
+            let mut pairs = Vec::with_capacity(args.len() / 2);
+            for i in (2..args.len()).step_by(2) {
+                pairs.push((field_arg(args, i)?, args.get(i + 1).to_vec()));
+            }
+            HashOp::Set {
+                key,
+                pairs,
+                nx: code == HSETNX,
+                ok: code == HMSET,
+            }
+        }
+        HDEL => HashOp::Del {
+            key,
+            fields: (2..args.len()).map(|i| args.get(i).to_vec()).collect(),
+        },
+        HINCRBY => {
+            let delta = int_arg(args.get(3))?;
+            HashOp::IncrBy {
+                key,
+                field: field_arg(args, 2)?,
+                delta,
+            }
+        }
+        HINCRBYFLOAT => {
+            let delta = parse_float(args.get(3)).ok_or("ERR value is not a valid float")?;
+            if !delta.is_finite() {
+                return Err("ERR value is NaN or Infinity".into());
+            }
+            HashOp::IncrByFloat {
+                key,
+                field: field_arg(args, 2)?,
+                delta,
+            }
+        }
+        _ => return Err(SYNTAX.into()),
+    })
+}
+
+/// Whether element `sub` of collection `id` exists (no copy of its value).
+fn has(tx: &mut Tx<'_, '_, '_>, id: u64, sub: &[u8]) -> Result<bool, StoreError> {
+    if sub.len() > MAX_SUB {
+        return Ok(false);
+    }
+    let (store, txn) = tx.store_txn();
+    Ok(store.elems.get(txn, &elem_key(id, sub))?.is_some())
+}
+
+/// Runs a hash write in the writer's transaction.
 pub fn apply(w: &mut LmdbWrite<'_, '_>, op: &HashOp, now: u64) -> Result<Outcome, StoreError> {
-    let _tx = Tx { w, now };
-    match *op {}
+    let mut tx = Tx { w, now };
+    match op {
+        HashOp::Set { key, pairs, nx, ok } => {
+            let (meta, mut coll) = match tx.find(key, Kind::Hash)? {
+                Found::WrongType => return Ok(Outcome::WrongType),
+                Found::Missing => tx.create(Kind::Hash)?,
+                Found::Coll(m, c) => (m, c),
+            };
+            let mut added = 0;
+            for (field, value) in pairs {
+                if has(&mut tx, coll.id, field)? {
+                    if *nx {
+                        continue;
+                    }
+                } else {
+                    added += 1;
+                }
+                tx.elem_put(coll.id, field, value)?;
+            }
+            if *nx && added == 0 {
+                return Ok(Outcome::Int(0));
+            }
+            coll.len += added;
+            tx.save(key, &meta, &coll)?;
+            Ok(if *ok {
+                Outcome::Done
+            } else {
+                Outcome::Int(added as i64)
+            })
+        }
+        HashOp::Del { key, fields } => {
+            let (meta, mut coll) = match tx.find(key, Kind::Hash)? {
+                Found::WrongType => return Ok(Outcome::WrongType),
+                Found::Missing => return Ok(Outcome::Int(0)),
+                Found::Coll(m, c) => (m, c),
+            };
+            let mut removed = 0;
+            for f in fields {
+                if f.len() <= MAX_SUB && tx.elem_del(coll.id, f)? {
+                    removed += 1;
+                }
+            }
+            if removed > 0 {
+                coll.len -= removed;
+                tx.save(key, &meta, &coll)?;
+            }
+            Ok(Outcome::Int(removed as i64))
+        }
+        HashOp::IncrBy { key, field, delta } => {
+            let (meta, mut coll) = match tx.find(key, Kind::Hash)? {
+                Found::WrongType => return Ok(Outcome::WrongType),
+                Found::Missing => tx.create(Kind::Hash)?,
+                Found::Coll(m, c) => (m, c),
+            };
+            let old = match tx.elem_get(coll.id, field)? {
+                Some(v) => match parse_i64(&v) {
+                    Some(n) => n,
+                    None => return Ok(Outcome::Err("ERR hash value is not an integer")),
+                },
+                None => {
+                    coll.len += 1;
+                    0
+                }
+            };
+            let Some(new) = old.checked_add(*delta) else {
+                return Ok(Outcome::Err("ERR increment or decrement would overflow"));
+            };
+            tx.elem_put(coll.id, field, itoa::Buffer::new().format(new).as_bytes())?;
+            tx.save(key, &meta, &coll)?;
+            Ok(Outcome::Int(new))
+        }
+        HashOp::IncrByFloat { key, field, delta } => {
+            let (meta, mut coll) = match tx.find(key, Kind::Hash)? {
+                Found::WrongType => return Ok(Outcome::WrongType),
+                Found::Missing => tx.create(Kind::Hash)?,
+                Found::Coll(m, c) => (m, c),
+            };
+            let old = match tx.elem_get(coll.id, field)? {
+                Some(v) => match parse_float(&v) {
+                    Some(n) => n,
+                    None => return Ok(Outcome::Err("ERR hash value is not a float")),
+                },
+                None => {
+                    coll.len += 1;
+                    0.0
+                }
+            };
+            let new = old + delta;
+            if !new.is_finite() {
+                return Ok(Outcome::Err("ERR increment would produce NaN or Infinity"));
+            }
+            let text = format_float(new).into_bytes();
+            tx.elem_put(coll.id, field, &text)?;
+            tx.save(key, &meta, &coll)?;
+            Ok(Outcome::Bulk(text))
+        }
+    }
 }
 
-/// Answers a read from the worker's transaction, writing RESP into `out`.
-pub fn read(_code: u8, _args: Args<'_>, _cx: &ReadCx<'_, '_>, out: &mut Vec<u8>, _v3: bool) {
-    enc::error(out, SYNTAX)
+fn storage_error(out: &mut Vec<u8>, e: impl std::fmt::Display) {
+    enc::error(out, &format!("ERR storage failure: {e}"))
+}
+
+/// Answers a hash read from the worker's transaction, writing RESP into `out`.
+pub fn read(code: u8, args: Args<'_>, cx: &ReadCx<'_, '_>, out: &mut Vec<u8>, v3: bool) {
+    match code {
+        HSCAN => return scan(args, cx, Kind::Hash, out),
+        HRANDFIELD => return randfield(args, cx, out, v3),
+        _ => {}
+    }
+    let coll = match cx.find(args.get(1), Kind::Hash) {
+        Ok(Found::WrongType) => return enc::error(out, WRONGTYPE),
+        Ok(Found::Missing) => None,
+        Ok(Found::Coll(_, c)) => Some(c),
+        Err(e) => return storage_error(out, e),
+    };
+    // The value of `field`, if present.
+    let value = |field: &[u8]| -> Result<Option<&[u8]>, StoreError> {
+        match coll {
+            Some(c) if field.len() <= MAX_SUB => {
+                Ok(cx.store.elems.get(cx.txn, &elem_key(c.id, field))?)
+            }
+            _ => Ok(None),
+        }
+    };
+    match code {
+        HLEN => enc::int(out, coll.map_or(0, |c| c.len as i64)),
+        HGET => match value(args.get(2)) {
+            Ok(Some(v)) => enc::bulk(out, v),
+            Ok(None) => enc::null(out, v3),
+            Err(e) => storage_error(out, e),
+        },
+        HEXISTS => match value(args.get(2)) {
+            Ok(v) => enc::int(out, v.is_some() as i64),
+            Err(e) => storage_error(out, e),
+        },
+        HSTRLEN => match value(args.get(2)) {
+            Ok(v) => enc::int(out, v.map_or(0, |v| v.len() as i64)),
+            Err(e) => storage_error(out, e),
+        },
+        HMGET => {
+            let start = out.len();
+            enc::array(out, args.len() - 2);
+            for i in 2..args.len() {
+                match value(args.get(i)) {
+                    Ok(Some(v)) => enc::bulk(out, v),
+                    Ok(None) => enc::null(out, v3),
+                    Err(e) => {
+                        out.truncate(start);
+                        return storage_error(out, e);
+                    }
+                }
+            }
+        }
+        HGETALL | HKEYS | HVALS => {
+            let Some(c) = coll else {
+                return if code == HGETALL {
+                    enc::map(out, 0, v3)
+                } else {
+                    enc::array(out, 0)
+                };
+            };
+            let start = out.len();
+            if code == HGETALL {
+                enc::map(out, c.len as usize, v3);
+            } else {
+                enc::array(out, c.len as usize);
+            }
+            let walked = walk(cx.store, cx.txn, &c, |f, v| {
+                if code != HVALS {
+                    enc::bulk(out, f);
+                }
+                if code != HKEYS {
+                    enc::bulk(out, v);
+                }
+            });
+            if let Err(msg) = walked {
+                out.truncate(start);
+                enc::error(out, &msg);
+            }
+        }
+        _ => enc::error(out, SYNTAX),
+    }
+}
+
+/// Calls `each(sub-key, value)` for every element of `coll` in order, straight from the map;
+/// Err (a message) on a storage failure or when the count disagrees with the metadata.
+pub(crate) fn walk<'t>(
+    store: &LmdbStore,
+    txn: &'t RoTxn,
+    coll: &CollMeta,
+    mut each: impl FnMut(&'t [u8], &'t [u8]),
+) -> Result<(), String> {
+    let fail = |e: &dyn std::fmt::Display| format!("ERR storage failure: {e}");
+    let iter = store
+        .elems
+        .prefix_iter(txn, &coll.id.to_be_bytes()[..])
+        .map_err(|e| fail(&e))?;
+    let mut n = 0u64;
+    for r in iter {
+        let (k, v) = r.map_err(|e| fail(&e))?;
+        each(&k[8..], v);
+        n += 1;
+    }
+    if n == coll.len {
+        Ok(())
+    } else {
+        Err("ERR storage failure: collection elements missing".into())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// HSCAN / SSCAN
+
+/// HSCAN/SSCAN key cursor [MATCH pattern] [COUNT n]: like SCAN, the cursor names (server-side,
+/// in `cx.cursors`) the last sub-key examined, so elements present for the whole scan are
+/// returned exactly once even while others are written. COUNT elements are examined per call
+/// (Redis returns a small hash or set whole, whatever COUNT says). A hash answers field, value
+/// pairs; a set (or any other `kind`) answers sub-keys only.
+pub(crate) fn scan(args: Args<'_>, cx: &ReadCx<'_, '_>, kind: Kind, out: &mut Vec<u8>) {
+    let Some(cursor) = std::str::from_utf8(args.get(2))
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+    else {
+        return enc::error(out, "ERR invalid cursor");
+    };
+    let coll = match cx.find(args.get(1), kind) {
+        Ok(Found::WrongType) => return enc::error(out, WRONGTYPE),
+        Ok(Found::Missing) => None,
+        Ok(Found::Coll(_, c)) => Some(c),
+        Err(e) => return storage_error(out, e),
+    };
+    let Some(coll) = coll else {
+        // As Redis: a missing key answers an empty scan before the options are looked at.
+        enc::array(out, 2);
+        enc::bulk(out, b"0");
+        return enc::array(out, 0);
+    };
+    let (mut pattern, mut count): (Option<&[u8]>, usize) = (None, 10);
+    let mut i = 3;
+    while i < args.len() {
+        if i + 1 >= args.len() {
+            return enc::error(out, SYNTAX);
+        }
+        if args.is(i, "MATCH") {
+            pattern = Some(args.get(i + 1));
+        } else if args.is(i, "COUNT") {
+            match parse_i64(args.get(i + 1)) {
+                Some(n) if n >= 1 => count = n as usize,
+                Some(_) => return enc::error(out, SYNTAX),
+                None => return enc::error(out, NOT_INTEGER),
+            }
+        } else {
+            return enc::error(out, SYNTAX);
+        }
+        i += 2;
+    }
+    let lock = || cx.cursors.lock().unwrap_or_else(|p| p.into_inner());
+    let after = if cursor == 0 {
+        None
+    } else {
+        // A cursor SCAN handed out may name a key too long to be a sub-key.
+        match lock().get(cursor).filter(|sub| sub.len() <= MAX_SUB) {
+            Some(sub) => Some(sub),
+            None => return enc::error(out, "ERR invalid cursor"),
+        }
+    };
+    let prefix = coll.id.to_be_bytes();
+    let lo = match &after {
+        Some(sub) => elem_key(coll.id, sub),
+        None => prefix.to_vec(),
+    };
+    let range = (
+        if after.is_some() {
+            Bound::Excluded(&lo[..])
+        } else {
+            Bound::Included(&lo[..])
+        },
+        Bound::Unbounded,
+    );
+    let iter = match cx.store.elems.range(cx.txn, &range) {
+        Ok(it) => it,
+        Err(e) => return storage_error(out, e),
+    };
+    let mut found: Vec<(&[u8], &[u8])> = Vec::new();
+    let mut last: Option<&[u8]> = None;
+    let (mut examined, mut more) = (0usize, false);
+    for entry in iter {
+        let (k, v) = match entry {
+            Ok(kv) => kv,
+            Err(e) => return storage_error(out, e),
+        };
+        if !k.starts_with(&prefix) {
+            break;
+        }
+        if examined == count {
+            more = true;
+            break;
+        }
+        examined += 1;
+        let sub = &k[8..];
+        last = Some(sub);
+        if pattern.is_none_or(|p| glob_match(p, sub)) {
+            found.push((sub, v));
+        }
+    }
+    let next = match (more, last) {
+        (true, Some(sub)) => lock().insert(sub.to_vec()),
+        _ => 0,
+    };
+    let with_values = kind == Kind::Hash;
+    enc::array(out, 2);
+    enc::bulk(out, itoa::Buffer::new().format(next).as_bytes());
+    enc::array(out, found.len() * if with_values { 2 } else { 1 });
+    for (sub, v) in found {
+        enc::bulk(out, sub);
+        if with_values {
+            enc::bulk(out, v);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Random picks (HRANDFIELD, SRANDMEMBER, SPOP)
+
+/// Most picks a negative count (repeats allowed) may ask HRANDFIELD/SRANDMEMBER for: memkeep
+/// bounds the reply's size, Redis does not.
+pub(crate) const MAX_REPEAT_PICKS: u64 = 1_000_000;
+
+/// Collections up to this size are sampled exactly (a walk); larger ones use `Picker` only
+/// for counts below 1/`SPARSE` of their size, where seeks beat one walk of the whole.
+const SMALL: u64 = 64;
+const SPARSE: u64 = 256;
+
+/// Whether `count` picks from `coll` should seek (`Picker`) rather than walk it.
+fn sparse(coll: &CollMeta, count: u64) -> bool {
+    coll.len > SMALL && count.saturating_mul(SPARSE) < coll.len
+}
+
+/// How many draws a `Picker` level makes to even out gaps between bytes before it settles.
+const TRIES: usize = 64;
+
+/// An element borrowed from the map: (sub-key, value).
+pub(crate) type Elem<'t> = (&'t [u8], &'t [u8]);
+
+/// A collection's elements in order, straight from the map: (sub-key, value).
+pub(crate) fn elements<'t>(
+    db: Database<Bytes, Bytes>,
+    txn: &'t RoTxn,
+    id: u64,
+) -> Result<impl Iterator<Item = Result<Elem<'t>, StoreError>> + 't, StoreError> {
+    Ok(db
+        .prefix_iter(txn, &id.to_be_bytes()[..])?
+        .map(|r| r.map(|(k, v)| (&k[8..], v)).map_err(StoreError::from)))
+}
+
+/// A random index below `n` (n > 0).
+fn below(n: u64) -> u64 {
+    random_u64() % n
+}
+
+/// The smallest key greater than every key starting with `prefix` (None: there is none).
+fn successor(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut s = prefix.to_vec();
+    while s.last() == Some(&0xff) {
+        s.pop();
+    }
+    let last = s.last_mut()?;
+    *last += 1;
+    Some(s)
+}
+
+/// Random elements of one collection in O(log n) seeks each, without reading it: a pick walks
+/// down the byte trie of the collection's sub-keys. Where the sub-keys under the current
+/// prefix diverge, it picks one of the branches there (a next byte, or "stop" when a sub-key
+/// ends at the prefix) and goes on under it until one sub-key is left; common prefixes are
+/// skipped in one step. A branch is drawn as a random byte between the smallest and largest
+/// present plus a seek, and accepted with chance 1/(gap to the byte present before it), which
+/// makes every branch of a level equally likely (after `TRIES` draws the last one is kept).
+///
+/// This is biased: a branch's chance does not depend on how many sub-keys it holds, so
+/// `user:1` is picked more often than `user:1234` (sub-keys of one shape, such as
+/// `user:0001`..`user:9999` or hex ids, come out nearly uniform). Small collections and counts
+/// that ask for more than a small share of a collection read it instead, exactly uniform
+/// (`sample_distinct`, `sample_repeats`, `pick_one`).
+pub(crate) struct Picker {
+    prefix: [u8; 8],
+}
+
+impl Picker {
+    /// None when the collection has no elements.
+    pub(crate) fn new(
+        db: Database<Bytes, Bytes>,
+        txn: &RoTxn,
+        id: u64,
+    ) -> Result<Option<Picker>, StoreError> {
+        let prefix = id.to_be_bytes();
+        Ok(match db.get_greater_than_or_equal_to(txn, &prefix[..])? {
+            Some((k, _)) if k.starts_with(&prefix) => Some(Picker { prefix }),
+            _ => None,
+        })
+    }
+
+    /// One random element: (sub-key, value).
+    pub(crate) fn pick<'t>(
+        &self,
+        db: Database<Bytes, Bytes>,
+        txn: &'t RoTxn,
+    ) -> Result<Elem<'t>, StoreError> {
+        let gone = || StoreError::Corrupt("collection elements missing".into());
+        // `p` is the prefix every candidate has; `first` the smallest key with it.
+        let mut p = self.prefix.to_vec();
+        let mut first = db
+            .get_greater_than_or_equal_to(txn, &p)?
+            .filter(|(k, _)| k.starts_with(&p))
+            .ok_or_else(gone)?;
+        loop {
+            let last = match successor(&p) {
+                Some(end) => db.get_lower_than(txn, &end)?,
+                None => db.last(txn)?,
+            }
+            .filter(|(k, _)| k.starts_with(&p))
+            .ok_or_else(gone)?;
+            if first.0 == last.0 {
+                return Ok((&first.0[8..], first.1));
+            }
+            // first < last: they differ at `at`, where `last` has a byte and `first` may end.
+            let at = first
+                .0
+                .iter()
+                .zip(last.0)
+                .take_while(|(a, b)| a == b)
+                .count();
+            p.clear();
+            p.extend_from_slice(&first.0[..at]);
+            let ends = first.0.len() == at;
+            let lowest = if ends {
+                db.get_greater_than(txn, first.0)?
+                    .filter(|(k, _)| k.starts_with(&p) && k.len() > at)
+                    .ok_or_else(gone)?
+            } else {
+                first
+            };
+            let (lo, hi) = (u64::from(lowest.0[at]), u64::from(last.0[at]));
+            let mut chosen = None;
+            for attempt in 0..TRIES {
+                let r = below(hi - lo + 1 + u64::from(ends));
+                if ends && r == 0 {
+                    return Ok((&first.0[8..], first.1));
+                }
+                p.push((lo + r - u64::from(ends)) as u8);
+                let hit = db
+                    .get_greater_than_or_equal_to(txn, &p)?
+                    .filter(|(k, _)| k.starts_with(&p[..at]) && k.len() > at)
+                    .ok_or_else(gone)?;
+                p.pop();
+                let b = hit.0[at];
+                let gap = if u64::from(b) == lo {
+                    1
+                } else {
+                    p.push(b);
+                    let prev = db.get_lower_than(txn, &p)?;
+                    p.pop();
+                    match prev {
+                        Some((k, _)) if k.starts_with(&p) && k.len() > at => u64::from(b - k[at]),
+                        _ => 1,
+                    }
+                };
+                if attempt + 1 == TRIES || below(gap) == 0 {
+                    chosen = Some(hit);
+                    break;
+                }
+            }
+            first = chosen.ok_or_else(gone)?;
+            p.push(first.0[at]);
+        }
+    }
+}
+
+/// One random element of `coll` (None when it has none): exactly uniform for small
+/// collections, a `Picker` seek for larger ones.
+pub(crate) fn pick_one<'t>(
+    db: Database<Bytes, Bytes>,
+    txn: &'t RoTxn,
+    coll: &CollMeta,
+) -> Result<Option<Elem<'t>>, StoreError> {
+    if coll.len == 0 {
+        return Ok(None);
+    }
+    if coll.len <= SMALL {
+        return elements(db, txn, coll.id)?
+            .nth(below(coll.len) as usize)
+            .transpose();
+    }
+    match Picker::new(db, txn, coll.id)? {
+        Some(p) => p.pick(db, txn).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// `count` distinct random elements of `coll` (all of them when count >= its length).
+pub(crate) fn sample_distinct<'t>(
+    db: Database<Bytes, Bytes>,
+    txn: &'t RoTxn,
+    coll: &CollMeta,
+    count: u64,
+) -> Result<Vec<Elem<'t>>, StoreError> {
+    if count >= coll.len {
+        return elements(db, txn, coll.id)?.collect();
+    }
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    if sparse(coll, count)
+        && let Some(picker) = Picker::new(db, txn, coll.id)?
+    {
+        // Random seeks, bounded: the bias may starve some elements, so fall back to the walk
+        // below when the seeks keep hitting the same ones.
+        let mut seen: HashSet<&[u8]> = HashSet::with_capacity(count as usize);
+        let mut picked = Vec::with_capacity(count as usize);
+        for _ in 0..count * 8 + 64 {
+            let (sub, v) = picker.pick(db, txn)?;
+            if seen.insert(sub) {
+                picked.push((sub, v));
+                if picked.len() as u64 == count {
+                    return Ok(picked);
+                }
+            }
+        }
+    }
+    // Reservoir sampling over one walk: uniform, O(n) time, O(count) memory.
+    let k = count as usize;
+    let mut res = Vec::with_capacity(k);
+    for (i, e) in elements(db, txn, coll.id)?.enumerate() {
+        let e = e?;
+        if i < k {
+            res.push(e);
+        } else {
+            let j = below(i as u64 + 1) as usize;
+            if j < k {
+                res[j] = e;
+            }
+        }
+    }
+    Ok(res)
+}
+
+/// `count` random elements of `coll` (non-empty), repeats allowed, each passed to `each`:
+/// seeks for a few picks from a large collection, otherwise one walk that collects the elements
+/// at `count` random positions (uniform, O(n + count log count) time, O(count) memory).
+pub(crate) fn sample_repeats<'t>(
+    db: Database<Bytes, Bytes>,
+    txn: &'t RoTxn,
+    coll: &CollMeta,
+    count: u64,
+    mut each: impl FnMut(&'t [u8], &'t [u8]),
+) -> Result<(), StoreError> {
+    if sparse(coll, count)
+        && let Some(picker) = Picker::new(db, txn, coll.id)?
+    {
+        for _ in 0..count {
+            let (s, v) = picker.pick(db, txn)?;
+            each(s, v);
+        }
+        return Ok(());
+    }
+    let mut ranks: Vec<u64> = (0..count).map(|_| below(coll.len.max(1))).collect();
+    ranks.sort_unstable();
+    let mut picked: Vec<Elem<'t>> = Vec::with_capacity(count as usize);
+    let mut next = ranks.iter().peekable();
+    for (i, e) in elements(db, txn, coll.id)?.enumerate() {
+        if next.peek().is_none() {
+            break;
+        }
+        let e = e?;
+        while next.next_if(|&&r| r == i as u64).is_some() {
+            picked.push(e);
+        }
+    }
+    if picked.len() as u64 != count {
+        return Err(StoreError::Corrupt("collection elements missing".into()));
+    }
+    // The walk collected them in order: shuffle (Fisher-Yates).
+    for i in (1..picked.len()).rev() {
+        picked.swap(i, below(i as u64 + 1) as usize);
+    }
+    for (s, v) in picked {
+        each(s, v);
+    }
+    Ok(())
+}
+
+/// Parses the count of SRANDMEMBER/HRANDFIELD as Redis 7.0 does (-LONG_MAX..LONG_MAX).
+pub(crate) fn rand_count(b: &[u8]) -> Result<i64, &'static str> {
+    match parse_i64(b) {
+        None => Err(NOT_INTEGER),
+        Some(i64::MIN) => Err(
+            "ERR value is out of range, value must between -9223372036854775807 and 9223372036854775807",
+        ),
+        Some(n) => Ok(n),
+    }
+}
+
+/// The error for a negative count beyond `MAX_REPEAT_PICKS`.
+pub(crate) const TOO_MANY_PICKS: &str =
+    "ERR memkeep: count out of range (at most 1000000 repeated picks)";
+
+/// HRANDFIELD key [count [WITHVALUES]].
+fn randfield(args: Args<'_>, cx: &ReadCx<'_, '_>, out: &mut Vec<u8>, v3: bool) {
+    let mut count = None;
+    let mut withvalues = false;
+    if args.len() >= 3 {
+        let n = match rand_count(args.get(2)) {
+            Ok(n) => n,
+            Err(msg) => return enc::error(out, msg),
+        };
+        if args.len() > 4 || (args.len() == 4 && !args.is(3, "WITHVALUES")) {
+            return enc::error(out, SYNTAX);
+        }
+        if args.len() == 4 {
+            withvalues = true;
+            if !(-(i64::MAX / 2)..=i64::MAX / 2).contains(&n) {
+                return enc::error(out, "ERR value is out of range");
+            }
+        }
+        count = Some(n);
+    }
+    let coll = match cx.find(args.get(1), Kind::Hash) {
+        Ok(Found::WrongType) => return enc::error(out, WRONGTYPE),
+        Ok(Found::Missing) => None,
+        Ok(Found::Coll(_, c)) => Some(c),
+        Err(e) => return storage_error(out, e),
+    };
+    let db = cx.store.elems;
+    let Some(n) = count else {
+        let Some(c) = coll else {
+            return enc::null(out, v3);
+        };
+        return match pick_one(db, cx.txn, &c) {
+            Ok(Some((f, _))) => enc::bulk(out, f),
+            Ok(None) => enc::null(out, v3),
+            Err(e) => storage_error(out, e),
+        };
+    };
+    let Some(c) = coll.filter(|_| n != 0) else {
+        return enc::array(out, 0);
+    };
+    let header = |out: &mut Vec<u8>, k: usize| {
+        if withvalues && !v3 {
+            enc::array(out, 2 * k)
+        } else {
+            enc::array(out, k)
+        }
+    };
+    let emit = |out: &mut Vec<u8>, f: &[u8], v: &[u8]| {
+        if withvalues {
+            if v3 {
+                enc::array(out, 2);
+            }
+            enc::bulk(out, f);
+            enc::bulk(out, v);
+        } else {
+            enc::bulk(out, f);
+        }
+    };
+    let start = out.len();
+    let done = if n > 0 {
+        sample_distinct(db, cx.txn, &c, n as u64).map(|picked| {
+            header(out, picked.len());
+            for (f, v) in picked {
+                emit(out, f, v);
+            }
+        })
+    } else {
+        let m = n.unsigned_abs();
+        if m > MAX_REPEAT_PICKS {
+            return enc::error(out, TOO_MANY_PICKS);
+        }
+        header(out, m as usize);
+        sample_repeats(db, cx.txn, &c, m, |f, v| emit(out, f, v))
+    };
+    if let Err(e) = done {
+        out.truncate(start);
+        storage_error(out, e);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn successor_is_the_first_key_past_a_prefix() {
+        assert_eq!(successor(b"ab"), Some(b"ac".to_vec()));
+        assert_eq!(successor(b"a\xff\xff"), Some(b"b".to_vec()));
+        assert_eq!(successor(b"\xff"), None);
+        assert_eq!(successor(b""), None);
+    }
+
+    #[test]
+    fn sub_keys_longer_than_the_limit_are_refused() {
+        assert!(sub_ok(&[b'x'; MAX_SUB], "field").is_ok());
+        assert_eq!(
+            sub_ok(&[b'x'; MAX_SUB + 1], "member"),
+            Err("ERR memkeep: member longer than 495 bytes".to_string())
+        );
+    }
 }
