@@ -1017,6 +1017,47 @@ struct ScanView<'a, 't> {
     flushed: bool,
 }
 
+/// The options after a SCAN-family cursor.
+pub struct ScanOpts<'a> {
+    pub pattern: Option<&'a [u8]>,
+    pub count: usize,
+    pub type_filter: Option<&'a [u8]>,
+}
+
+/// Parses `[MATCH pattern] [COUNT n]` (and `[TYPE t]` when `with_type`) from argument `from` on.
+pub fn scan_opts(
+    args: Args<'_>,
+    from: usize,
+    with_type: bool,
+) -> Result<ScanOpts<'_>, &'static str> {
+    let mut o = ScanOpts {
+        pattern: None,
+        count: 10,
+        type_filter: None,
+    };
+    let mut i = from;
+    while i < args.len() {
+        if i + 1 >= args.len() {
+            return Err(SYNTAX);
+        }
+        if args.is(i, "MATCH") {
+            o.pattern = Some(args.get(i + 1));
+        } else if args.is(i, "COUNT") {
+            match parse_i64(args.get(i + 1)) {
+                Some(n) if n >= 1 => o.count = n as usize,
+                Some(_) => return Err(SYNTAX),
+                None => return Err(NOT_INTEGER),
+            }
+        } else if with_type && args.is(i, "TYPE") {
+            o.type_filter = Some(args.get(i + 1));
+        } else {
+            return Err(SYNTAX);
+        }
+        i += 2;
+    }
+    Ok(o)
+}
+
 /// SCAN cursor [MATCH pattern] [COUNT n] [TYPE t]: keys in LMDB's order; the cursor names the
 /// last key returned (kept server-side), so keys present for the whole scan are returned even
 /// while others are written.
@@ -1027,28 +1068,14 @@ fn scan(args: Args<'_>, out: &mut Vec<u8>, view: ScanView<'_, '_>, shared: &supe
     else {
         return enc::error(out, "ERR invalid cursor");
     };
-    let (mut pattern, mut count, mut type_filter): (Option<&[u8]>, usize, Option<&[u8]>) =
-        (None, 10, None);
-    let mut i = 2;
-    while i < args.len() {
-        if i + 1 >= args.len() {
-            return enc::error(out, SYNTAX);
-        }
-        if args.is(i, "MATCH") {
-            pattern = Some(args.get(i + 1));
-        } else if args.is(i, "COUNT") {
-            match parse_i64(args.get(i + 1)) {
-                Some(n) if n >= 1 => count = n as usize,
-                Some(_) => return enc::error(out, SYNTAX),
-                None => return enc::error(out, NOT_INTEGER),
-            }
-        } else if args.is(i, "TYPE") {
-            type_filter = Some(args.get(i + 1));
-        } else {
-            return enc::error(out, SYNTAX);
-        }
-        i += 2;
-    }
+    let ScanOpts {
+        pattern,
+        count,
+        type_filter,
+    } = match scan_opts(args, 2, true) {
+        Ok(o) => o,
+        Err(msg) => return enc::error(out, msg),
+    };
     let after: Option<Vec<u8>> = if cursor == 0 {
         None
     } else {

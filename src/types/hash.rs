@@ -21,7 +21,7 @@ use crate::command::Outcome;
 use crate::protocol::resp::{enc, parse_i64};
 use crate::semantics::{format_float, parse_float};
 use crate::server::resp::{Args, Cmd, Family, KEY1, NOT_INTEGER, R, SYNTAX, Spec, W, glob_match};
-use crate::server::resp::{int_arg, spec};
+use crate::server::resp::{int_arg, scan_opts, spec};
 use crate::storage::lmdb::{LmdbStore, LmdbWrite};
 use crate::storage::{Kind, StoreError};
 
@@ -410,25 +410,10 @@ pub(crate) fn scan(args: Args<'_>, cx: &ReadCx<'_, '_>, kind: Kind, out: &mut Ve
         enc::bulk(out, b"0");
         return enc::array(out, 0);
     };
-    let (mut pattern, mut count): (Option<&[u8]>, usize) = (None, 10);
-    let mut i = 3;
-    while i < args.len() {
-        if i + 1 >= args.len() {
-            return enc::error(out, SYNTAX);
-        }
-        if args.is(i, "MATCH") {
-            pattern = Some(args.get(i + 1));
-        } else if args.is(i, "COUNT") {
-            match parse_i64(args.get(i + 1)) {
-                Some(n) if n >= 1 => count = n as usize,
-                Some(_) => return enc::error(out, SYNTAX),
-                None => return enc::error(out, NOT_INTEGER),
-            }
-        } else {
-            return enc::error(out, SYNTAX);
-        }
-        i += 2;
-    }
+    let (pattern, count) = match scan_opts(args, 3, false) {
+        Ok(o) => (o.pattern, o.count),
+        Err(msg) => return enc::error(out, msg),
+    };
     let lock = || cx.cursors.lock().unwrap_or_else(|p| p.into_inner());
     let after = if cursor == 0 {
         None

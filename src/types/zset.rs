@@ -44,7 +44,7 @@ use crate::command::Outcome;
 use crate::protocol::resp::enc::{ScoreText, fmt_double as fmt_score};
 use crate::protocol::resp::{enc, parse_i64};
 use crate::server::resp::{
-    Args, Cmd, Family, KEY1, NOT_INTEGER, R, SYNTAX, Spec, W, glob_match, int_arg, spec,
+    Args, Cmd, Family, KEY1, R, SYNTAX, ScanOpts, Spec, W, glob_match, int_arg, scan_opts, spec,
 };
 use crate::storage::lmdb::LmdbWrite;
 use crate::storage::{Kind, StoreError};
@@ -397,18 +397,6 @@ pub fn fmt_scan_score(d: f64) -> ScoreText {
         ScoreText::integer(d as i64)
     } else {
         fmt_score(d)
-    }
-}
-
-/// A score reply: a RESP3 double, or (RESP2) a bulk string.
-fn put_score(out: &mut Vec<u8>, d: f64, v3: bool) {
-    let t = fmt_score(d);
-    if v3 {
-        out.push(b',');
-        out.extend_from_slice(t.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    } else {
-        enc::bulk(out, t.as_bytes());
     }
 }
 
@@ -890,7 +878,7 @@ fn read_inner(
                 None => None,
             };
             match score {
-                Some(s) => put_score(out, s, v3),
+                Some(s) => enc::double(out, s, v3),
                 None => enc::null(out, v3),
             }
         }
@@ -904,7 +892,7 @@ fn read_inner(
                     None => None,
                 };
                 match score {
-                    Some(s) => put_score(&mut reply, s, v3),
+                    Some(s) => enc::double(&mut reply, s, v3),
                     None => enc::null(&mut reply, v3),
                 }
             }
@@ -1012,7 +1000,7 @@ impl<'o> Emit<'o> {
         }
         enc::bulk(self.out, member);
         if self.scores {
-            put_score(self.out, score, self.v3);
+            enc::double(self.out, score, self.v3);
         }
         self.n += 1;
     }
@@ -1237,25 +1225,7 @@ fn zscan(args: Args<'_>, cx: &ReadCx<'_, '_>, out: &mut Vec<u8>) -> Result<(), S
         out.extend_from_slice(b"*2\r\n$1\r\n0\r\n*0\r\n");
         return Ok(());
     };
-    let (mut pattern, mut count): (Option<&[u8]>, usize) = (None, 10);
-    let mut i = 3;
-    while i < args.len() {
-        if i + 1 >= args.len() {
-            return Err(SYNTAX.into());
-        }
-        if args.is(i, "MATCH") {
-            pattern = Some(args.get(i + 1));
-        } else if args.is(i, "COUNT") {
-            match parse_i64(args.get(i + 1)) {
-                Some(n) if n >= 1 => count = n as usize,
-                Some(_) => return Err(SYNTAX.into()),
-                None => return Err(NOT_INTEGER.into()),
-            }
-        } else {
-            return Err(SYNTAX.into());
-        }
-        i += 2;
-    }
+    let ScanOpts { pattern, count, .. } = scan_opts(args, 3, false)?;
     let lock = || cx.cursors.lock().unwrap_or_else(|p| p.into_inner());
     let start = if cursor == 0 {
         Bound::Included(c.id.to_be_bytes().to_vec())
