@@ -1,21 +1,65 @@
 #!/usr/bin/env bash
 # Installs the programs the test suite talks to, if any is missing. Idempotent and quick when
 # everything is already there. Debian/Ubuntu only (apt-get); runs apt-get through sudo when not root.
+#
+# - apt: memcached, libmemcached-tools (memccapable), redis-server (RESP conformance),
+#   redis-tools (redis-cli, redis-benchmark).
+# - a Python virtualenv at ./.venv (repo root, .gitignored) with the client libraries the client
+#   tests drive: redis (redis-py), pymemcache, python-memcached, from PyPI.
 set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+apt_updated=""
+apt_install() {
+  echo "installing (apt): $*"
+  if [ -z "$apt_updated" ]; then
+    $SUDO apt-get update -qq
+    apt_updated=1
+  fi
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "$@" >/dev/null
+}
 
 need=()
 command -v memcached >/dev/null 2>&1 || need+=(memcached)
 command -v memccapable >/dev/null 2>&1 || need+=(libmemcached-tools)
-
+command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+{ command -v redis-cli >/dev/null 2>&1 && command -v redis-benchmark >/dev/null 2>&1; } ||
+  need+=(redis-tools)
+# The interactive redis-cli test drives a pty through python3's `pty` module.
+command -v python3 >/dev/null 2>&1 || need+=(python3)
 if [ ${#need[@]} -gt 0 ]; then
-  SUDO=""
-  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  echo "installing: ${need[*]}"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+  apt_install "${need[@]}"
 fi
+
 # The Debian packages may start their own daemons; the tests start their own on free ports.
-if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet memcached 2>/dev/null; then
-  systemctl stop memcached || true
+if command -v systemctl >/dev/null 2>&1; then
+  for svc in memcached redis-server; do
+    if systemctl is-active --quiet "$svc" 2>/dev/null; then
+      systemctl stop "$svc" || true
+    fi
+  done
+fi
+
+# Python clients. `import memcache` is python-memcached.
+VENV=.venv
+PY_PACKAGES=(redis pymemcache python-memcached)
+venv_ok() {
+  [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import redis, pymemcache, memcache' >/dev/null 2>&1
+}
+if ! venv_ok; then
+  if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
+    rm -rf "$VENV"
+    if ! python3 -m venv "$VENV" >/dev/null 2>&1; then
+      # Debian's python3 ships venv (ensurepip) separately.
+      rm -rf "$VENV"
+      apt_install python3-venv
+      python3 -m venv "$VENV" 2>/dev/null || { rm -rf "$VENV"; /usr/bin/python3 -m venv "$VENV"; }
+    fi
+  fi
+  echo "installing (pip into $VENV): ${PY_PACKAGES[*]}"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${PY_PACKAGES[@]}"
+  venv_ok || { echo "install-test-deps: $VENV lacks ${PY_PACKAGES[*]} after pip install" >&2; exit 1; }
 fi
 exit 0
