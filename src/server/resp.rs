@@ -422,16 +422,18 @@ fn unknown_command(args: Args<'_>) -> String {
         "ERR unknown command '{}', with args beginning with: ",
         clip(args.get(0))
     );
-    let mut budget = 128usize;
+    // As Redis: the quoted list stops growing at 128 bytes, quotes and spaces included, and
+    // each argument is clipped to what is left.
+    let mut list = String::new();
     for i in 1..args.len() {
-        let a = args.get(i);
-        if budget == 0 {
+        if list.len() >= 128 {
             break;
         }
-        let take = a.len().min(budget);
-        msg.push_str(&format!("'{}' ", String::from_utf8_lossy(&a[..take])));
-        budget -= take;
+        let a = args.get(i);
+        let take = a.len().min(128 - list.len());
+        list.push_str(&format!("'{}' ", String::from_utf8_lossy(&a[..take])));
     }
+    msg.push_str(&list);
     msg
 }
 
@@ -1243,13 +1245,14 @@ fn auth(args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session, pass: &Pass<'_>) 
         3 => (args.get(1), args.get(2)),
         _ => return enc::error(out, SYNTAX),
     };
-    if required.is_empty() {
+    if required.is_empty() && args.len() == 2 {
         return enc::error(
             out,
             "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
         );
     }
-    if user == b"default" && pass_arg == required.as_bytes() {
+    // Without a password the default user takes any password (Redis's `nopass`).
+    if user == b"default" && (required.is_empty() || pass_arg == required.as_bytes()) {
         sess.authed = true;
         enc::ok(out);
     } else {
@@ -1336,7 +1339,26 @@ fn hello(args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session, pass: &Pass<'_>)
 /// The Redis version memkeep reports, so clients enable what it implements.
 pub const REDIS_VERSION: &str = "7.0.0";
 
+/// Redis 7's arity error for a subcommand, e.g. `client|setname`.
+fn sub_arity(out: &mut Vec<u8>, cmd: &str, args: Args<'_>) {
+    let sub = String::from_utf8_lossy(args.get(1)).to_ascii_lowercase();
+    enc::error(
+        out,
+        &format!("ERR wrong number of arguments for '{cmd}|{sub}' command"),
+    );
+}
+
 fn client(args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session) {
+    let known = ["SETNAME", "GETNAME", "ID", "LIST", "INFO", "SETINFO"];
+    let arity_ok = match () {
+        _ if args.is(1, "SETNAME") => args.len() == 3,
+        _ if args.is(1, "GETNAME") || args.is(1, "ID") || args.is(1, "INFO") => args.len() == 2,
+        _ if args.is(1, "SETINFO") => args.len() == 4,
+        _ => true,
+    };
+    if known.iter().any(|k| args.is(1, k)) && !arity_ok {
+        return sub_arity(out, "client", args);
+    }
     if args.is(1, "SETNAME") && args.len() == 3 {
         let name = args.get(2);
         if name.iter().any(|&b| b <= b' ' || b > b'~') {
@@ -1401,20 +1423,31 @@ fn config(args: Args<'_>, out: &mut Vec<u8>, sess: &Session, pass: &Pass<'_>) {
             ("proto-max-bulk-len", cfg.max_item_size.to_string()),
             ("dir", cfg.data_dir.display().to_string()),
         ];
-        let mut hits: Vec<&(&str, String)> = Vec::new();
+        // A name without glob characters is echoed as given (Redis does); a pattern answers the
+        // parameters' own names.
+        let mut hits: Vec<(&[u8], &String)> = Vec::new();
         for i in 2..args.len() {
-            let pat = args.get(i).to_ascii_lowercase();
+            let given = args.get(i);
+            let pat = given.to_ascii_lowercase();
+            let literal = !given
+                .iter()
+                .any(|b| matches!(b, b'*' | b'?' | b'[' | b'\\'));
             for p in &params {
-                if glob_match(&pat, p.0.as_bytes()) && !hits.iter().any(|h| h.0 == p.0) {
-                    hits.push(p);
+                let seen = hits
+                    .iter()
+                    .any(|h| h.1 == &p.1 && h.0.eq_ignore_ascii_case(p.0.as_bytes()));
+                if glob_match(&pat, p.0.as_bytes()) && !seen {
+                    hits.push((if literal { given } else { p.0.as_bytes() }, &p.1));
                 }
             }
         }
         enc::map(out, hits.len(), sess.v3);
         for (k, v) in hits {
-            enc::bulk(out, k.as_bytes());
+            enc::bulk(out, k);
             enc::bulk(out, v.as_bytes());
         }
+    } else if args.is(1, "GET") {
+        sub_arity(out, "config", args);
     } else if args.is(1, "RESETSTAT") && args.len() == 2 {
         for c in pass.shared.counters.iter() {
             c.reset();
@@ -1429,7 +1462,7 @@ fn config(args: Args<'_>, out: &mut Vec<u8>, sess: &Session, pass: &Pass<'_>) {
         enc::error(
             out,
             &format!(
-                "ERR unknown subcommand or wrong number of arguments for '{}'. Try CONFIG HELP.",
+                "ERR unknown subcommand '{}'. Try CONFIG HELP.",
                 String::from_utf8_lossy(args.get(1))
             ),
         );
@@ -1463,7 +1496,7 @@ fn command(args: Args<'_>, out: &mut Vec<u8>, v3: bool) {
         for i in 2..args.len() {
             match lookup(args.get(i)) {
                 Some(s) => describe(out, s),
-                None => enc::null_array(out, v3),
+                None => enc::null(out, v3),
             }
         }
     } else if args.is(1, "DOCS") {
