@@ -703,6 +703,128 @@ fn redis_py_resp3_strings_keys_scan_pipelines_and_errors() {
     redis_py_strings(3);
 }
 
+/// Lists, hashes, sets and sorted sets through redis-py: every reply checked by value, in the
+/// protocol given (redis-py decodes RESP3 maps, sets and doubles into dicts, sets and floats).
+const REDIS_PY_TYPES: &str = r##"
+import sys
+import redis
+
+port, proto = int(sys.argv[1]), int(sys.argv[2])
+r = redis.Redis(host="127.0.0.1", port=port, protocol=proto, socket_timeout=10,
+                decode_responses=True)
+checks = 0
+def eq(got, want, what):
+    global checks
+    if got != want:
+        print(f"FAIL (protocol {proto}) {what}: got {got!r}, want {want!r}", file=sys.stderr)
+        sys.exit(1)
+    checks += 1
+
+r.flushall()
+# Lists
+eq(r.rpush("l", "a", "b", "c"), 3, "rpush")
+eq(r.lpush("l", "z"), 4, "lpush")
+eq(r.lrange("l", 0, -1), ["z", "a", "b", "c"], "lrange")
+eq(r.llen("l"), 4, "llen")
+eq(r.lindex("l", -1), "c", "lindex")
+eq(r.lpop("l"), "z", "lpop")
+eq(r.rpop("l", 2), ["c", "b"], "rpop count")
+eq(r.lset("l", 0, "A"), True, "lset")
+eq(r.linsert("l", "AFTER", "A", "B"), 2, "linsert")
+eq(r.lrem("l", 0, "B"), 1, "lrem")
+eq(r.lmove("l", "l2", "LEFT", "RIGHT"), "A", "lmove")
+eq(r.exists("l"), 0, "emptied list is gone")
+eq(r.rpush("big", *range(600)), 600, "rpush 600")
+eq(r.lrange("big", 0, 599), [str(i) for i in range(600)], "lrange 600")
+eq(r.ltrim("big", 100, 199), True, "ltrim")
+eq(r.lrange("big", 0, 2), ["100", "101", "102"], "after ltrim")
+eq(r.lpos("big", "150"), 50, "lpos")
+# Hashes
+eq(r.hset("h", mapping={"f1": "v1", "f2": "v2"}), 2, "hset mapping")
+eq(r.hget("h", "f1"), "v1", "hget")
+eq(r.hgetall("h"), {"f1": "v1", "f2": "v2"}, "hgetall")
+eq(r.hmget("h", ["f1", "nope"]), ["v1", None], "hmget")
+eq(r.hincrby("h", "n", 5), 5, "hincrby")
+eq(r.hincrbyfloat("h", "x", 1.5), 1.5, "hincrbyfloat")
+eq(sorted(r.hkeys("h")), ["f1", "f2", "n", "x"], "hkeys")
+eq(r.hlen("h"), 4, "hlen")
+eq(r.hexists("h", "f2"), True, "hexists")
+eq(r.hdel("h", "f1", "f2"), 2, "hdel")
+eq(r.hstrlen("h", "n"), 1, "hstrlen")
+eq(dict(r.hscan_iter("h")), {"n": "5", "x": "1.5"}, "hscan")
+# Sets
+eq(r.sadd("s", "a", "b", "c"), 3, "sadd")
+eq(r.smembers("s"), {"a", "b", "c"}, "smembers")
+eq(r.sismember("s", "a"), True, "sismember")
+eq(r.smismember("s", ["a", "x"]), [True, False], "smismember")
+eq(r.scard("s"), 3, "scard")
+eq(r.sadd("t", "b", "c", "d"), 3, "sadd t")
+eq(r.sinter("s", "t"), {"b", "c"}, "sinter")
+eq(r.sunion("s", "t"), {"a", "b", "c", "d"}, "sunion")
+eq(r.sdiff("s", "t"), {"a"}, "sdiff")
+eq(r.sinterstore("st", ["s", "t"]), 2, "sinterstore")
+eq(r.smove("s", "t", "a"), True, "smove")
+eq(r.srem("s", "b", "c"), 2, "srem")
+eq(r.exists("s"), 0, "emptied set is gone")
+popped = r.spop("t")
+eq(popped in {"a", "b", "c", "d"}, True, "spop member")
+eq(r.scard("t"), 3, "scard after spop")
+eq(set(r.sscan_iter("t")) | {popped}, {"a", "b", "c", "d"}, "sscan")
+# Sorted sets
+eq(r.zadd("z", {"a": 1, "b": 2, "c": 3.5}), 3, "zadd")
+eq(r.zscore("z", "c"), 3.5, "zscore")
+eq(r.zincrby("z", 2, "a"), 3.0, "zincrby")
+eq(r.zrange("z", 0, -1), ["b", "a", "c"], "zrange")
+# redis-py gives (member, score) tuples in RESP2 and [member, score] lists in RESP3.
+pairs = lambda v: [tuple(p) for p in v]
+eq(pairs(r.zrange("z", 0, -1, withscores=True)), [("b", 2.0), ("a", 3.0), ("c", 3.5)], "zrange withscores")
+eq(r.zrevrange("z", 0, 0), ["c"], "zrevrange")
+eq(r.zrangebyscore("z", 2.5, "+inf"), ["a", "c"], "zrangebyscore")
+eq(pairs(r.zrevrangebyscore("z", "+inf", 3, withscores=True)), [("c", 3.5), ("a", 3.0)], "zrevrangebyscore")
+eq(r.zrank("z", "c"), 2, "zrank")
+eq(r.zcount("z", "-inf", 3), 2, "zcount")
+eq(r.zcard("z"), 3, "zcard")
+eq(pairs(r.zpopmin("z")) if proto == 2 else r.zpopmin("z"), [("b", 2.0)] if proto == 2 else ["b", 2.0], "zpopmin")
+eq(r.zrem("z", "a"), 1, "zrem")
+eq(dict(r.zscan_iter("z")), {"c": 3.5}, "zscan")
+eq(r.zadd("z", {"c": 10}, gt=True, ch=True), 1, "zadd gt ch")
+# Types and errors
+eq(r.type("big"), "list", "type list")
+eq(r.type("h"), "hash", "type hash")
+eq(r.type("t"), "set", "type set")
+eq(r.type("z"), "zset", "type zset")
+try:
+    r.get("h")
+    eq("no error", "WRONGTYPE", "get on a hash")
+except redis.ResponseError as e:
+    eq(str(e).startswith("WRONGTYPE"), True, "get on a hash")
+eq(r.delete("big", "h", "t", "z", "st", "l2"), 6, "del all")
+eq(r.dbsize(), 0, "empty")
+print(f"ok: {checks} checks, protocol {proto}")
+"##;
+
+fn redis_py_types(proto: u32) {
+    let mut server = start_resp(&[]);
+    let port = resp_port(&server);
+    let run = python(REDIS_PY_TYPES, &[port.to_string(), proto.to_string()]).success(&server);
+    assert!(
+        run.stdout.contains(&format!("protocol {proto}")),
+        "{}",
+        run.describe()
+    );
+    assert_healthy(&mut server);
+}
+
+#[test]
+fn redis_py_resp2_lists_hashes_sets_and_sorted_sets() {
+    redis_py_types(2);
+}
+
+#[test]
+fn redis_py_resp3_lists_hashes_sets_and_sorted_sets() {
+    redis_py_types(3);
+}
+
 /// FLUSHDB / FLUSHALL (with and without ASYNC/SYNC) through redis-py, then fresh connections
 /// (more than there are workers) must each still be served.
 const REDIS_PY_FLUSH: &str = r##"
@@ -1251,7 +1373,13 @@ fn redis_cli_interactive_session_shows_the_prompt_and_prints_answers() {
 fn benchmark(server: &Server, extra: &[&str]) -> Run {
     let mut cmd = Command::new(tool("redis-benchmark"));
     cmd.args(["-h", "127.0.0.1", "-p", &resp_port(server).to_string()])
-        .args(["-t", "set,get,incr,mset,ping", "-n", "2000", "-q"])
+        .args([
+            "-t",
+            "set,get,incr,mset,ping,lpush,lpop,lrange",
+            "-n",
+            "2000",
+            "-q",
+        ])
         .args(extra);
     let run = run_bounded(cmd, b"", CLIENT_DEADLINE).success(server);
     // -q rewrites a progress line with `\r`; the results are what follows the last one.
@@ -1263,6 +1391,10 @@ fn benchmark(server: &Server, extra: &[&str]) -> Run {
         "GET: ",
         "INCR: ",
         "MSET (10 keys): ",
+        "LPUSH: ",
+        "LPOP: ",
+        "LRANGE_100 (first 100 elements): ",
+        "LRANGE_600 (first 600 elements): ",
     ] {
         assert!(
             text.lines()
