@@ -35,3 +35,17 @@ conformance: deps
 
 clean:
 	$(CARGO) clean
+
+# Benchmarks against memcached and Redis (bench/run.py; installs what it needs through
+# bench/deps.sh): writes BENCHMARKS.md and bench/throughput.svg; 8-16 minutes on 2 cores.
+# `make bench-quick` is a smoke run at 5% of the sizes, written to $(BENCH_QUICK_OUT).
+BENCH_QUICK_OUT ?= /tmp/memkeep-bench-quick
+.PHONY: bench bench-quick
+bench:
+	./bench/deps.sh
+	.venv/bin/python bench/run.py --out BENCHMARKS.md --chart bench/throughput.svg
+
+bench-quick:
+	./bench/deps.sh
+	.venv/bin/python bench/run.py --scale 0.05 --out $(BENCH_QUICK_OUT)/BENCHMARKS.md \
+		--chart $(BENCH_QUICK_OUT)/throughput.svg --keep-json $(BENCH_QUICK_OUT)/results.jsonl
