@@ -1339,6 +1339,15 @@ fn hello(args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session, pass: &Pass<'_>)
 /// The Redis version memkeep reports, so clients enable what it implements.
 pub const REDIS_VERSION: &str = "7.0.0";
 
+/// Redis 7's error for a subcommand it does not know, e.g. `CLIENT FOO`.
+fn unknown_sub(out: &mut Vec<u8>, cmd: &str, args: Args<'_>) {
+    let sub = String::from_utf8_lossy(args.get(1));
+    enc::error(
+        out,
+        &format!("ERR unknown subcommand '{sub}'. Try {cmd} HELP."),
+    );
+}
+
 /// Redis 7's arity error for a subcommand, e.g. `client|setname`.
 fn sub_arity(out: &mut Vec<u8>, cmd: &str, args: Args<'_>) {
     let sub = String::from_utf8_lossy(args.get(1)).to_ascii_lowercase();
@@ -1392,13 +1401,7 @@ fn client(args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session) {
     } else if args.is(1, "SETINFO") && args.len() == 4 {
         enc::ok(out);
     } else {
-        enc::error(
-            out,
-            &format!(
-                "ERR unknown subcommand '{}'. Try CLIENT HELP.",
-                String::from_utf8_lossy(args.get(1))
-            ),
-        );
+        unknown_sub(out, "CLIENT", args);
     }
 }
 
@@ -1459,13 +1462,7 @@ fn config(args: Args<'_>, out: &mut Vec<u8>, sess: &Session, pass: &Pass<'_>) {
             "ERR CONFIG SET is not supported by memkeep; use its config file or flags",
         );
     } else {
-        enc::error(
-            out,
-            &format!(
-                "ERR unknown subcommand '{}'. Try CONFIG HELP.",
-                String::from_utf8_lossy(args.get(1))
-            ),
-        );
+        unknown_sub(out, "CONFIG", args);
     }
 }
 
@@ -1503,13 +1500,7 @@ fn command(args: Args<'_>, out: &mut Vec<u8>, v3: bool) {
         // No docs: clients fall back to plain input without hints.
         enc::map(out, 0, v3);
     } else {
-        enc::error(
-            out,
-            &format!(
-                "ERR unknown subcommand '{}'. Try COMMAND HELP.",
-                String::from_utf8_lossy(args.get(1))
-            ),
-        );
+        unknown_sub(out, "COMMAND", args);
     }
 }
 
