@@ -105,6 +105,17 @@ pub enum Request<'a> {
     Verbosity { level: u32, noreply: bool },
     /// `quit`
     Quit,
+    /// MemcacheDB's `rget <start> <end> <left_open 0|1> <right_open 0|1> <max>`: the items whose
+    /// keys fall in the range, in key order, at most `max` (at most 100).
+    Rget {
+        start: &'a [u8],
+        end: &'a [u8],
+        left_open: bool,
+        right_open: bool,
+        max: u32,
+    },
+    /// MemcacheDB's `db_checkpoint`: force everything committed to disk.
+    DbCheckpoint,
     /// `debug_advance_clock <seconds>`: test-only; the server answers `ERROR` unless it runs
     /// with a manual clock.
     DebugAdvanceClock { seconds: u64 },
@@ -386,6 +397,8 @@ fn parse_line<'a>(
         b"quit" => request(Request::Quit, line_len),
         b"verbosity" => parse_verbosity(&t, line_len),
         b"debug_advance_clock" => parse_debug_advance_clock(&t, line_len),
+        b"rget" => parse_rget(&t, line_len),
+        b"db_checkpoint" if n == 1 => request(Request::DbCheckpoint, line_len),
         cmd => {
             // memcached dispatches on the first letter for these; unknown commands there are
             // plain `ERROR`. Elsewhere an unknown command ending in `HTTP/...` is a web client.
@@ -598,6 +611,33 @@ fn parse_verbosity<'a>(t: &Tokens<'a>, line_len: usize) -> Result<Parsed<'a>, In
         return reject(BAD_FORMAT, noreply, line_len);
     };
     request(Request::Verbosity { level, noreply }, line_len)
+}
+
+/// Most items one `rget` returns (MemcacheDB's RGET_MAX_ITEMS).
+pub const RGET_MAX: u32 = 100;
+
+/// `rget <start> <end> <left_open> <right_open> <max>`, as MemcacheDB reads it: the openness
+/// flags are true when they start with `1`; a key over 250 bytes or `max` over 100 is a
+/// `CLIENT_ERROR bad command line format`; any other token count is `ERROR`.
+fn parse_rget<'a>(t: &Tokens<'a>, line_len: usize) -> Result<Parsed<'a>, Incomplete> {
+    if t.n != 6 {
+        return reject(ERROR, false, line_len);
+    }
+    let (start, end) = (t.get(1), t.get(2));
+    let max = parse_u32(t.get(5)).filter(|&m| m <= RGET_MAX);
+    match max {
+        Some(max) if valid_key(start) && valid_key(end) => request(
+            Request::Rget {
+                start,
+                end,
+                left_open: t.get(3).first() == Some(&b'1'),
+                right_open: t.get(4).first() == Some(&b'1'),
+                max,
+            },
+            line_len,
+        ),
+        _ => reject(BAD_FORMAT, false, line_len),
+    }
 }
 
 fn parse_debug_advance_clock<'a>(

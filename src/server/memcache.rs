@@ -241,6 +241,20 @@ fn immediate(req: Request<'_>, out: &mut Vec<u8>, pass: &mut Pass<'_>) -> bool {
         // memcached rejects these but, the line ending in noreply, says nothing.
         Request::NoReplyError { reply } => log::debug!("silent error (noreply): {reply}"),
         Request::Quit => return true,
+        Request::Rget {
+            start,
+            end,
+            left_open,
+            right_open,
+            max,
+        } => rget(start, end, left_open, right_open, max, out, pass),
+        Request::DbCheckpoint => match pass.shared.store.env().force_sync() {
+            Ok(()) => line(out, "OK"),
+            Err(e) => {
+                error!("db_checkpoint: fsync failed: {e}");
+                line(out, "ERROR");
+            }
+        },
         Request::DebugAdvanceClock { seconds } => {
             if pass.shared.clock.advance(seconds.saturating_mul(1000)) {
                 pass.now_ms = pass.shared.clock.now_ms();
@@ -301,6 +315,69 @@ fn get(keys: KeyList<'_>, with_cas: bool, out: &mut Vec<u8>, pass: &mut Pass<'_>
             Err(e) => {
                 error!("read of a stored item failed: {e}");
                 out.truncate(start);
+                return line(out, "SERVER_ERROR temporary failure");
+            }
+        }
+    }
+    line(out, "END");
+}
+
+/// MemcacheDB's range get: live string items with keys in the range, in key order. LMDB keeps
+/// keys sorted, so this is one cursor walk.
+fn rget(
+    start: &[u8],
+    end: &[u8],
+    left_open: bool,
+    right_open: bool,
+    max: u32,
+    out: &mut Vec<u8>,
+    pass: &mut Pass<'_>,
+) {
+    use std::ops::Bound;
+    let flushed = pass.flushed();
+    let now = pass.now_ms;
+    let (store, txn) = match pass.txn() {
+        Ok(t) => t,
+        Err(e) => {
+            error!("cannot open read transaction: {e}");
+            return line(out, "SERVER_ERROR temporary failure");
+        }
+    };
+    let lo = if left_open {
+        Bound::Excluded(start)
+    } else {
+        Bound::Included(start)
+    };
+    let hi = if right_open {
+        Bound::Excluded(end)
+    } else {
+        Bound::Included(end)
+    };
+    if start > end || (start == end && (left_open || right_open)) {
+        // An empty range (heed would refuse bounds that cross).
+        return line(out, "END");
+    }
+    let mut sent = 0;
+    if max > 0 {
+        match store.items().range(txn, &(lo, hi)) {
+            Ok(iter) => {
+                for entry in iter {
+                    let Ok((key, bytes)) = entry else { break };
+                    let Ok(item) = crate::storage::item::decode(bytes) else {
+                        continue;
+                    };
+                    if flushed || item.meta.is_expired(now) || item.meta.kind != Kind::String {
+                        continue;
+                    }
+                    value_line(out, key, item.meta.flags, item.value, None);
+                    sent += 1;
+                    if sent == max {
+                        break;
+                    }
+                }
+            }
+            Err(e) => {
+                error!("rget failed: {e}");
                 return line(out, "SERVER_ERROR temporary failure");
             }
         }
@@ -487,6 +564,40 @@ fn stats(args: &[u8], out: &mut Vec<u8>, pass: &mut Pass<'_>) {
                 c.reset();
             }
             line(out, "RESET");
+        }
+        // LMDB environment figures (MemcacheDB's `stats mdb`; memkeep also answers `stats lmdb`).
+        b"lmdb" | b"mdb" => {
+            let env = shared.store.env();
+            let info = env.info();
+            let st = env.stat();
+            let (entries, depth) = match pass.txn() {
+                Ok((store, txn)) => (
+                    store.len(txn).unwrap_or(0),
+                    store.items().stat(txn).map(|s| s.depth).unwrap_or(0),
+                ),
+                Err(_) => (0, 0),
+            };
+            let file = cfg.data_dir.join("data.mdb");
+            let (file_len, file_blocks) = std::fs::metadata(&file)
+                .map(|m| {
+                    use std::os::unix::fs::MetadataExt;
+                    (m.len(), m.blocks() * 512)
+                })
+                .unwrap_or((0, 0));
+            stat(out, "env_home", cfg.data_dir.display());
+            stat(out, "map_size", info.map_size);
+            stat(out, "page_size", st.page_size);
+            stat(out, "last_pgno", info.last_page_number);
+            stat(out, "used_bytes", shared.store.used_bytes());
+            stat(out, "last_txnid", info.last_txn_id);
+            stat(out, "max_readers", info.maximum_number_of_readers);
+            stat(out, "num_readers", info.number_of_readers);
+            stat(out, "items", entries);
+            stat(out, "items_depth", depth);
+            stat(out, "file_size", file_len);
+            stat(out, "file_allocated", file_blocks);
+            stat(out, "sync", cfg.sync);
+            line(out, "END");
         }
         // memkeep has no slab classes or item LRU; these answer the empty form.
         b"items" | b"slabs" | b"sizes" | b"conns" => line(out, "END"),
