@@ -59,6 +59,8 @@ pub struct Config {
     pub max_batch: usize,
     /// Password RESP clients must give (AUTH / HELLO AUTH); empty means none.
     pub requirepass: String,
+    /// Where online backups (`db_compact`, `db_archive`, RESP `BGSAVE`) write their copy.
+    pub backup_dir: PathBuf,
     /// Verbosity: 0 warnings, 1 info, 2 debug, 3 trace.
     pub verbosity: u8,
 }
@@ -78,6 +80,7 @@ impl Default for Config {
             map_size: 64 << 30,
             max_batch: 1024,
             requirepass: String::new(),
+            backup_dir: PathBuf::from("./backup"),
             verbosity: 0,
         }
     }
@@ -134,6 +137,60 @@ pub struct Cli {
     /// Password RESP clients must send with AUTH before anything else
     #[arg(long)]
     pub requirepass: Option<String>,
+    /// Directory online backups (db_compact, db_archive, BGSAVE) write to [default: ./backup]
+    #[arg(long)]
+    pub backup_dir: Option<PathBuf>,
+    /// Run in the background (MemcacheDB's and memcached's -d)
+    #[arg(short = 'd', long, action = ArgAction::SetTrue)]
+    pub daemon: bool,
+    /// Write the process id to this file (MemcacheDB's and memcached's -P)
+    #[arg(short = 'P', long, value_name = "FILE")]
+    pub pid_file: Option<PathBuf>,
+    /// MemcacheDB's map size in megabytes (its LMDB port's -m); the same as --map-size <N>m
+    #[arg(short = 'm', value_name = "MB")]
+    pub map_size_mb: Option<u64>,
+    /// MemcacheDB's checkpoint interval in seconds (-C): with -N, fsync that often
+    /// (--sync periodic)
+    #[arg(short = 'C', value_name = "SECS")]
+    pub checkpoint_secs: Option<u64>,
+    /// MemcacheDB options memkeep accepts and ignores (Berkeley DB tuning, replication, user
+    /// switching); memkeep says at startup why each one is ignored.
+    #[arg(short = 'u', hide = true, value_name = "USER")]
+    pub user: Option<String>,
+    #[arg(short = 'A', hide = true)]
+    pub bdb_page_size: Option<String>,
+    #[arg(short = 'B', hide = true)]
+    pub bdb_type: Option<String>,
+    #[arg(short = 'L', hide = true)]
+    pub bdb_log_buffer: Option<String>,
+    #[arg(short = 'T', hide = true)]
+    pub bdb_trickle: Option<String>,
+    #[arg(short = 'e', hide = true)]
+    pub bdb_trickle_percent: Option<String>,
+    #[arg(short = 'D', hide = true)]
+    pub bdb_deadlock: Option<String>,
+    #[arg(short = 'G', hide = true)]
+    pub bdb_log_dir: Option<String>,
+    #[arg(short = 'E', hide = true, action = ArgAction::SetTrue)]
+    pub bdb_log_remove: bool,
+    #[arg(short = 'X', hide = true, action = ArgAction::SetTrue)]
+    pub bdb_private: bool,
+    #[arg(short = 'b', hide = true)]
+    pub item_buf_size: Option<String>,
+    #[arg(short = 'f', hide = true)]
+    pub bdb_file: Option<String>,
+    #[arg(short = 'R', hide = true)]
+    pub rep_local: Option<String>,
+    #[arg(short = 'O', hide = true)]
+    pub rep_remote: Option<String>,
+    #[arg(short = 'M', hide = true, action = ArgAction::SetTrue)]
+    pub rep_master: bool,
+    #[arg(short = 'S', hide = true, action = ArgAction::SetTrue)]
+    pub rep_slave: bool,
+    #[arg(short = 'n', hide = true)]
+    pub rep_sites: Option<String>,
+    #[command(subcommand)]
+    pub action: Option<Action>,
     /// Verbose logging; repeat for more (-vv)
     #[arg(short = 'v', action = ArgAction::Count)]
     pub verbose: u8,
@@ -141,6 +198,81 @@ pub struct Cli {
     /// moved by the `debug_advance_clock <seconds>` command.
     #[arg(long, hide = true, value_name = "UNIX_MS")]
     pub debug_clock: Option<u64>,
+}
+
+/// What to do instead of serving.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum Action {
+    /// Copy the store (consistent, compacted) into DEST while the server may keep running.
+    Backup {
+        /// Directory to create the copy in (it must not already hold a data.mdb).
+        dest: PathBuf,
+    },
+    /// Write every string item as memcached `set` commands (replayable into any memcached).
+    Export {
+        /// File to write; standard output when absent.
+        #[arg(long, short = 'o')]
+        output: Option<PathBuf>,
+    },
+    /// Send a dump of `set` commands (an export, or memcdump+memccat output turned into `set`s)
+    /// to the server at --listen/--port, counting what it stored.
+    Import {
+        /// The dump; standard input when `-`.
+        file: PathBuf,
+    },
+}
+
+impl Cli {
+    /// MemcacheDB options given on the command line that memkeep ignores, each with why.
+    pub fn ignored(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        let mut note = |given: bool, flag: &str, why: &str| {
+            if given {
+                v.push(format!("ignoring {flag}: {why}"));
+            }
+        };
+        note(
+            self.user.is_some(),
+            "-u",
+            "memkeep does not switch users; start it as the user it should run as (conf/memkeep.service)",
+        );
+        let bdb = "a Berkeley DB setting; LMDB needs no such tuning";
+        note(self.bdb_page_size.is_some(), "-A", bdb);
+        note(self.bdb_type.is_some(), "-B", bdb);
+        note(self.bdb_log_buffer.is_some(), "-L", bdb);
+        note(self.bdb_trickle.is_some(), "-T", bdb);
+        note(self.bdb_trickle_percent.is_some(), "-e", bdb);
+        note(self.bdb_deadlock.is_some(), "-D", bdb);
+        note(
+            self.bdb_log_dir.is_some(),
+            "-G",
+            "LMDB keeps no separate log files",
+        );
+        note(
+            self.bdb_log_remove,
+            "-E",
+            "LMDB keeps no log files to remove",
+        );
+        note(self.bdb_private, "-X", bdb);
+        note(
+            self.item_buf_size.is_some(),
+            "-b",
+            "memkeep has no item allocator to tune",
+        );
+        note(
+            self.bdb_file.is_some(),
+            "-f",
+            "the data file is always <data_dir>/data.mdb",
+        );
+        let rep =
+            "memkeep has no replication; put twemproxy in front of several servers to scale out";
+        note(self.rep_local.is_some(), "-R", rep);
+        note(self.rep_remote.is_some(), "-O", rep);
+        note(self.rep_master, "-M", rep);
+        note(self.rep_slave, "-S", rep);
+        note(self.rep_sites.is_some(), "-n", rep);
+        v
+    }
 }
 
 #[derive(Debug)]
@@ -188,9 +320,22 @@ impl Config {
             sync_interval_ms,
             map_size,
             max_batch,
-            requirepass
+            requirepass,
+            backup_dir
         );
-        if cli.no_sync {
+        if let Some(mb) = cli.map_size_mb {
+            c.map_size = mb.saturating_mul(1 << 20);
+        }
+        if let Some(secs) = cli.checkpoint_secs
+            && secs > 0
+        {
+            c.sync_interval_ms = secs.saturating_mul(1000);
+            if cli.no_sync {
+                // MemcacheDB: -N with a checkpoint every -C seconds.
+                c.sync = SyncMode::Periodic;
+            }
+        }
+        if cli.no_sync && cli.checkpoint_secs.unwrap_or(0) == 0 {
             c.sync = SyncMode::Never;
         }
         if cli.verbose > 0 {
@@ -296,6 +441,7 @@ mod tests {
             "map_size",
             "max_batch",
             "requirepass",
+            "backup_dir",
             "verbosity",
         ] {
             assert!(

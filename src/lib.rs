@@ -12,6 +12,7 @@
 //! `sync = always`; throughput at or above memcached and Redis. Non-goals for now: LRU eviction
 //! (a full store refuses writes and keeps serving reads), UDP, scripting.
 
+pub mod backup;
 pub mod clock;
 pub mod command;
 pub mod config;

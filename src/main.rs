@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use memkeep::clock::Clock;
-use memkeep::config::{Cli, Config};
+use memkeep::config::{Action, Cli, Config};
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -34,6 +34,33 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(action) = &cli.action {
+        return match run_action(action, &config) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("memkeep: {e}");
+                ExitCode::from(1)
+            }
+        };
+    }
+    if cli.daemon {
+        // Before any thread exists: fork, detach, keep the working directory (relative paths in
+        // the config stay valid), send the standard streams to /dev/null.
+        // Safety: no other thread has been started yet.
+        if unsafe { libc::daemon(1, 0) } != 0 {
+            eprintln!(
+                "memkeep: cannot run in the background: {}",
+                std::io::Error::last_os_error()
+            );
+            return ExitCode::from(1);
+        }
+    }
+    if let Some(pid_file) = &cli.pid_file
+        && let Err(e) = std::fs::write(pid_file, format!("{}\n", std::process::id()))
+    {
+        eprintln!("memkeep: cannot write pid file {}: {e}", pid_file.display());
+        return ExitCode::from(1);
+    }
     let level = match config.verbosity {
         0 => "info",
         1 => "debug",
@@ -44,11 +71,69 @@ fn main() -> ExitCode {
         Some(ms) => Clock::manual(ms),
         None => Clock::System,
     };
+    for warning in cli.ignored() {
+        log::warn!("{warning}");
+    }
     match memkeep::server::run(config, clock) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("memkeep: {e}");
             ExitCode::from(1)
+        }
+    }
+}
+
+/// Runs `memkeep backup|export|import` against the configured data directory or server.
+fn run_action(action: &Action, config: &Config) -> Result<(), String> {
+    let open = || {
+        if !config.data_dir.join("data.mdb").exists() {
+            return Err(format!("no data in {}", config.data_dir.display()));
+        }
+        memkeep::storage::lmdb::LmdbStore::open(&config.data_dir, config.map_size, config.sync, 126)
+            .map(|(store, _)| store)
+            .map_err(|e| e.0)
+    };
+    let now_ms = memkeep::clock::Clock::System.now_ms();
+    match action {
+        Action::Backup { dest } => {
+            let size = memkeep::backup::backup(&open()?, dest, false)?;
+            eprintln!(
+                "memkeep: backup of {} written to {} ({size} bytes)",
+                config.data_dir.display(),
+                dest.join("data.mdb").display()
+            );
+            Ok(())
+        }
+        Action::Export { output } => {
+            let store = open()?;
+            let (written, skipped) = match output {
+                Some(path) => {
+                    let file = std::fs::File::create(path)
+                        .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+                    memkeep::backup::export(&store, now_ms, &mut std::io::BufWriter::new(file))?
+                }
+                None => memkeep::backup::export(
+                    &store,
+                    now_ms,
+                    &mut std::io::BufWriter::new(std::io::stdout().lock()),
+                )?,
+            };
+            eprintln!(
+                "memkeep: exported {written} items ({skipped} lists, hashes, sets and sorted sets have no memcached form and were skipped)"
+            );
+            Ok(())
+        }
+        Action::Import { file } => {
+            let addr = format!("{}:{}", config.listen, config.port);
+            let (stored, refused) = if file.as_os_str() == "-" {
+                memkeep::backup::import(&addr, &mut std::io::stdin().lock())?
+            } else {
+                let mut f = std::fs::File::open(file)
+                    .map_err(|e| format!("cannot open {}: {e}", file.display()))?;
+                memkeep::backup::import(&addr, &mut f)?
+            };
+            eprintln!("memkeep: imported {stored} items into {addr} ({refused} refused)");
+            Ok(())
         }
     }
 }

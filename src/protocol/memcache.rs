@@ -116,6 +116,8 @@ pub enum Request<'a> {
     },
     /// MemcacheDB's `db_checkpoint`: force everything committed to disk.
     DbCheckpoint,
+    /// MemcacheDB's `db_compact` / `db_archive`: start a compacting online backup.
+    DbCompact,
     /// `debug_advance_clock <seconds>`: test-only; the server answers `ERROR` unless it runs
     /// with a manual clock.
     DebugAdvanceClock { seconds: u64 },
@@ -399,6 +401,7 @@ fn parse_line<'a>(
         b"debug_advance_clock" => parse_debug_advance_clock(&t, line_len),
         b"rget" => parse_rget(&t, line_len),
         b"db_checkpoint" if n == 1 => request(Request::DbCheckpoint, line_len),
+        b"db_compact" | b"db_archive" if n == 1 => request(Request::DbCompact, line_len),
         cmd => {
             // memcached dispatches on the first letter for these; unknown commands there are
             // plain `ERROR`. Elsewhere an unknown command ending in `HTTP/...` is a web client.

@@ -248,6 +248,18 @@ fn immediate(req: Request<'_>, out: &mut Vec<u8>, pass: &mut Pass<'_>) -> bool {
             right_open,
             max,
         } => rget(start, end, left_open, right_open, max, out, pass),
+        Request::DbCompact => {
+            let shared = pass.shared;
+            let now_s = pass.now_ms / 1000;
+            if shared
+                .backups
+                .start(&shared.store, &shared.config.backup_dir, now_s)
+            {
+                line(out, "OK");
+            } else {
+                line(out, "SERVER_ERROR a backup is already running");
+            }
+        }
         Request::DbCheckpoint => match pass.shared.store.env().force_sync() {
             Ok(()) => line(out, "OK"),
             Err(e) => {

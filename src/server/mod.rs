@@ -41,6 +41,7 @@ pub struct Shared {
     /// Client ids for RESP `CLIENT ID` / `HELLO`.
     pub next_client_id: AtomicU64,
     pub scan_cursors: Mutex<resp::ScanCursors>,
+    pub backups: Arc<crate::backup::Backups>,
 }
 
 /// A startup failure, one line for the operator.
@@ -122,6 +123,7 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         shutdown: AtomicBool::new(false),
         next_client_id: AtomicU64::new(0),
         scan_cursors: Mutex::new(resp::ScanCursors::default()),
+        backups: Arc::new(crate::backup::Backups::default()),
         config,
     });
     let cfg = &shared.config;

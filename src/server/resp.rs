@@ -113,6 +113,8 @@ pub enum Cmd {
     Time,
     Auth,
     Hello,
+    BgSave,
+    LastSave,
 }
 
 /// One command: Redis's arity rule (n: exactly n arguments including the name; -n: at least n),
@@ -216,6 +218,8 @@ static COMMANDS: &[Spec] = &[
     spec("time", 1, R, NOKEY, Cmd::Time),
     spec("auth", -2, R, NOKEY, Cmd::Auth),
     spec("hello", -1, R, NOKEY, Cmd::Hello),
+    spec("bgsave", -1, R, NOKEY, Cmd::BgSave),
+    spec("lastsave", 1, R, NOKEY, Cmd::LastSave),
 ];
 
 fn lookup(name: &[u8]) -> Option<&'static Spec> {
@@ -834,6 +838,22 @@ fn read(
             enc::bulk(out, (now_us % 1_000_000).to_string().as_bytes());
         }
         Cmd::Auth => auth(args, out, sess, pass),
+        Cmd::BgSave => {
+            // A compacting copy of the store into `backup_dir`, while writes go on.
+            let shared = pass.shared;
+            if shared
+                .backups
+                .start(&shared.store, &shared.config.backup_dir, pass.now_ms / 1000)
+            {
+                enc::simple(out, "Background saving started");
+            } else {
+                enc::error(out, "ERR Background save already in progress");
+            }
+        }
+        Cmd::LastSave => enc::int(
+            out,
+            pass.shared.backups.last_ok.load(Ordering::Acquire) as i64,
+        ),
         Cmd::Hello => hello(args, out, sess, pass),
         Cmd::Client => client(args, out, sess),
         Cmd::Config => config(args, out, sess, pass),
