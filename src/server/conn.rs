@@ -54,6 +54,8 @@ pub struct Conn {
     pub want_write: bool,
     /// Queued for processing in the current event-loop pass.
     pub dirty: bool,
+    /// The client's address, for log lines.
+    pub peer: Option<std::net::SocketAddr>,
     /// RESP state (protocol version, authentication, name); unused on the memcached port.
     pub resp: super::resp::Session,
     resp_bufs: super::resp::ArgBufs,
@@ -80,6 +82,7 @@ impl Conn {
             broken: false,
             want_write: false,
             dirty: false,
+            peer: None,
             resp: super::resp::Session::default(),
             resp_bufs: super::resp::ArgBufs::default(),
         }

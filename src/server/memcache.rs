@@ -54,6 +54,7 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
         }
         let epoch = conn.epoch;
         let inflight = conn.inflight;
+        let peer = conn.peer;
         let (input, out) = conn.io();
         let parsed = match parse(input, &pass.limits) {
             Err(Incomplete) => return Stop::NeedInput,
@@ -67,6 +68,10 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
         };
         let write = match parsed.frame {
             Frame::Close => {
+                log::debug!(
+                    "closing {:?}: a line with no newline past the limit",
+                    conn.peer
+                );
                 conn.closing = true;
                 return Stop::Close;
             }
@@ -85,7 +90,10 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
             // Everything else answers at once, so it waits for earlier writes' replies.
             None if inflight > 0 => return Stop::Blocked,
             None => match parsed.frame {
-                Frame::Error(msg) => line(out, msg),
+                Frame::Error(msg) => {
+                    log::debug!("{peer:?}: {msg}");
+                    line(out, msg)
+                }
                 Frame::Request(req) => {
                     if immediate(req, out, pass) {
                         conn.closing = true;
@@ -546,10 +554,15 @@ fn stats(args: &[u8], out: &mut Vec<u8>, pass: &mut Pass<'_>) {
             stat(out, "bytes_written", t.bytes_written);
             stat(out, "limit_maxbytes", cfg.map_size);
             stat(out, "accepting_conns", 1);
+            stat(out, "listen_disabled_num", 0);
             stat(out, "threads", cfg.worker_threads());
+            stat(out, "conn_yields", 0);
+            stat(out, "malloc_fails", 0);
             stat(out, "curr_items", curr_items);
             stat(out, "total_items", t.total_items);
             stat(out, "bytes", bytes);
+            stat(out, "expired_unfetched", 0);
+            stat(out, "evicted_unfetched", 0);
             stat(out, "evictions", 0);
             stat(out, "reclaimed", 0);
             line(out, "END");

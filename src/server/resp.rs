@@ -324,6 +324,7 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
                     return Stop::Blocked;
                 }
                 enc::error(out, &format!("ERR Protocol error: {msg}"));
+                log::debug!("closing {:?}: protocol error: {msg}", conn.peer);
                 conn.closing = true;
                 return Stop::Close;
             }
@@ -1606,6 +1607,12 @@ fn info(args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
             t.get_hits,
             t.get_misses
         ),
+    );
+    // Monitoring (redis_exporter and the like) reads the role from here.
+    section(
+        "replication",
+        "Replication",
+        "role:master\r\nconnected_slaves:0\r\n".to_string(),
     );
     section(
         "cpu",

@@ -383,6 +383,8 @@ impl Worker {
         }
         self.next_epoch = self.next_epoch.wrapping_add(1);
         let mut conn = Conn::new(stream, proto, self.next_epoch, self.read_cap);
+        conn.peer = conn.stream.peer_addr().ok();
+        debug!("worker {}: connection from {:?}", self.id, conn.peer);
         conn.resp.id = self.shared.next_client_id.fetch_add(1, Ordering::Relaxed) + 1;
         entry.insert(conn);
         Counters::bump(&self.shared.counters[self.id].total_connections);
