@@ -2,8 +2,10 @@
 # Installs the programs the test suite talks to, if any is missing. Idempotent and quick when
 # everything is already there. Debian/Ubuntu only (apt-get); runs apt-get through sudo when not root.
 #
-# - apt: memcached, libmemcached-tools (memccapable), redis-server (RESP conformance),
-#   redis-tools (redis-cli, redis-benchmark).
+# - apt: memcached, libmemcached-tools (memccapable, memccp, memccat, memcstat, memcdump),
+#   redis-server (RESP conformance), redis-tools (redis-cli, redis-benchmark), nutcracker
+#   (twemproxy, tests/twemproxy.rs), libspymemcached-java and a JDK (javac) for the spymemcached
+#   client test (tests/memcached_clients.rs).
 # - a Python virtualenv at ./.venv (repo root, .gitignored) with the client libraries the client
 #   tests drive: redis (redis-py), pymemcache, python-memcached, from PyPI.
 set -euo pipefail
@@ -27,6 +29,12 @@ command -v memccapable >/dev/null 2>&1 || need+=(libmemcached-tools)
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 { command -v redis-cli >/dev/null 2>&1 && command -v redis-benchmark >/dev/null 2>&1; } ||
   need+=(redis-tools)
+# twemproxy in front of memkeep (tests/twemproxy.rs).
+command -v nutcracker >/dev/null 2>&1 || need+=(nutcracker)
+# The spymemcached (Java) client test compiles a small program with javac.
+[ -f /usr/share/java/spymemcached.jar ] || need+=(libspymemcached-java)
+{ command -v javac >/dev/null 2>&1 && command -v java >/dev/null 2>&1; } ||
+  need+=(default-jdk-headless)
 # The interactive redis-cli test drives a pty through python3's `pty` module.
 command -v python3 >/dev/null 2>&1 || need+=(python3)
 if [ ${#need[@]} -gt 0 ]; then
@@ -35,7 +43,7 @@ fi
 
 # The Debian packages may start their own daemons; the tests start their own on free ports.
 if command -v systemctl >/dev/null 2>&1; then
-  for svc in memcached redis-server; do
+  for svc in memcached redis-server nutcracker; do
     if systemctl is-active --quiet "$svc" 2>/dev/null; then
       systemctl stop "$svc" || true
     fi
