@@ -37,6 +37,8 @@ command -v nutcracker >/dev/null 2>&1 || need+=(nutcracker)
   need+=(default-jdk-headless)
 # The interactive redis-cli test drives a pty through python3's `pty` module.
 command -v python3 >/dev/null 2>&1 || need+=(python3)
+# tests/fsync_order.rs watches memkeep's system calls.
+command -v strace >/dev/null 2>&1 || need+=(strace)
 if [ ${#need[@]} -gt 0 ]; then
   apt_install "${need[@]}"
 fi

@@ -1,0 +1,194 @@
+//! `--sync always` fsyncs before any reply of a batch leaves: kill -9 cannot tell an fsync from
+//! the page cache, so this test watches the system calls. memkeep runs under `strace`; a client
+//! sends SETs one at a time, each waiting for its `STORED`. Every reply must be preceded by an
+//! `fdatasync` that finished after the previous reply was sent, i.e. inside that request's
+//! window. The same check run with `--sync never` must fail, which shows it can tell the two apart.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::free_port;
+
+const BIN: &str = env!("CARGO_BIN_EXE_memkeep");
+
+/// A traced system call: when it started and ended (unix seconds), and which.
+#[derive(Debug)]
+struct Call {
+    end: f64,
+    start: f64,
+    fsync: bool,
+    stored_reply: bool,
+}
+
+/// Parses strace `-f -ttt -T` output: `PID START syscall(args) = ret <DURATION>`, where calls
+/// another thread interrupted appear as `... <unfinished ...>` then `<... syscall resumed> ...`.
+fn parse(log: &str) -> Vec<Call> {
+    let mut calls = Vec::new();
+    let mut pending: std::collections::HashMap<String, (f64, String)> = Default::default();
+    for line in log.lines() {
+        let mut parts = line.splitn(3, ' ');
+        let (Some(pid), Some(ts), Some(rest)) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
+        let Ok(ts) = ts.parse::<f64>() else { continue };
+        let (start, text) = if rest.ends_with("<unfinished ...>") {
+            pending.insert(pid.to_string(), (ts, rest.to_string()));
+            continue;
+        } else if rest.starts_with("<...") {
+            match pending.remove(pid) {
+                Some((start, head)) => (start, format!("{head} {rest}")),
+                None => continue,
+            }
+        } else {
+            (ts, rest.to_string())
+        };
+        let Some(dur) = text
+            .rsplit_once('<')
+            .and_then(|(_, d)| d.trim_end_matches('>').parse::<f64>().ok())
+        else {
+            continue;
+        };
+        let fsync = text.starts_with("fdatasync(") || text.starts_with("fsync(");
+        let stored_reply = text.starts_with("sendto(") && text.contains("\"STORED\\r\\n\"");
+        if fsync || stored_reply {
+            calls.push(Call {
+                start,
+                end: start + dur,
+                fsync,
+                stored_reply,
+            });
+        }
+    }
+    calls
+}
+
+/// Starts memkeep with `sync`, attaches strace to all its threads, sends `n` sequential SETs,
+/// stops memkeep (SIGTERM; strace ends with it) and returns the traced calls.
+fn trace(sync: &str, n: usize) -> Vec<Call> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("strace.log");
+    let port = free_port();
+    let mut server = Command::new(BIN)
+        .args([
+            "-p",
+            &port.to_string(),
+            "--resp-port",
+            "0",
+            "--sync",
+            sync,
+            "-H",
+        ])
+        .arg(dir.path().join("data"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start memkeep");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let conn = loop {
+        if let Ok(c) = TcpStream::connect(("127.0.0.1", port)) {
+            break c;
+        }
+        assert!(Instant::now() < deadline, "memkeep never listened");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // Attach to every thread and wait until strace says it has.
+    let pid = server.id();
+    let threads = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("threads")
+        .count();
+    let mut strace = Command::new("strace")
+        .args([
+            "-f",
+            "-ttt",
+            "-T",
+            "-e",
+            "trace=fdatasync,fsync,sendto",
+            "-o",
+        ])
+        .arg(&log)
+        .args(["-p", &pid.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("strace is installed by `make deps` (scripts/install-test-deps.sh)");
+    let mut attach_log = BufReader::new(strace.stderr.take().expect("stderr"));
+    // strace reports "Process N attached with M threads" (or one line per thread).
+    let mut attached = 0;
+    while attached < threads {
+        let mut l = String::new();
+        if attach_log.read_line(&mut l).expect("strace stderr") == 0 {
+            panic!("strace exited before attaching (is ptrace allowed here?)");
+        }
+        if let Some((_, m)) = l.split_once("attached with ") {
+            attached = m
+                .split_whitespace()
+                .next()
+                .and_then(|m| m.parse().ok())
+                .unwrap_or(threads);
+        } else if l.contains("attached") {
+            attached += 1;
+        }
+    }
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let mut w = conn.try_clone().expect("clone");
+    let mut r = BufReader::new(conn);
+    for i in 0..n {
+        w.write_all(format!("set k{i} 0 0 1\r\nx\r\n").as_bytes())
+            .expect("send");
+        let mut reply = String::new();
+        r.read_line(&mut reply).expect("reply");
+        assert_eq!(reply, "STORED\r\n");
+    }
+    // Safety: the pid is memkeep's, which this test started.
+    unsafe {
+        libc::kill(pid as i32, libc::SIGTERM);
+    }
+    let _ = server.wait();
+    let _ = strace.wait();
+    parse(&std::fs::read_to_string(&log).expect("strace log"))
+}
+
+/// For each STORED reply, whether an fsync finished between the previous reply and this one.
+fn each_reply_follows_an_fsync(calls: &[Call]) -> Result<usize, String> {
+    let replies: Vec<&Call> = calls.iter().filter(|c| c.stored_reply).collect();
+    let fsyncs: Vec<&Call> = calls.iter().filter(|c| c.fsync).collect();
+    let mut prev = f64::MIN;
+    for (i, r) in replies.iter().enumerate() {
+        if !fsyncs.iter().any(|f| f.end > prev && f.end <= r.start) {
+            return Err(format!(
+                "reply {i} at {:.6} left with no fsync since {prev:.6}",
+                r.start
+            ));
+        }
+        prev = r.start;
+    }
+    Ok(replies.len())
+}
+
+#[test]
+fn sync_always_fsyncs_before_every_reply() {
+    let calls = trace("always", 40);
+    match each_reply_follows_an_fsync(&calls) {
+        Ok(n) => assert_eq!(n, 40, "every STORED reply was traced"),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+#[test]
+fn the_check_tells_sync_never_apart() {
+    let calls = trace("never", 10);
+    assert_eq!(
+        calls.iter().filter(|c| c.stored_reply).count(),
+        10,
+        "every STORED reply was traced"
+    );
+    assert!(
+        each_reply_follows_an_fsync(&calls).is_err(),
+        "with --sync never no fsync precedes the replies"
+    );
+}
