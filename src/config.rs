@@ -59,6 +59,8 @@ pub struct Config {
     pub max_batch: usize,
     /// Password RESP clients must give (AUTH / HELLO AUTH); empty means none.
     pub requirepass: String,
+    /// Close client connections that send nothing for this many seconds; 0 never does.
+    pub idle_timeout: u64,
     /// Where online backups (`db_compact`, `db_archive`, RESP `BGSAVE`) write their copy.
     pub backup_dir: PathBuf,
     /// Verbosity: 0 warnings, 1 info, 2 debug, 3 trace.
@@ -80,6 +82,7 @@ impl Default for Config {
             map_size: 64 << 30,
             max_batch: 1024,
             requirepass: String::new(),
+            idle_timeout: 0,
             backup_dir: PathBuf::from("./backup"),
             verbosity: 0,
         }
@@ -137,6 +140,9 @@ pub struct Cli {
     /// Password RESP clients must send with AUTH before anything else
     #[arg(long)]
     pub requirepass: Option<String>,
+    /// Close connections idle this many seconds (0 = never) [default: 0]
+    #[arg(long)]
+    pub idle_timeout: Option<u64>,
     /// Directory online backups (db_compact, db_archive, BGSAVE) write to [default: ./backup]
     #[arg(long)]
     pub backup_dir: Option<PathBuf>,
@@ -321,6 +327,7 @@ impl Config {
             map_size,
             max_batch,
             requirepass,
+            idle_timeout,
             backup_dir
         );
         if let Some(mb) = cli.map_size_mb {
@@ -442,6 +449,7 @@ mod tests {
             "max_batch",
             "requirepass",
             "backup_dir",
+            "idle_timeout",
             "verbosity",
         ] {
             assert!(

@@ -1296,3 +1296,51 @@ fn memccapable_ascii_suite_passes() {
         "memccapable exited with {status}:\n{text}"
     );
 }
+
+#[test]
+fn idle_timeout_closes_a_silent_client_and_spares_an_active_one() {
+    let server = Server::start(env!("CARGO_BIN_EXE_memkeep"), &["--idle-timeout", "2"]);
+    // A slowloris client: half a command line, then silence.
+    let mut silent = server.connect();
+    silent.write_all(b"get some").expect("send");
+    silent
+        .set_read_timeout(Some(Duration::from_secs(15)))
+        .expect("timeout");
+    // An active client keeps talking every 200 ms for 3 s: it must never be kicked.
+    let mut active = server.connect();
+    active
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let mut reader = BufReader::new(active.try_clone().expect("clone"));
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(3) {
+        active
+            .write_all(b"version\r\n")
+            .expect("active client still connected");
+        let mut l = String::new();
+        reader.read_line(&mut l).expect("reply");
+        assert!(l.starts_with("VERSION "), "{l:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The silent one is closed (EOF), within a bounded wait.
+    let mut buf = [0u8; 16];
+    let n = silent
+        .read(&mut buf)
+        .expect("the server closes the idle connection");
+    assert_eq!(n, 0, "expected EOF, got {:?}", &buf[..n]);
+    let mut stats = server.connect();
+    stats.write_all(b"stats\r\n").expect("send");
+    let mut r = BufReader::new(stats);
+    let mut kicks = None;
+    for _ in 0..200 {
+        let mut l = String::new();
+        r.read_line(&mut l).expect("stats line");
+        if let Some(v) = l.strip_prefix("STAT idle_kicks ") {
+            kicks = v.trim().parse::<u64>().ok();
+        }
+        if l == "END\r\n" {
+            break;
+        }
+    }
+    assert_eq!(kicks, Some(1));
+}

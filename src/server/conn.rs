@@ -56,6 +56,8 @@ pub struct Conn {
     pub dirty: bool,
     /// The client's address, for log lines.
     pub peer: Option<std::net::SocketAddr>,
+    /// When the client last sent bytes (for `idle_timeout`).
+    pub last_active: std::time::Instant,
     /// RESP state (protocol version, authentication, name); unused on the memcached port.
     pub resp: super::resp::Session,
     resp_bufs: super::resp::ArgBufs,
@@ -83,6 +85,7 @@ impl Conn {
             want_write: false,
             dirty: false,
             peer: None,
+            last_active: std::time::Instant::now(),
             resp: super::resp::Session::default(),
             resp_bufs: super::resp::ArgBufs::default(),
         }
@@ -173,6 +176,7 @@ impl Conn {
                     self.readable = false;
                 }
                 Ok(n) => {
+                    self.last_active = std::time::Instant::now();
                     let space = self.rbuf.len() - self.rend;
                     self.rend += n;
                     Counters::add(&counters.bytes_read, n as u64);

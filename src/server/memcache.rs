@@ -527,6 +527,7 @@ fn stats(args: &[u8], out: &mut Vec<u8>, pass: &mut Pass<'_>) {
             );
             stat(out, "total_connections", t.total_connections);
             stat(out, "rejected_connections", t.rejected_connections);
+            stat(out, "idle_kicks", t.idle_kicks);
             stat(out, "cmd_get", t.cmd_get);
             stat(out, "cmd_set", t.cmd_set);
             stat(out, "cmd_flush", t.cmd_flush);
@@ -570,6 +571,7 @@ fn stats(args: &[u8], out: &mut Vec<u8>, pass: &mut Pass<'_>) {
         b"settings" => {
             stat(out, "maxbytes", cfg.map_size);
             stat(out, "maxconns", cfg.max_connections);
+            stat(out, "idle_time", cfg.idle_timeout);
             stat(out, "tcpport", cfg.port);
             stat(out, "udpport", 0);
             stat(out, "inter", &cfg.listen);

@@ -56,6 +56,7 @@ counters!(
     total_connections,
     rejected_connections,
     resp_commands,
+    idle_kicks,
 );
 
 impl Counters {

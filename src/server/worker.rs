@@ -113,6 +113,9 @@ pub struct Worker {
     dirty: Vec<usize>,
     next: Vec<usize>,
     next_epoch: u32,
+    /// Close connections idle this long (`idle_timeout`), checked every half of it (at most 1 s).
+    idle: Option<Duration>,
+    next_idle_check: Instant,
     limits: Limits,
     read_cap: usize,
 }
@@ -132,6 +135,8 @@ impl Worker {
         };
         // Room for the largest request: a full-size value with its command line, or a long get.
         let read_cap = (item_max + limits.max_line + 2).max(limits.max_multiget_line + 1);
+        let idle = (shared.config.idle_timeout > 0)
+            .then(|| Duration::from_secs(shared.config.idle_timeout));
         Worker {
             id,
             poll,
@@ -144,6 +149,8 @@ impl Worker {
             dirty: Vec::new(),
             next: Vec::new(),
             next_epoch: 0,
+            idle,
+            next_idle_check: Instant::now(),
             limits,
             read_cap,
         }
@@ -166,6 +173,11 @@ impl Worker {
                 Some(Duration::ZERO)
             } else if stopping {
                 Some(Duration::from_millis(10))
+            } else if self.idle.is_some() {
+                Some(
+                    self.next_idle_check
+                        .saturating_duration_since(Instant::now()),
+                )
             } else {
                 None
             };
@@ -177,6 +189,11 @@ impl Worker {
             }
             self.phase_one(&events, stopping);
             self.phase_two(&store);
+            if let Some(idle) = self.idle
+                && Instant::now() >= self.next_idle_check
+            {
+                self.kick_idle(idle);
+            }
         }
         for conn in self.conns.drain() {
             drop(conn);
@@ -186,6 +203,31 @@ impl Worker {
                 .fetch_sub(1, Ordering::Relaxed);
         }
         debug!("worker {} stopped", self.id);
+    }
+
+    /// Closes connections that have sent nothing for `idle` (slowloris clients holding a
+    /// connection with a partial line); never one whose writes are still in flight.
+    fn kick_idle(&mut self, idle: Duration) {
+        let now = Instant::now();
+        let idle_keys: Vec<usize> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.inflight == 0 && now.duration_since(c.last_active) >= idle)
+            .map(|(k, _)| k)
+            .collect();
+        let shared = self.shared.clone();
+        for key in idle_keys {
+            debug!(
+                "closing {:?}: idle for {idle:?}",
+                self.conns.get(key).and_then(|c| c.peer)
+            );
+            Counters::bump(&shared.counters[self.id].idle_kicks);
+            close_conn(&mut self.conns, &self.poll, &shared, key);
+            if let Some(pos) = self.next.iter().position(|&k| k == key) {
+                self.next.swap_remove(pos);
+            }
+        }
+        self.next_idle_check = now + (idle / 2).min(Duration::from_secs(1));
     }
 
     /// During shutdown: nothing is waiting on the writer and no reply is unsent.
@@ -314,14 +356,7 @@ impl Worker {
                 || (conn.closing && !more_output)
                 || (conn.eof && conn.inflight == 0 && !more_output && stop == Stop::NeedInput);
             if close {
-                let conn = self.conns.remove(key);
-                if let Err(e) = self.poll.registry().deregister(&mut { conn.stream }) {
-                    debug!("deregister failed: {e}");
-                }
-                shared
-                    .gauges
-                    .curr_connections
-                    .fetch_sub(1, Ordering::Relaxed);
+                close_conn(&mut self.conns, &self.poll, shared, key);
                 continue;
             }
             if more_output != conn.want_write {
@@ -390,4 +425,19 @@ impl Worker {
         Counters::bump(&self.shared.counters[self.id].total_connections);
         self.mark(key);
     }
+}
+
+/// Removes a connection: deregisters its socket and closes it. A late write completion for it
+/// finds another epoch (or no connection) and is dropped.
+fn close_conn(conns: &mut Slab<Conn>, poll: &Poll, shared: &Shared, key: usize) {
+    let Some(conn) = conns.try_remove(key) else {
+        return;
+    };
+    if let Err(e) = poll.registry().deregister(&mut { conn.stream }) {
+        debug!("deregister failed: {e}");
+    }
+    shared
+        .gauges
+        .curr_connections
+        .fetch_sub(1, Ordering::Relaxed);
 }
