@@ -30,8 +30,11 @@ fn parse(log: &str) -> Vec<Call> {
     let mut calls = Vec::new();
     let mut pending: std::collections::HashMap<String, (f64, String)> = Default::default();
     for line in log.lines() {
-        let mut parts = line.splitn(3, ' ');
-        let (Some(pid), Some(ts), Some(rest)) = (parts.next(), parts.next(), parts.next()) else {
+        // strace pads the pid column to a fixed width, so split on runs of spaces.
+        let Some((pid, after_pid)) = line.split_once(' ') else {
+            continue;
+        };
+        let Some((ts, rest)) = after_pid.trim_start().split_once(' ') else {
             continue;
         };
         let Ok(ts) = ts.parse::<f64>() else { continue };
@@ -190,5 +193,21 @@ fn the_check_tells_sync_never_apart() {
     assert!(
         each_reply_follows_an_fsync(&calls).is_err(),
         "with --sync never no fsync precedes the replies"
+    );
+}
+
+#[test]
+fn strace_lines_parse_with_padded_pids_and_split_calls() {
+    let log = "1868  1796011648.289919 fdatasync(4)    = 0 <0.000384>\n\
+               27001 1796011648.290567 sendto(16, \"STORED\\r\\n\", 8, MSG_NOSIGNAL, NULL, 0) = 8 <0.000169>\n\
+               1868  1796011648.291000 fdatasync(4 <unfinished ...>\n\
+               1869  1796011648.291100 sendto(16, \"END\\r\\n\", 5, MSG_NOSIGNAL, NULL, 0) = 5 <0.000010>\n\
+               1868  1796011648.291500 <... fdatasync resumed>) = 0 <0.000600>\n";
+    let calls = parse(log);
+    assert_eq!(calls.len(), 3, "{calls:?}");
+    assert!(calls[0].fsync && calls[1].stored_reply && calls[2].fsync);
+    assert!(
+        (calls[2].end - (1796011648.291 + 0.0006)).abs() < 1e-6,
+        "{calls:?}"
     );
 }
