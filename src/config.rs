@@ -61,6 +61,8 @@ pub struct Config {
     pub requirepass: String,
     /// Close client connections that send nothing for this many seconds; 0 never does.
     pub idle_timeout: u64,
+    /// memcached ASCII authentication (-Y): a file of `user:password` lines; none when absent.
+    pub auth_file: Option<PathBuf>,
     /// Where online backups (`db_compact`, `db_archive`, RESP `BGSAVE`) write their copy.
     pub backup_dir: PathBuf,
     /// Verbosity: 0 warnings, 1 info, 2 debug, 3 trace.
@@ -83,6 +85,7 @@ impl Default for Config {
             max_batch: 1024,
             requirepass: String::new(),
             idle_timeout: 0,
+            auth_file: None,
             backup_dir: PathBuf::from("./backup"),
             verbosity: 0,
         }
@@ -140,6 +143,9 @@ pub struct Cli {
     /// Password RESP clients must send with AUTH before anything else
     #[arg(long)]
     pub requirepass: Option<String>,
+    /// memcached ASCII authentication: a file of user:password lines (memcached's -Y)
+    #[arg(short = 'Y', long, value_name = "FILE")]
+    pub auth_file: Option<PathBuf>,
     /// Close connections idle this many seconds (0 = never) [default: 0]
     #[arg(long)]
     pub idle_timeout: Option<u64>,
@@ -330,6 +336,9 @@ impl Config {
             idle_timeout,
             backup_dir
         );
+        if let Some(f) = &cli.auth_file {
+            c.auth_file = Some(f.clone());
+        }
         if let Some(mb) = cli.map_size_mb {
             c.map_size = mb.saturating_mul(1 << 20);
         }

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{Options, Server};
+use common::{Options, Server, free_port};
 
 const BIN: &str = env!("CARGO_BIN_EXE_memkeep");
 /// Read and write timeout of every test socket: long enough for a loaded 2-core machine,
@@ -1343,4 +1343,81 @@ fn idle_timeout_closes_a_silent_client_and_spares_an_active_one() {
         }
     }
     assert_eq!(kicks, Some(1));
+}
+
+/// memcached's ASCII authentication (-Y), with the replies real memcached 1.6.18 gives.
+#[test]
+fn auth_file_requires_a_set_with_user_and_password_first() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let users = dir.path().join("users");
+    std::fs::write(&users, "alice:secret\nbob:pw2\n").expect("write");
+    let server = Server::start(
+        env!("CARGO_BIN_EXE_memkeep"),
+        &["-Y", users.to_str().expect("utf8")],
+    );
+    let conn = server.connect();
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let mut w = conn.try_clone().expect("clone");
+    let mut r = BufReader::new(conn);
+    let mut ask = |req: &[u8]| -> String {
+        w.write_all(req).expect("send");
+        let mut l = String::new();
+        r.read_line(&mut l).expect("reply");
+        l
+    };
+    assert_eq!(ask(b"get k\r\n"), "CLIENT_ERROR unauthenticated\r\n");
+    assert_eq!(ask(b"quit\r\n"), "CLIENT_ERROR unauthenticated\r\n");
+    assert_eq!(
+        ask(b"add k 0 0 1\r\nv\r\n"),
+        "CLIENT_ERROR unauthenticated\r\n"
+    );
+    assert_eq!(
+        ask(b"set x 0 0 9\r\nalice bad\r\n"),
+        "CLIENT_ERROR authentication failure\r\n"
+    );
+    assert_eq!(
+        ask(b"set x 0 0 5\r\nalice\r\n"),
+        "CLIENT_ERROR bad authentication token format\r\n"
+    );
+    assert_eq!(
+        ask(b"set x 0 0 12 noreply\r\nalice secret\r\n"),
+        "STORED\r\n"
+    );
+    assert_eq!(ask(b"set k 0 0 1\r\nv\r\n"), "STORED\r\n");
+    assert_eq!(ask(b"get k\r\n"), "VALUE k 0 1\r\n");
+    // Each connection authenticates on its own.
+    let other = server.connect();
+    other
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let mut ow = other.try_clone().expect("clone");
+    ow.write_all(b"version\r\n").expect("send");
+    let mut l = String::new();
+    BufReader::new(other).read_line(&mut l).expect("reply");
+    assert_eq!(l, "CLIENT_ERROR unauthenticated\r\n");
+}
+
+#[test]
+fn unreadable_auth_file_stops_startup_with_one_line() {
+    let out = Command::new(env!("CARGO_BIN_EXE_memkeep"))
+        .args([
+            "-p",
+            "0",
+            "--resp-port",
+            &free_port().to_string(),
+            "-Y",
+            "/nonexistent/users",
+            "-H",
+        ])
+        .arg(tempfile::tempdir().expect("tempdir").path())
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("cannot read auth file /nonexistent/users"),
+        "{err}"
+    );
 }

@@ -56,6 +56,8 @@ pub struct Conn {
     pub dirty: bool,
     /// The client's address, for log lines.
     pub peer: Option<std::net::SocketAddr>,
+    /// memcached ASCII authentication (`auth_file`) succeeded on this connection.
+    pub mc_authed: bool,
     /// When the client last sent bytes (for `idle_timeout`).
     pub last_active: std::time::Instant,
     /// RESP state (protocol version, authentication, name); unused on the memcached port.
@@ -85,6 +87,7 @@ impl Conn {
             want_write: false,
             dirty: false,
             peer: None,
+            mc_authed: false,
             last_active: std::time::Instant::now(),
             resp: super::resp::Session::default(),
             resp_bufs: super::resp::ArgBufs::default(),

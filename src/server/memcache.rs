@@ -55,12 +55,62 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
         let epoch = conn.epoch;
         let inflight = conn.inflight;
         let peer = conn.peer;
+        let authed = conn.mc_authed;
         let (input, out) = conn.io();
         let parsed = match parse(input, &pass.limits) {
             Err(Incomplete) => return Stop::NeedInput,
             Ok(p) => p,
         };
         let (consumed, swallow) = (parsed.consumed, parsed.swallow);
+        if let Some(users) = &pass.shared.mc_auth
+            && !authed
+            && !matches!(parsed.frame, Frame::Close)
+        {
+            // memcached's ASCII authentication (-Y): until a `set` carrying "user password" as
+            // its value succeeds, every request answers `CLIENT_ERROR unauthenticated`.
+            if inflight > 0 {
+                return Stop::Blocked;
+            }
+            let ok = match parsed.frame {
+                Frame::Request(Request::Store {
+                    mode: StoreMode::Set,
+                    data,
+                    ..
+                }) => {
+                    Counters::bump(&pass.counters.auth_cmds);
+                    match data.iter().position(|&b| b == b' ') {
+                        None => {
+                            Counters::bump(&pass.counters.auth_errors);
+                            line(out, "CLIENT_ERROR bad authentication token format");
+                            false
+                        }
+                        Some(sp)
+                            if users
+                                .get(&data[..sp])
+                                .is_some_and(|p| p[..] == data[sp + 1..]) =>
+                        {
+                            line(out, "STORED");
+                            true
+                        }
+                        Some(_) => {
+                            Counters::bump(&pass.counters.auth_errors);
+                            log::debug!("{peer:?}: authentication failure");
+                            line(out, "CLIENT_ERROR authentication failure");
+                            false
+                        }
+                    }
+                }
+                _ => {
+                    line(out, "CLIENT_ERROR unauthenticated");
+                    false
+                }
+            };
+            conn.consume(consumed);
+            conn.swallow = swallow;
+            conn.mc_authed = ok;
+            left -= 1;
+            continue;
+        }
         let tag = |noreply: bool, kind: McReply| Tag {
             slot,
             epoch,
@@ -549,8 +599,8 @@ fn stats(args: &[u8], out: &mut Vec<u8>, pass: &mut Pass<'_>) {
             stat(out, "touch_misses", t.touch_misses);
             stat(out, "store_too_large", t.store_too_large);
             stat(out, "store_no_memory", t.store_no_memory);
-            stat(out, "auth_cmds", 0);
-            stat(out, "auth_errors", 0);
+            stat(out, "auth_cmds", t.auth_cmds);
+            stat(out, "auth_errors", t.auth_errors);
             stat(out, "bytes_read", t.bytes_read);
             stat(out, "bytes_written", t.bytes_written);
             stat(out, "limit_maxbytes", cfg.map_size);

@@ -42,6 +42,8 @@ pub struct Shared {
     pub next_client_id: AtomicU64,
     pub scan_cursors: Mutex<resp::ScanCursors>,
     pub backups: Arc<crate::backup::Backups>,
+    /// memcached ASCII authentication: user -> password, from `auth_file` (-Y).
+    pub mc_auth: Option<std::collections::HashMap<Vec<u8>, Vec<u8>>>,
 }
 
 /// A startup failure, one line for the operator.
@@ -66,6 +68,35 @@ fn bind(listen: &str, port: u16) -> Result<TcpListener, ServerError> {
         .and_then(|mut a| a.next())
         .ok_or_else(|| ServerError(format!("cannot resolve listen address '{listen}'")))?;
     TcpListener::bind(addr).map_err(|e| ServerError(format!("cannot listen on {addr}: {e}")))
+}
+
+/// Reads memcached's `-Y` file: one `user:password` per line.
+fn load_auth_file(
+    path: &std::path::Path,
+) -> Result<std::collections::HashMap<Vec<u8>, Vec<u8>>, ServerError> {
+    let text = std::fs::read(path)
+        .map_err(|e| ServerError(format!("cannot read auth file {}: {e}", path.display())))?;
+    let mut users = std::collections::HashMap::new();
+    for l in text.split(|&b| b == b'\n') {
+        let l = l.strip_suffix(b"\r").unwrap_or(l);
+        if l.is_empty() {
+            continue;
+        }
+        let Some(c) = l.iter().position(|&b| b == b':') else {
+            return Err(ServerError(format!(
+                "auth file {}: a line without `user:password`",
+                path.display()
+            )));
+        };
+        users.insert(l[..c].to_vec(), l[c + 1..].to_vec());
+    }
+    if users.is_empty() {
+        return Err(ServerError(format!(
+            "auth file {} holds no user",
+            path.display()
+        )));
+    }
+    Ok(users)
 }
 
 fn is_loopback(listen: &str) -> bool {
@@ -113,6 +144,10 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         }
     }
 
+    let mc_auth = match &config.auth_file {
+        Some(path) => Some(load_auth_file(path)?),
+        None => None,
+    };
     let shared = Arc::new(Shared {
         clock: Arc::new(clock),
         store: store.clone(),
@@ -124,10 +159,13 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         next_client_id: AtomicU64::new(0),
         scan_cursors: Mutex::new(resp::ScanCursors::default()),
         backups: Arc::new(crate::backup::Backups::default()),
+        mc_auth,
         config,
     });
     let cfg = &shared.config;
-    if !is_loopback(&cfg.listen) {
+    let unauthenticated = (cfg.port != 0 && cfg.auth_file.is_none())
+        || (cfg.resp_port != 0 && cfg.requirepass.is_empty());
+    if !is_loopback(&cfg.listen) && unauthenticated {
         warn!(
             "listening on {} beyond loopback without authentication: anyone who can reach it can read and change every item",
             cfg.listen

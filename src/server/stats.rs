@@ -57,6 +57,8 @@ counters!(
     rejected_connections,
     resp_commands,
     idle_kicks,
+    auth_cmds,
+    auth_errors,
 );
 
 impl Counters {
