@@ -63,6 +63,8 @@ pub struct Config {
     pub idle_timeout: u64,
     /// memcached ASCII authentication (-Y): a file of `user:password` lines; none when absent.
     pub auth_file: Option<PathBuf>,
+    /// When started as root, continue as this user once the ports are bound (-u).
+    pub user: Option<String>,
     /// Where online backups (`db_compact`, `db_archive`, RESP `BGSAVE`) write their copy.
     pub backup_dir: PathBuf,
     /// Verbosity: 0 warnings, 1 info, 2 debug, 3 trace.
@@ -86,6 +88,7 @@ impl Default for Config {
             requirepass: String::new(),
             idle_timeout: 0,
             auth_file: None,
+            user: None,
             backup_dir: PathBuf::from("./backup"),
             verbosity: 0,
         }
@@ -165,10 +168,11 @@ pub struct Cli {
     /// (--sync periodic)
     #[arg(short = 'C', value_name = "SECS")]
     pub checkpoint_secs: Option<u64>,
-    /// MemcacheDB options memkeep accepts and ignores (Berkeley DB tuning, replication, user
-    /// switching); memkeep says at startup why each one is ignored.
-    #[arg(short = 'u', hide = true, value_name = "USER")]
+    /// When started as root, run as this user once the ports are bound (memcached's -u)
+    #[arg(short = 'u', long, value_name = "USER")]
     pub user: Option<String>,
+    // MemcacheDB options memkeep accepts and ignores (Berkeley DB tuning, replication); memkeep
+    // says at startup why each one is ignored.
     #[arg(short = 'A', hide = true)]
     pub bdb_page_size: Option<String>,
     #[arg(short = 'B', hide = true)]
@@ -243,11 +247,6 @@ impl Cli {
                 v.push(format!("ignoring {flag}: {why}"));
             }
         };
-        note(
-            self.user.is_some(),
-            "-u",
-            "memkeep does not switch users; start it as the user it should run as (conf/memkeep.service)",
-        );
         let bdb = "a Berkeley DB setting; LMDB needs no such tuning";
         note(self.bdb_page_size.is_some(), "-A", bdb);
         note(self.bdb_type.is_some(), "-B", bdb);
@@ -338,6 +337,9 @@ impl Config {
         );
         if let Some(f) = &cli.auth_file {
             c.auth_file = Some(f.clone());
+        }
+        if let Some(u) = &cli.user {
+            c.user = Some(u.clone());
         }
         if let Some(mb) = cli.map_size_mb {
             c.map_size = mb.saturating_mul(1 << 20);

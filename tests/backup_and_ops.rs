@@ -291,7 +291,7 @@ fn memcachedb_options_are_honoured_or_reported() {
     let s = Server::start(
         BIN,
         &[
-            "-N", "-C", "1", "-m", "128", "-A", "4096", "-B", "btree", "-u", "nobody",
+            "-N", "-C", "1", "-m", "128", "-A", "4096", "-B", "btree", "-R", "host:1",
         ],
     );
     let mut c = Mc::new(s.connect());
@@ -314,7 +314,7 @@ fn memcachedb_options_are_honoured_or_reported() {
         "{settings}"
     );
     let log = s.stderr();
-    for flag in ["-A", "-B", "-u"] {
+    for flag in ["-A", "-B", "-R"] {
         assert!(
             log.contains(&format!("ignoring {flag}:")),
             "no warning for {flag}:\n{log}"
@@ -371,5 +371,41 @@ fn daemon_mode_writes_its_pid_and_serves() {
             "the daemon did not stop on SIGTERM"
         );
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn user_option_drops_root_after_binding() {
+    let s = Server::start(BIN, &["-u", "nobody"]);
+    let mut c = Mc::new(s.connect());
+    c.w.write_all(b"stats\r\n").expect("send");
+    let mut pid = None;
+    loop {
+        let l = c.line();
+        if let Some(p) = l.strip_prefix("STAT pid ") {
+            pid = p.trim().parse::<u32>().ok();
+        }
+        if l == "END\r\n" {
+            break;
+        }
+    }
+    let pid = pid.expect("stats names the pid");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let uid_line = status
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .expect("Uid line")
+        .to_string();
+    // Safety: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        assert!(
+            uid_line.split_whitespace().skip(1).all(|u| u == "65534"),
+            "still root: {uid_line}"
+        );
+        // It still serves (the store was opened before the switch).
+        c.set("k", 0, 0, b"v");
+        assert_eq!(c.get("k"), Some((0, b"v".to_vec())));
+    } else {
+        assert!(s.stderr().contains("ignoring -u nobody"), "{}", s.stderr());
     }
 }

@@ -70,6 +70,37 @@ fn bind(listen: &str, port: u16) -> Result<TcpListener, ServerError> {
     TcpListener::bind(addr).map_err(|e| ServerError(format!("cannot listen on {addr}: {e}")))
 }
 
+/// memcached's and MemcacheDB's `-u`: once the ports are bound and the store is open, a server
+/// started as root continues as `user`. Started as anyone else, it keeps its identity.
+fn drop_privileges(user: &str) -> Result<(), ServerError> {
+    // Safety: plain libc calls; getpwnam's result is read before any other call that could
+    // overwrite it, and no other thread runs yet.
+    unsafe {
+        if libc::geteuid() != 0 {
+            warn!("ignoring -u {user}: memkeep was not started as root");
+            return Ok(());
+        }
+        let name = std::ffi::CString::new(user)
+            .map_err(|_| ServerError(format!("bad user name '{user}'")))?;
+        let pw = libc::getpwnam(name.as_ptr());
+        if pw.is_null() {
+            return Err(ServerError(format!("no such user '{user}'")));
+        }
+        let (uid, gid) = ((*pw).pw_uid, (*pw).pw_gid);
+        if libc::setgroups(0, std::ptr::null()) != 0
+            || libc::setgid(gid) != 0
+            || libc::setuid(uid) != 0
+        {
+            return Err(ServerError(format!(
+                "cannot switch to user '{user}': {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+    }
+    info!("running as user {user}");
+    Ok(())
+}
+
 /// Reads memcached's `-Y` file: one `user:password` per line.
 fn load_auth_file(
     path: &std::path::Path,
@@ -126,6 +157,9 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
     } else {
         None
     };
+    if let Some(user) = &config.user {
+        drop_privileges(user)?;
+    }
 
     let mut acceptor = Poll::new().map_err(|e| ServerError(format!("cannot create poll: {e}")))?;
     let accept_waker = Arc::new(
