@@ -15,18 +15,15 @@ mod common;
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Stdio};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
+use common::programs::{CLIENT_DEADLINE, Run, assert_healthy, python, run_bounded, tool};
 use common::{Options, Server};
 
 const BIN: &str = env!("CARGO_BIN_EXE_memkeep");
 /// Read and write timeout of every test socket.
 const IO_TIMEOUT: Duration = Duration::from_secs(30);
-/// Deadline for one client program (a Python script, redis-cli, redis-benchmark).
-const CLIENT_DEADLINE: Duration = Duration::from_secs(180);
 const NOAUTH: &str = "NOAUTH Authentication required.";
 
 // ---------------------------------------------------------------------------------------------
@@ -45,136 +42,6 @@ fn start_resp(args: &[&str]) -> Server {
 
 fn resp_port(server: &Server) -> u16 {
     server.resp_addr().expect("server has a RESP port").port()
-}
-
-/// The server must still run and must not have logged a panic (a worker thread can die alone).
-fn assert_healthy(server: &mut Server) {
-    let stderr = server.stderr();
-    assert!(
-        !stderr.contains("panicked"),
-        "the server logged a panic:\n{stderr}"
-    );
-    assert!(
-        server.is_running(),
-        "the server exited; stderr:\n{}",
-        server.stderr_tail(3000)
-    );
-}
-
-fn repo_root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// `.venv/bin/python` with redis-py, made by `scripts/install-test-deps.sh`.
-fn venv_python() -> PathBuf {
-    let py = repo_root().join(".venv/bin/python");
-    assert!(
-        py.exists(),
-        "{} is missing: run ./scripts/install-test-deps.sh (make deps)",
-        py.display()
-    );
-    py
-}
-
-/// A program from redis-tools, on PATH.
-fn tool(name: &str) -> &str {
-    let found = std::env::var_os("PATH")
-        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(name).is_file()));
-    assert!(
-        found,
-        "{name} is not on PATH: run ./scripts/install-test-deps.sh (make deps)"
-    );
-    name
-}
-
-/// What a finished (or killed) client program did.
-struct Run {
-    what: String,
-    status: Option<ExitStatus>,
-    stdout: String,
-    stderr: String,
-    elapsed: Duration,
-}
-
-impl Run {
-    fn describe(&self) -> String {
-        let status = match self.status {
-            Some(s) => s.to_string(),
-            None => format!("killed after {:?} (deadline)", self.elapsed),
-        };
-        format!(
-            "{}: {status}\n--- stdout ---\n{}\n--- stderr ---\n{}",
-            self.what, self.stdout, self.stderr
-        )
-    }
-
-    /// Panics, showing everything, unless the program exited 0.
-    fn success(self, server: &Server) -> Run {
-        if !self.status.is_some_and(|s| s.success()) {
-            panic!(
-                "{}\n--- server stderr ---\n{}",
-                self.describe(),
-                server.stderr_tail(3000)
-            );
-        }
-        self
-    }
-}
-
-/// Runs `cmd` with `stdin` as its input, killing it past `deadline`.
-fn run_bounded(mut cmd: Command, stdin: &[u8], deadline: Duration) -> Run {
-    let what = format!("{cmd:?}");
-    cmd.stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let start = Instant::now();
-    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {what}: {e}"));
-    let mut input = child.stdin.take().unwrap();
-    let stdin = stdin.to_vec();
-    let feeder = thread::spawn(move || {
-        let _ = input.write_all(&stdin);
-    });
-    let drain = |mut pipe: Box<dyn Read + Send>| {
-        thread::spawn(move || {
-            let mut buf = Vec::new();
-            let _ = pipe.read_to_end(&mut buf);
-            String::from_utf8_lossy(&buf).into_owned()
-        })
-    };
-    let out = drain(Box::new(child.stdout.take().unwrap()));
-    let err = drain(Box::new(child.stderr.take().unwrap()));
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("try_wait") {
-            break Some(s);
-        }
-        if start.elapsed() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        thread::sleep(Duration::from_millis(20));
-    };
-    let _ = feeder.join();
-    Run {
-        what,
-        status,
-        stdout: out.join().unwrap(),
-        stderr: err.join().unwrap(),
-        elapsed: start.elapsed(),
-    }
-}
-
-/// Runs a Python script (with the venv's interpreter) with `args`.
-fn python(script: &str, args: &[String]) -> Run {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("script.py");
-    std::fs::write(&path, script).expect("write script");
-    let mut cmd = Command::new(venv_python());
-    cmd.arg("-W")
-        .arg("ignore::DeprecationWarning")
-        .arg(&path)
-        .args(args);
-    run_bounded(cmd, b"", CLIENT_DEADLINE)
 }
 
 fn redis_cli(port: u16, args: &[&str], stdin: &[u8]) -> Run {
@@ -684,7 +551,7 @@ print(f"ok: {checks} checks, protocol {proto}")
 fn redis_py_strings(proto: u32) {
     let mut server = start_resp(&[]);
     let port = resp_port(&server);
-    let run = python(REDIS_PY_STRINGS, &[port.to_string(), proto.to_string()]).success(&server);
+    let run = python(REDIS_PY_STRINGS, &[port.to_string(), proto.to_string()]).success(&[&server]);
     assert!(
         run.stdout.contains(&format!("protocol {proto}")),
         "{}",
@@ -806,7 +673,7 @@ print(f"ok: {checks} checks, protocol {proto}")
 fn redis_py_types(proto: u32) {
     let mut server = start_resp(&[]);
     let port = resp_port(&server);
-    let run = python(REDIS_PY_TYPES, &[port.to_string(), proto.to_string()]).success(&server);
+    let run = python(REDIS_PY_TYPES, &[port.to_string(), proto.to_string()]).success(&[&server]);
     assert!(
         run.stdout.contains(&format!("protocol {proto}")),
         "{}",
@@ -871,7 +738,7 @@ print(f"ok: protocol {proto}")
 fn redis_py_flush(proto: u32) {
     let mut server = start_resp(&[]);
     let port = resp_port(&server);
-    python(REDIS_PY_FLUSH, &[port.to_string(), proto.to_string()]).success(&server);
+    python(REDIS_PY_FLUSH, &[port.to_string(), proto.to_string()]).success(&[&server]);
     assert_healthy(&mut server);
 }
 
@@ -1013,7 +880,7 @@ print("ok")
 fn redis_py_with_password_works_on_resp2_and_resp3_and_without_it_fails_to_authenticate() {
     let mut server = start_resp(&["--requirepass", "secret"]);
     let port = resp_port(&server);
-    python(REDIS_PY_PASSWORD, &[port.to_string()]).success(&server);
+    python(REDIS_PY_PASSWORD, &[port.to_string()]).success(&[&server]);
     assert_healthy(&mut server);
 }
 
@@ -1200,7 +1067,7 @@ fn memcached_delete_makes_resp_exists_zero_and_resp_del_makes_memcached_miss() {
 fn redis_cli_one_shot_commands_print_exact_output() {
     let mut server = start_resp(&[]);
     let port = resp_port(&server);
-    let cli = |args: &[&str]| redis_cli(port, args, b"").success(&server).stdout;
+    let cli = |args: &[&str]| redis_cli(port, args, b"").success(&[&server]).stdout;
 
     assert_eq!(cli(&["SET", "a", "1"]), "OK\n");
     assert_eq!(cli(&["GET", "a"]), "1\n");
@@ -1245,12 +1112,12 @@ fn redis_cli_one_shot_commands_print_exact_output() {
     assert_eq!(ones, want, "redis-cli --scan --pattern scan:1?");
 
     // Commands on stdin, one a line.
-    let run = redis_cli(port, &[], b"SET x 1\nGET x\nINCR x\nDEL x\n").success(&server);
+    let run = redis_cli(port, &[], b"SET x 1\nGET x\nINCR x\nDEL x\n").success(&[&server]);
     assert_eq!(run.stdout, "OK\n1\n2\n1\n");
 
     // --pipe: mass insertion of inline commands; it counts replies and errors.
     let input: String = (0..500).map(|i| format!("SET pipe:{i} v{i}\n")).collect();
-    let run = redis_cli(port, &["--pipe"], input.as_bytes()).success(&server);
+    let run = redis_cli(port, &["--pipe"], input.as_bytes()).success(&[&server]);
     assert!(
         run.stdout.contains("errors: 0, replies: 500"),
         "{}",
@@ -1336,7 +1203,7 @@ fn redis_cli_interactive_session_shows_the_prompt_and_prints_answers() {
     let mut server = start_resp(&[]);
     let port = resp_port(&server);
     let cli = tool("redis-cli");
-    let run = python(PTY_REDIS_CLI, &[cli.to_string(), port.to_string()]).success(&server);
+    let run = python(PTY_REDIS_CLI, &[cli.to_string(), port.to_string()]).success(&[&server]);
     let answers: Vec<&str> = run
         .stdout
         .lines()
@@ -1381,7 +1248,7 @@ fn benchmark(server: &Server, extra: &[&str]) -> Run {
             "-q",
         ])
         .args(extra);
-    let run = run_bounded(cmd, b"", CLIENT_DEADLINE).success(server);
+    let run = run_bounded(cmd, b"", CLIENT_DEADLINE).success(&[server]);
     // -q rewrites a progress line with `\r`; the results are what follows the last one.
     let text = run.stdout.replace('\r', "\n");
     for test in [
