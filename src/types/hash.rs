@@ -16,7 +16,7 @@ use std::ops::Bound;
 use heed::types::Bytes;
 use heed::{Database, RoTxn};
 
-use super::{CollMeta, Found, MAX_SUB, ReadCx, Tx, WRONGTYPE, elem_key, random_u64};
+use super::{CollMeta, Found, MAX_SUB, ReadCx, Tx, elem_key, random_u64, storage_error};
 use crate::command::Outcome;
 use crate::protocol::resp::{enc, parse_i64};
 use crate::semantics::{format_float, parse_float};
@@ -271,10 +271,6 @@ pub fn apply(w: &mut LmdbWrite<'_, '_>, op: &HashOp, now: u64) -> Result<Outcome
     }
 }
 
-fn storage_error(out: &mut Vec<u8>, e: impl std::fmt::Display) {
-    enc::error(out, &format!("ERR storage failure: {e}"))
-}
-
 /// Answers a hash read from the worker's transaction, writing RESP into `out`.
 pub fn read(code: u8, args: Args<'_>, cx: &ReadCx<'_, '_>, out: &mut Vec<u8>, v3: bool) {
     match code {
@@ -282,11 +278,9 @@ pub fn read(code: u8, args: Args<'_>, cx: &ReadCx<'_, '_>, out: &mut Vec<u8>, v3
         HRANDFIELD => return randfield(args, cx, out, v3),
         _ => {}
     }
-    let coll = match cx.find(args.get(1), Kind::Hash) {
-        Ok(Found::WrongType) => return enc::error(out, WRONGTYPE),
-        Ok(Found::Missing) => None,
-        Ok(Found::Coll(_, c)) => Some(c),
-        Err(e) => return storage_error(out, e),
+    let coll = match cx.lookup(args.get(1), Kind::Hash) {
+        Ok(c) => c,
+        Err(msg) => return enc::error(out, &msg),
     };
     // The value of `field`, if present.
     let value = |field: &[u8]| -> Result<Option<&[u8]>, StoreError> {
@@ -398,11 +392,9 @@ pub(crate) fn scan(args: Args<'_>, cx: &ReadCx<'_, '_>, kind: Kind, out: &mut Ve
     else {
         return enc::error(out, "ERR invalid cursor");
     };
-    let coll = match cx.find(args.get(1), kind) {
-        Ok(Found::WrongType) => return enc::error(out, WRONGTYPE),
-        Ok(Found::Missing) => None,
-        Ok(Found::Coll(_, c)) => Some(c),
-        Err(e) => return storage_error(out, e),
+    let coll = match cx.lookup(args.get(1), kind) {
+        Ok(c) => c,
+        Err(msg) => return enc::error(out, &msg),
     };
     let Some(coll) = coll else {
         // As Redis: a missing key answers an empty scan before the options are looked at.
@@ -784,11 +776,9 @@ fn randfield(args: Args<'_>, cx: &ReadCx<'_, '_>, out: &mut Vec<u8>, v3: bool) {
         }
         count = Some(n);
     }
-    let coll = match cx.find(args.get(1), Kind::Hash) {
-        Ok(Found::WrongType) => return enc::error(out, WRONGTYPE),
-        Ok(Found::Missing) => None,
-        Ok(Found::Coll(_, c)) => Some(c),
-        Err(e) => return storage_error(out, e),
+    let coll = match cx.lookup(args.get(1), Kind::Hash) {
+        Ok(c) => c,
+        Err(msg) => return enc::error(out, &msg),
     };
     let db = cx.store.elems;
     let Some(n) = count else {

@@ -5,7 +5,7 @@
 
 use std::ops::Bound;
 
-use super::{CollMeta, Found, ReadCx, Tx, WRONGTYPE, clamp_range, elem_key};
+use super::{CollMeta, Found, ReadCx, Tx, clamp_range, elem_key};
 use crate::command::Outcome;
 use crate::protocol::resp::{enc, parse_i64};
 use crate::server::resp::{
@@ -427,11 +427,9 @@ pub fn apply(w: &mut LmdbWrite<'_, '_>, op: &ListOp, now: u64) -> Result<Outcome
 
 /// Answers a list read from the worker's transaction, writing RESP into `out`.
 pub fn read(code: u8, args: Args<'_>, cx: &ReadCx<'_, '_>, out: &mut Vec<u8>, v3: bool) {
-    let coll = match cx.find(args.get(1), Kind::List) {
-        Ok(Found::WrongType) => return enc::error(out, WRONGTYPE),
-        Ok(Found::Missing) => None,
-        Ok(Found::Coll(_, c)) => Some(c),
-        Err(e) => return enc::error(out, &format!("ERR storage failure: {e}")),
+    let coll = match cx.lookup(args.get(1), Kind::List) {
+        Ok(c) => c,
+        Err(msg) => return enc::error(out, &msg),
     };
     let elem = |c: &CollMeta, seq: i64| cx.store.elems.get(cx.txn, &elem_key(c.id, &pos(seq)));
     match code {

@@ -222,6 +222,17 @@ pub struct ReadCx<'a, 't> {
 }
 
 impl ReadCx<'_, '_> {
+    /// The collection of `kind` under `key` for a read: None when absent; Err carries the
+    /// error reply (WRONGTYPE, or a storage failure).
+    pub fn lookup(&self, key: &[u8], kind: Kind) -> Result<Option<CollMeta>, String> {
+        match self.find(key, kind) {
+            Ok(Found::Missing) => Ok(None),
+            Ok(Found::Coll(_, c)) => Ok(Some(c)),
+            Ok(Found::WrongType) => Err(WRONGTYPE.to_string()),
+            Err(e) => Err(format!("ERR storage failure: {e}")),
+        }
+    }
+
     pub fn find(&self, key: &[u8], kind: Kind) -> Result<Found, StoreError> {
         if self.flushed || key.is_empty() || key.len() > crate::storage::MAX_KEY {
             return Ok(Found::Missing);
@@ -252,6 +263,11 @@ pub fn random_u64() -> u64 {
         s.set(x);
         x
     })
+}
+
+/// Answers a read whose storage failed.
+pub fn storage_error(out: &mut Vec<u8>, e: impl std::fmt::Display) {
+    crate::protocol::resp::enc::error(out, &format!("ERR storage failure: {e}"))
 }
 
 /// The message Redis gives for a command on the wrong kind of value.

@@ -23,7 +23,7 @@ use super::hash::{
     MAX_REPEAT_PICKS, TOO_MANY_PICKS, elements, pick_one, rand_count, sample_distinct,
     sample_repeats, scan, sub_ok, walk,
 };
-use super::{CollMeta, Found, MAX_SUB, ReadCx, Tx, WRONGTYPE, elem_key};
+use super::{CollMeta, Found, MAX_SUB, ReadCx, Tx, elem_key, storage_error};
 use crate::command::Outcome;
 use crate::protocol::resp::{enc, parse_i64};
 use crate::server::resp::{Args, Cmd, Family, KEY1, NOKEY, R, SYNTAX, Spec, W, key_ok, spec};
@@ -431,10 +431,6 @@ pub fn apply(w: &mut LmdbWrite<'_, '_>, op: &SetOp, now: u64) -> Result<Outcome,
     }
 }
 
-fn storage_error(out: &mut Vec<u8>, e: impl std::fmt::Display) {
-    enc::error(out, &format!("ERR storage failure: {e}"))
-}
-
 /// Answers a set read from the worker's transaction, writing RESP into `out`.
 pub fn read(code: u8, args: Args<'_>, cx: &ReadCx<'_, '_>, out: &mut Vec<u8>, v3: bool) {
     match code {
@@ -451,11 +447,9 @@ pub fn read(code: u8, args: Args<'_>, cx: &ReadCx<'_, '_>, out: &mut Vec<u8>, v3
         SRANDMEMBER => return randmember(args, cx, out, v3),
         _ => {}
     }
-    let coll = match cx.find(args.get(1), Kind::Set) {
-        Ok(Found::WrongType) => return enc::error(out, WRONGTYPE),
-        Ok(Found::Missing) => None,
-        Ok(Found::Coll(_, c)) => Some(c),
-        Err(e) => return storage_error(out, e),
+    let coll = match cx.lookup(args.get(1), Kind::Set) {
+        Ok(c) => c,
+        Err(msg) => return enc::error(out, &msg),
     };
     let mut buf = Vec::new();
     let mut has = |m: &[u8]| match coll {
@@ -505,12 +499,7 @@ fn sources(
     cx: &ReadCx<'_, '_>,
 ) -> Result<Vec<Option<CollMeta>>, String> {
     (from..upto)
-        .map(|i| match cx.find(args.get(i), Kind::Set) {
-            Ok(Found::WrongType) => Err(WRONGTYPE.to_string()),
-            Ok(Found::Missing) => Ok(None),
-            Ok(Found::Coll(_, c)) => Ok(Some(c)),
-            Err(e) => Err(format!("ERR storage failure: {e}")),
-        })
+        .map(|i| cx.lookup(args.get(i), Kind::Set))
         .collect()
 }
 
@@ -581,11 +570,9 @@ fn randmember(args: Args<'_>, cx: &ReadCx<'_, '_>, out: &mut Vec<u8>, v3: bool) 
     } else {
         None
     };
-    let coll = match cx.find(args.get(1), Kind::Set) {
-        Ok(Found::WrongType) => return enc::error(out, WRONGTYPE),
-        Ok(Found::Missing) => None,
-        Ok(Found::Coll(_, c)) => Some(c),
-        Err(e) => return storage_error(out, e),
+    let coll = match cx.lookup(args.get(1), Kind::Set) {
+        Ok(c) => c,
+        Err(msg) => return enc::error(out, &msg),
     };
     let db = cx.store.elems;
     let Some(n) = count else {

@@ -39,7 +39,7 @@ use std::ops::Bound;
 use heed::types::Bytes;
 use heed::{Database, RoRange, RoRevRange, RoTxn};
 
-use super::{CollMeta, Found, MAX_SUB, ReadCx, Tx, WRONGTYPE, clamp_range, elem_key};
+use super::{CollMeta, Found, MAX_SUB, ReadCx, Tx, clamp_range, elem_key};
 use crate::command::Outcome;
 use crate::protocol::resp::enc::{ScoreText, fmt_double as fmt_score};
 use crate::protocol::resp::{enc, parse_i64};
@@ -837,12 +837,7 @@ fn storage_err(e: impl std::fmt::Display) -> String {
 
 /// The sorted set under `key`: None when missing; Err: the error to answer.
 fn look(cx: &ReadCx<'_, '_>, key: &[u8]) -> Result<Option<CollMeta>, String> {
-    match cx.find(key, Kind::ZSet) {
-        Ok(Found::WrongType) => Err(WRONGTYPE.into()),
-        Ok(Found::Missing) => Ok(None),
-        Ok(Found::Coll(_, c)) => Ok(Some(c)),
-        Err(e) => Err(storage_err(e)),
-    }
+    cx.lookup(key, Kind::ZSet)
 }
 
 fn read_score(cx: &ReadCx<'_, '_>, id: u64, member: &[u8]) -> Result<Option<f64>, StoreError> {
