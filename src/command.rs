@@ -164,6 +164,96 @@ pub enum WriteOp {
     },
     /// A list, hash, set or sorted-set command (see `types`).
     Coll(crate::types::CollOp),
+    /// A meta-protocol (`mg` with T/N/R, or a stale item) or binary-protocol write; answers
+    /// `Outcome::Meta`.
+    Meta(Box<MetaOp>),
+}
+
+/// The writes of memcached's meta commands (`ms`, `md`, `ma`, and `mg` when it changes the
+/// item), which the binary protocol's commands are special cases of. Every `exptime` follows
+/// memcached's exptime rule; `new_cas` is the `E` flag (the CAS to give a changed item).
+#[derive(Debug, Clone, PartialEq)]
+pub enum MetaOp {
+    /// `ms`: store in `mode` (never `Cas`: a `compare` turns `Set` into a compare-and-set).
+    /// `invalidate` (`I`) stores even when `compare` is older than the item's CAS, marking the
+    /// new item stale; `vivify` (`N`) lets append/prepend create a missing item with that TTL.
+    Store {
+        mode: StoreMode,
+        kv: KeyValue,
+        flags: u32,
+        exptime: i64,
+        compare: Option<u64>,
+        invalidate: bool,
+        vivify: Option<i64>,
+        new_cas: Option<u64>,
+    },
+    /// `md`: delete, or with `invalidate` mark stale (new CAS, optional new TTL), or with
+    /// `keep` empty the value and keep the item.
+    Delete {
+        key: Vec<u8>,
+        compare: Option<u64>,
+        invalidate: bool,
+        exptime: Option<i64>,
+        keep: bool,
+        new_cas: Option<u64>,
+    },
+    /// `ma`: add or subtract `delta`; a miss with `vivify` creates the item holding `initial`
+    /// with that TTL; `exptime` sets the TTL on success.
+    Arith {
+        key: Vec<u8>,
+        incr: bool,
+        delta: u64,
+        compare: Option<u64>,
+        vivify: Option<i64>,
+        initial: u64,
+        exptime: Option<i64>,
+        new_cas: Option<u64>,
+    },
+    /// `mg` that may change the item: `touch` (`T`) sets its TTL, `vivify` (`N`) creates an
+    /// empty item on a miss, `recache` (`R`) hands out the win token when less TTL than this
+    /// remains; a stale item hands out the win token on its first fetch.
+    Get {
+        key: Vec<u8>,
+        touch: Option<i64>,
+        vivify: Option<i64>,
+        recache: Option<i64>,
+        new_cas: Option<u64>,
+    },
+}
+
+/// How a meta write went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetaCode {
+    /// Done (`HD`, or `VA` when a value is asked for).
+    Ok,
+    /// `mg` miss (`EN`).
+    Miss,
+    NotStored,
+    Exists,
+    NotFound,
+}
+
+/// A meta write's answer: its code and, when the command reports on the item, the item.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetaOut {
+    pub code: MetaCode,
+    pub item: Option<MetaItem>,
+}
+
+/// What a meta reply can say about an item: its fields as the command left them, except
+/// `expire_at`, which is the expiry *before* the command's own TTL change (memcached reports
+/// `t` that way).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetaItem {
+    pub flags: u32,
+    pub cas: u64,
+    pub expire_at: u64,
+    pub value: Vec<u8>,
+    pub stale: bool,
+    /// This request won the recache token (`W`).
+    pub won: bool,
+    /// The token had been handed out before this request (`Z`).
+    pub win_was_sent: bool,
 }
 
 /// One item returned by a write that also reads (gat).
@@ -220,4 +310,6 @@ pub enum Outcome {
     /// Pairs (e.g. ZPOPMIN with a count): a flat array in RESP2, an array of 2-element arrays
     /// in RESP3.
     Pairs(Vec<(Outcome, Outcome)>),
+    /// A meta or binary write's answer.
+    Meta(Box<MetaOut>),
 }

@@ -6,6 +6,8 @@
 //! not have arrived yet. Errors that memcached answers and recovers from are frames carrying
 //! their reply line; the connection stays in sync.
 
+use super::meta::{self, MetaCmd};
+
 /// Size limits the parser enforces.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -126,6 +128,8 @@ pub enum Request<'a> {
     /// `noreply` store). `reply` is the error line memcached suppresses; the server must not send
     /// it (it may log or count it). Like `Frame::Error`, the connection stays in sync.
     NoReplyError { reply: &'static str },
+    /// A meta command (`mg ms md ma mn me`).
+    Meta(super::meta::MetaRequest<'a>),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -151,15 +155,15 @@ pub struct Parsed<'a> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Incomplete;
 
-const ERROR: &str = "ERROR";
-const BAD_FORMAT: &str = "CLIENT_ERROR bad command line format";
-const BAD_DATA_CHUNK: &str = "CLIENT_ERROR bad data chunk";
+pub(super) const ERROR: &str = "ERROR";
+pub(super) const BAD_FORMAT: &str = "CLIENT_ERROR bad command line format";
+pub(super) const BAD_DATA_CHUNK: &str = "CLIENT_ERROR bad data chunk";
 const BAD_DELTA: &str = "CLIENT_ERROR invalid numeric delta argument";
 const BAD_EXPTIME: &str = "CLIENT_ERROR invalid exptime argument";
 const DELETE_USAGE: &str = "CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]";
 
 /// memcached refuses a `<bytes>` above `INT_MAX - 2` with `CLIENT_ERROR bad command line format`.
-const BYTES_MAX: i64 = i32::MAX as i64 - 2;
+pub(super) const BYTES_MAX: i64 = i32::MAX as i64 - 2;
 
 /// memcached tokenizes at most 23 tokens at a time (`MAX_TOKENS` 24, one slot for the rest); its
 /// unknown-command `HTTP/` check looks at the last of those.
@@ -181,7 +185,7 @@ const MULTIGET_LEADING_SPACES: usize = 100;
 ///   no `strtol` whitespace skipping, no silent 32-bit truncation of flags, verbosity or
 ///   `<bytes>`; `exptime` and the `flush_all` delay are `i64`;
 /// - a NUL byte is an ordinary byte (memcached ends the line at it);
-/// - commands memkeep lacks (meta commands, `bget`, `shutdown`, `slabs`, `lru_crawler`, ...)
+/// - commands memkeep lacks (`bget`, `shutdown`, `slabs`, `lru_crawler`, ...)
 ///   are unknown: `ERROR`.
 pub fn parse<'a>(buf: &'a [u8], limits: &Limits) -> Result<Parsed<'a>, Incomplete> {
     let limit = line_limit(buf, limits);
@@ -319,7 +323,7 @@ impl<'a> Tokens<'a> {
     }
 }
 
-fn valid_key(key: &[u8]) -> bool {
+pub(super) fn valid_key(key: &[u8]) -> bool {
     !key.is_empty() && key.len() <= KEY_MAX && key.iter().all(|&b| b > b' ' && b != 0x7f)
 }
 
@@ -337,7 +341,7 @@ fn digits(t: &[u8]) -> Option<u64> {
 }
 
 /// Unsigned decimal like memcached's `safe_strtoull`: an optional `+`, and `-` only for zero.
-fn parse_u64(t: &[u8]) -> Option<u64> {
+pub(super) fn parse_u64(t: &[u8]) -> Option<u64> {
     match t.split_first() {
         Some((b'+', rest)) => digits(rest),
         Some((b'-', rest)) => digits(rest).filter(|&v| v == 0),
@@ -345,12 +349,12 @@ fn parse_u64(t: &[u8]) -> Option<u64> {
     }
 }
 
-fn parse_u32(t: &[u8]) -> Option<u32> {
+pub(super) fn parse_u32(t: &[u8]) -> Option<u32> {
     parse_u64(t).and_then(|v| u32::try_from(v).ok())
 }
 
 /// Signed decimal with an optional `+` or `-`.
-fn parse_i64(t: &[u8]) -> Option<i64> {
+pub(super) fn parse_i64(t: &[u8]) -> Option<i64> {
     match t.split_first() {
         Some((b'-', rest)) => {
             let v = digits(rest)?;
@@ -402,6 +406,12 @@ fn parse_line<'a>(
         b"rget" => parse_rget(&t, line_len),
         b"db_checkpoint" if n == 1 => request(Request::DbCheckpoint, line_len),
         b"db_compact" | b"db_archive" if n == 1 => request(Request::DbCompact, line_len),
+        b"mg" => meta::parse(MetaCmd::Get, line, line_len, buf, limits),
+        b"ms" => meta::parse(MetaCmd::Set, line, line_len, buf, limits),
+        b"md" => meta::parse(MetaCmd::Delete, line, line_len, buf, limits),
+        b"ma" => meta::parse(MetaCmd::Arith, line, line_len, buf, limits),
+        b"me" => meta::parse(MetaCmd::Debug, line, line_len, buf, limits),
+        b"mn" => meta::parse(MetaCmd::Noop, line, line_len, buf, limits),
         cmd => {
             // memcached dispatches on the first letter for these; unknown commands there are
             // plain `ERROR`. Elsewhere an unknown command ending in `HTTP/...` is a web client.

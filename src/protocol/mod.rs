@@ -3,4 +3,5 @@
 //! connection's output buffer.
 
 pub mod memcache;
+pub mod meta;
 pub mod resp;

@@ -63,6 +63,8 @@ pub struct Conn {
     /// RESP state (protocol version, authentication, name); unused on the memcached port.
     pub resp: super::resp::Session,
     resp_bufs: super::resp::ArgBufs,
+    /// Meta writes in flight: what their replies echo.
+    pub meta_echo: super::meta::EchoQueue,
 }
 
 impl Conn {
@@ -91,6 +93,7 @@ impl Conn {
             last_active: std::time::Instant::now(),
             resp: super::resp::Session::default(),
             resp_bufs: super::resp::ArgBufs::default(),
+            meta_echo: Default::default(),
         }
     }
 
@@ -121,9 +124,13 @@ impl Conn {
         self.rend - self.rpos >= self.read_cap
     }
 
-    /// The unparsed input and the output buffer, borrowed together.
-    pub fn io(&mut self) -> (&[u8], &mut Vec<u8>) {
-        (&self.rbuf[self.rpos..self.rend], &mut self.wbuf)
+    /// The unparsed input, the output buffer and the meta echo queue, borrowed together.
+    pub fn io(&mut self) -> (&[u8], &mut Vec<u8>, &mut super::meta::EchoQueue) {
+        (
+            &self.rbuf[self.rpos..self.rend],
+            &mut self.wbuf,
+            &mut self.meta_echo,
+        )
     }
 
     pub fn consume(&mut self, n: usize) {

@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use log::{error, warn};
 
 use super::conn::{Conn, WRITE_HIGH};
+use super::meta::Echo;
 use super::stats::{Counters, Totals, rusage};
 use super::worker::{Pass, Reply, Stop, Tag};
 use crate::command::{KeyValue, Outcome, StoreMode, WriteOp};
@@ -27,6 +28,8 @@ pub enum McReply {
         with_cas: bool,
     },
     Flush,
+    /// A meta command; the reply's shape waits in the connection's echo queue.
+    Meta,
 }
 
 /// What a memcached client sees when a key holds a Redis collection (a list, hash, ...) where a
@@ -56,7 +59,7 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
         let inflight = conn.inflight;
         let peer = conn.peer;
         let authed = conn.mc_authed;
-        let (input, out) = conn.io();
+        let (input, out, echoes) = conn.io();
         let parsed = match parse(input, &pass.limits) {
             Err(Incomplete) => return Stop::NeedInput,
             Ok(p) => p,
@@ -125,13 +128,16 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
                 conn.closing = true;
                 return Stop::Close;
             }
+            Frame::Request(Request::Meta(ref m)) => super::meta::write_op(m)
+                .map(|op| (op, tag(false, McReply::Meta), Some(Echo::new(m)))),
             Frame::Request(ref req) => {
-                write_op(req).map(|(op, noreply, kind)| (op, tag(noreply, kind)))
+                write_op(req).map(|(op, noreply, kind)| (op, tag(noreply, kind), None))
             }
             Frame::Error(_) => None,
         };
         match write {
-            Some((op, tag)) => {
+            Some((op, tag, echo)) => {
+                echoes.extend(echo);
                 count_submit(pass.counters, &tag);
                 pass.pending
                     .push(crate::storage::writer::WriteRequest { tag, op });
@@ -143,6 +149,16 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
                 Frame::Error(msg) => {
                     log::debug!("{peer:?}: {msg}");
                     line(out, msg)
+                }
+                Frame::Request(Request::Meta(m)) => {
+                    // A fetch that turns out to change the item (a stale one's win token).
+                    if let Some(op) = super::meta::immediate(&m, out, pass) {
+                        echoes.push_back(Echo::new(&m));
+                        let tag = tag(false, McReply::Meta);
+                        pass.pending
+                            .push(crate::storage::writer::WriteRequest { tag, op });
+                        conn.inflight += 1;
+                    }
                 }
                 Frame::Request(req) => {
                     if immediate(req, out, pass) {
@@ -253,12 +269,12 @@ fn count_submit(c: &Counters, tag: &Tag) {
     }
 }
 
-fn line(out: &mut Vec<u8>, s: &str) {
+pub(super) fn line(out: &mut Vec<u8>, s: &str) {
     out.extend_from_slice(s.as_bytes());
     out.extend_from_slice(b"\r\n");
 }
 
-fn number(out: &mut Vec<u8>, n: impl itoa::Integer) {
+pub(super) fn number(out: &mut Vec<u8>, n: impl itoa::Integer) {
     out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
@@ -339,7 +355,8 @@ fn immediate(req: Request<'_>, out: &mut Vec<u8>, pass: &mut Pass<'_>) -> bool {
         | Request::Arith { .. }
         | Request::Touch { .. }
         | Request::Gat { .. }
-        | Request::FlushAll { .. } => {
+        | Request::FlushAll { .. }
+        | Request::Meta(_) => {
             error!("write request reached the read path");
             line(out, "SERVER_ERROR internal error");
         }
@@ -535,7 +552,8 @@ pub fn complete(
         | Outcome::Array(_)
         | Outcome::NilArray
         | Outcome::Pairs(_)
-        | Outcome::Set(_) => {
+        | Outcome::Set(_)
+        | Outcome::Meta(_) => {
             error!("a RESP outcome reached a memcached reply");
             line(out, "SERVER_ERROR internal error")
         }

@@ -4,6 +4,7 @@
 
 pub mod conn;
 pub mod memcache;
+pub mod meta;
 pub mod resp;
 pub mod stats;
 pub mod worker;

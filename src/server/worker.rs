@@ -272,6 +272,15 @@ impl Worker {
             }
             conn.inflight -= 1;
             match tag.reply {
+                Reply::Mc {
+                    kind: McReply::Meta,
+                    ..
+                } => super::meta::complete(
+                    &mut conn.wbuf,
+                    &mut conn.meta_echo,
+                    outcome,
+                    shared.clock.now_ms(),
+                ),
                 Reply::Mc { noreply, kind } => {
                     memcache::complete(&mut conn.wbuf, counters, noreply, kind, outcome)
                 }

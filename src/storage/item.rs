@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! byte 0      format version (1)
-//! byte 1      kind (low nibble) | HAS_FLAGS 0x10 | HAS_EXPIRY 0x20
+//! byte 1      kind (low nibble) | HAS_FLAGS 0x10 | HAS_EXPIRY 0x20 | STALE 0x40 | WIN_SENT 0x80
 //! bytes 2..10 cas, u64 little-endian
 //! [u32 LE]    client flags, only when HAS_FLAGS
 //! [u64 LE]    expire_at in unix ms, only when HAS_EXPIRY
@@ -16,6 +16,11 @@ use super::StoreError;
 pub const FORMAT_VERSION: u8 = 1;
 const HAS_FLAGS: u8 = 0x10;
 const HAS_EXPIRY: u8 = 0x20;
+/// Meta protocol: the item was invalidated (`md I`, `ms I`); `mg` reports it with `X`.
+const STALE: u8 = 0x40;
+/// Meta protocol: a client was already told it won the right to recache (`W`); later fetches
+/// see `Z`.
+const WIN_SENT: u8 = 0x80;
 const KIND_MASK: u8 = 0x0f;
 const BASE_LEN: usize = 10;
 /// Longest possible header.
@@ -64,16 +69,27 @@ pub struct ItemMeta {
     /// Absolute expiry in unix milliseconds; 0 = never.
     pub expire_at: u64,
     pub cas: u64,
+    /// Marked stale by a meta invalidation.
+    pub stale: bool,
+    /// A meta fetch already handed out the win (recache) token.
+    pub win_sent: bool,
 }
 
 impl ItemMeta {
     /// A plain string item: no flags, no expiry.
     pub fn string(cas: u64) -> ItemMeta {
+        ItemMeta::new(Kind::String, 0, 0, cas)
+    }
+
+    /// A fresh item: not stale, no win token handed out.
+    pub fn new(kind: Kind, flags: u32, expire_at: u64, cas: u64) -> ItemMeta {
         ItemMeta {
-            kind: Kind::String,
-            flags: 0,
-            expire_at: 0,
+            kind,
+            flags,
+            expire_at,
             cas,
+            stale: false,
+            win_sent: false,
         }
     }
 
@@ -94,6 +110,12 @@ impl ItemMeta {
         }
         if self.expire_at != 0 {
             tag |= HAS_EXPIRY;
+        }
+        if self.stale {
+            tag |= STALE;
+        }
+        if self.win_sent {
+            tag |= WIN_SENT;
         }
         out[0] = FORMAT_VERSION;
         out[1] = tag;
@@ -157,6 +179,8 @@ pub fn decode(bytes: &[u8]) -> Result<ItemRef<'_>, StoreError> {
             flags,
             expire_at,
             cas,
+            stale: tag & STALE != 0,
+            win_sent: tag & WIN_SENT != 0,
         },
         value: &bytes[at..],
     })
@@ -178,56 +202,15 @@ mod tests {
 
     #[test]
     fn items_roundtrip_with_and_without_optional_fields() {
-        roundtrip(
-            ItemMeta {
-                kind: Kind::String,
-                flags: 0,
-                expire_at: 0,
-                cas: 1,
-            },
-            b"v",
-        );
-        roundtrip(
-            ItemMeta {
-                kind: Kind::String,
-                flags: u32::MAX,
-                expire_at: 0,
-                cas: 7,
-            },
-            b"",
-        );
-        roundtrip(
-            ItemMeta {
-                kind: Kind::String,
-                flags: 0,
-                expire_at: 99,
-                cas: u64::MAX,
-            },
-            b"xy",
-        );
-        roundtrip(
-            ItemMeta {
-                kind: Kind::String,
-                flags: 5,
-                expire_at: 1 << 40,
-                cas: 3,
-            },
-            &[0; 300],
-        );
+        roundtrip(ItemMeta::new(Kind::String, 0, 0, 1), b"v");
+        roundtrip(ItemMeta::new(Kind::String, u32::MAX, 0, 7), b"");
+        roundtrip(ItemMeta::new(Kind::String, 0, 99, u64::MAX), b"xy");
+        roundtrip(ItemMeta::new(Kind::String, 5, 1 << 40, 3), &[0; 300]);
     }
 
     #[test]
     fn common_header_is_ten_bytes() {
-        assert_eq!(
-            ItemMeta {
-                kind: Kind::String,
-                flags: 0,
-                expire_at: 0,
-                cas: 9
-            }
-            .header_len(),
-            10
-        );
+        assert_eq!(ItemMeta::new(Kind::String, 0, 0, 9).header_len(), 10);
     }
 
     #[test]

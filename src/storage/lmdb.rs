@@ -445,12 +445,7 @@ mod tests {
     use super::*;
 
     fn meta(cas: u64, expire_at: u64) -> ItemMeta {
-        ItemMeta {
-            kind: Kind::String,
-            flags: 7,
-            expire_at,
-            cas,
-        }
+        ItemMeta::new(Kind::String, 7, expire_at, cas)
     }
 
     #[test]

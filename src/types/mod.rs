@@ -148,12 +148,7 @@ impl<'e> Tx<'_, '_, 'e> {
         store.mark_collections(txn)?;
         let id = self.w.next_cas();
         Ok((
-            ItemMeta {
-                kind,
-                flags: 0,
-                expire_at: 0,
-                cas: id,
-            },
+            ItemMeta::new(kind, 0, 0, id),
             CollMeta {
                 id,
                 len: 0,

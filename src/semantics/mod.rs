@@ -10,6 +10,8 @@ use crate::command::{
 };
 use crate::storage::{ItemMeta, Kind, StoreError, WriteView};
 
+pub mod meta;
+
 /// memcached's REALTIME_MAXDELTA: exptimes up to 30 days are relative, larger are unix times.
 pub const REALTIME_MAXDELTA: i64 = 60 * 60 * 24 * 30;
 
@@ -205,6 +207,7 @@ fn apply_inner<S: WriteView>(s: &mut S, op: &WriteOp, ctx: Ctx) -> Result<Outcom
             }
             Ok(if *nx { Outcome::Int(1) } else { Outcome::Done })
         }
+        WriteOp::Meta(op) => meta::apply(s, op, ctx),
         WriteOp::FlushAll { delay } => {
             match flush_deadline(*delay, ctx.now_ms) {
                 None => s.clear()?,
@@ -229,11 +232,13 @@ fn store<S: WriteView>(
     ctx: Ctx,
 ) -> Result<Outcome, StoreError> {
     let key = kv.key();
-    let fresh = |s: &mut S| ItemMeta {
-        kind: Kind::String,
-        flags,
-        expire_at: expire_at(exptime, ctx.now_ms),
-        cas: s.next_cas(),
+    let fresh = |s: &mut S| {
+        ItemMeta::new(
+            Kind::String,
+            flags,
+            expire_at(exptime, ctx.now_ms),
+            s.next_cas(),
+        )
     };
     match mode {
         StoreMode::Set => {}
@@ -320,12 +325,7 @@ fn resp_set<S: WriteView>(
         Expiry::Clear => 0,
         Expiry::At(at) => at,
     };
-    let meta = ItemMeta {
-        kind: Kind::String,
-        flags: 0,
-        expire_at,
-        cas: s.next_cas(),
-    };
+    let meta = ItemMeta::new(Kind::String, 0, expire_at, s.next_cas());
     s.put(kv.key(), &meta, &[kv.value()])?;
     Ok(if get { old_reply(old) } else { Outcome::Done })
 }

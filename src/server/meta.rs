@@ -1,0 +1,292 @@
+//! Runs memcached meta commands on the memcached port: `mg` without `T`/`N`/`R` is answered
+//! from the pass's read transaction; `ms`, `md`, `ma` and item-changing `mg`s go to the writer
+//! as `MetaOp`s. Replies echo the request's return flags in request order, as memcached 1.6.18
+//! formats them (`proto/memcache/meta-*.txt` pin them byte for byte).
+
+use std::collections::VecDeque;
+
+use log::error;
+
+use super::memcache::{WRONGTYPE, line, number};
+use super::stats::Counters;
+use super::worker::Pass;
+use crate::command::{KeyValue, MetaCode, MetaItem, MetaOp, Outcome, WriteOp};
+use crate::protocol::meta::{MetaCmd, MetaRequest, flag_tokens};
+use crate::semantics::meta::ttl_secs;
+use crate::storage::{ItemRef, Kind};
+
+/// What a meta write's reply needs from its request, kept on the connection until the write
+/// commits (completions come back in request order).
+#[derive(Debug)]
+pub struct Echo {
+    cmd: MetaCmd,
+    raw_key: Vec<u8>,
+    flag_text: Vec<u8>,
+}
+
+pub type EchoQueue = VecDeque<Echo>;
+
+impl Echo {
+    pub fn new(m: &MetaRequest<'_>) -> Echo {
+        Echo {
+            cmd: m.cmd,
+            raw_key: m.raw_key.to_vec(),
+            flag_text: m.flag_text.to_vec(),
+        }
+    }
+}
+
+/// The write a meta request turns into, if it is one (`mg` only when it may change the item).
+pub fn write_op(m: &MetaRequest<'_>) -> Option<WriteOp> {
+    let f = &m.flags;
+    let key = || m.key.to_vec();
+    let op = match m.cmd {
+        MetaCmd::Set => MetaOp::Store {
+            mode: f.store_mode(),
+            kv: KeyValue::new(&m.key, m.data),
+            flags: f.client_flags,
+            exptime: f.ttl.unwrap_or(0),
+            compare: f.compare,
+            invalidate: f.has(b'I'),
+            vivify: f.vivify,
+            new_cas: f.new_cas,
+        },
+        MetaCmd::Delete => MetaOp::Delete {
+            key: key(),
+            compare: f.compare,
+            invalidate: f.has(b'I'),
+            exptime: f.ttl,
+            keep: f.has(b'x'),
+            new_cas: f.new_cas,
+        },
+        MetaCmd::Arith => MetaOp::Arith {
+            key: key(),
+            incr: f.incr(),
+            delta: f.delta,
+            compare: f.compare,
+            vivify: f.vivify,
+            initial: f.initial,
+            exptime: f.ttl,
+            new_cas: f.new_cas,
+        },
+        MetaCmd::Get if f.ttl.is_some() || f.vivify.is_some() || f.recache.is_some() => get_op(m),
+        MetaCmd::Get | MetaCmd::Debug | MetaCmd::Noop => return None,
+    };
+    Some(WriteOp::Meta(Box::new(op)))
+}
+
+fn get_op(m: &MetaRequest<'_>) -> MetaOp {
+    MetaOp::Get {
+        key: m.key.to_vec(),
+        touch: m.flags.ttl,
+        vivify: m.flags.vivify,
+        recache: m.flags.recache,
+        new_cas: m.flags.new_cas,
+    }
+}
+
+/// Answers a meta request that needs no write. A fetch of a stale item whose win token is
+/// still to be handed out must change the item: that returns the write to submit instead.
+pub fn immediate(m: &MetaRequest<'_>, out: &mut Vec<u8>, pass: &mut Pass<'_>) -> Option<WriteOp> {
+    match m.cmd {
+        MetaCmd::Noop => line(out, "MN"),
+        MetaCmd::Get => {
+            Counters::bump(&pass.counters.cmd_get);
+            match lookup(m, pass) {
+                Err(msg) => line(out, msg),
+                Ok(None) => {
+                    Counters::bump(&pass.counters.get_misses);
+                    reply(out, m.cmd, m.raw_key, m.flag_text, MetaCode::Miss, None);
+                }
+                Ok(Some(item)) if item.stale && !item.win_was_sent => {
+                    return Some(WriteOp::Meta(Box::new(get_op(m))));
+                }
+                Ok(Some(item)) => {
+                    Counters::bump(&pass.counters.get_hits);
+                    reply(
+                        out,
+                        m.cmd,
+                        m.raw_key,
+                        m.flag_text,
+                        MetaCode::Ok,
+                        Some(&item),
+                    );
+                }
+            }
+        }
+        MetaCmd::Debug => match lookup(m, pass) {
+            Err(msg) => line(out, msg),
+            Ok(None) => line(out, "EN"),
+            Ok(Some(item)) => {
+                out.extend_from_slice(b"ME ");
+                out.extend_from_slice(m.raw_key);
+                out.extend_from_slice(b" exp=");
+                number(out, item.expire_at as i64);
+                out.extend_from_slice(b" la=0 cas=");
+                number(out, item.cas);
+                out.extend_from_slice(b" fetch=no cls=1 size=");
+                number(out, m.key.len() + item.value.len());
+                out.extend_from_slice(b"\r\n");
+            }
+        },
+        MetaCmd::Set | MetaCmd::Delete | MetaCmd::Arith => {
+            error!("a meta write reached the read path");
+            line(out, "SERVER_ERROR internal error");
+        }
+    }
+    None
+}
+
+/// The live string item under the request's key, as a reply sees it (`expire_at` holds the TTL
+/// in seconds, -1 for none).
+fn lookup(m: &MetaRequest<'_>, pass: &mut Pass<'_>) -> Result<Option<MetaItem>, &'static str> {
+    let flushed = pass.flushed();
+    let now = pass.now_ms;
+    let (store, txn) = pass.txn().map_err(|e| {
+        error!("cannot open read transaction: {e}");
+        "SERVER_ERROR temporary failure"
+    })?;
+    match store.get(txn, &m.key) {
+        Ok(Some(ItemRef { meta, value })) if !flushed && !meta.is_expired(now) => {
+            if meta.kind != Kind::String {
+                return Err(WRONGTYPE);
+            }
+            Ok(Some(MetaItem {
+                flags: meta.flags,
+                cas: meta.cas,
+                expire_at: ttl_secs(meta.expire_at, now) as u64,
+                value: value.to_vec(),
+                stale: meta.stale,
+                won: false,
+                win_was_sent: meta.win_sent,
+            }))
+        }
+        Ok(_) => Ok(None),
+        Err(e) => {
+            error!("read of a stored item failed: {e}");
+            Err("SERVER_ERROR temporary failure")
+        }
+    }
+}
+
+/// Encodes a meta write's reply once it has committed.
+pub fn complete(out: &mut Vec<u8>, echoes: &mut EchoQueue, outcome: Outcome, now_ms: u64) {
+    let Some(echo) = echoes.pop_front() else {
+        error!("a meta completion without its request");
+        return line(out, "SERVER_ERROR internal error");
+    };
+    match outcome {
+        Outcome::Meta(m) => {
+            let item = m.item.map(|mut item| {
+                item.expire_at = ttl_secs(item.expire_at, now_ms) as u64;
+                item
+            });
+            reply(
+                out,
+                echo.cmd,
+                &echo.raw_key,
+                &echo.flag_text,
+                m.code,
+                item.as_ref(),
+            );
+        }
+        Outcome::WrongType => line(out, WRONGTYPE),
+        Outcome::NonNumeric => line(
+            out,
+            "CLIENT_ERROR cannot increment or decrement non-numeric value",
+        ),
+        Outcome::TooLarge => line(out, "SERVER_ERROR object too large for cache"),
+        Outcome::Full => line(out, "SERVER_ERROR out of memory storing object"),
+        Outcome::BadKey => line(out, "CLIENT_ERROR bad command line format"),
+        other => {
+            if !matches!(other, Outcome::Failed) {
+                error!("unexpected outcome for a meta write: {other:?}");
+            }
+            line(out, "SERVER_ERROR storage failure");
+        }
+    }
+}
+
+/// Writes a meta reply. `item.expire_at` is the TTL in seconds (-1 for none), as a u64 bit
+/// pattern.
+fn reply(
+    out: &mut Vec<u8>,
+    cmd: MetaCmd,
+    raw_key: &[u8],
+    flag_text: &[u8],
+    code: MetaCode,
+    item: Option<&MetaItem>,
+) {
+    let has = |c: u8| flag_tokens(flag_text).any(|t| t[0] == c);
+    let quiet = has(b'q');
+    let with_value = has(b'v') && matches!(cmd, MetaCmd::Get | MetaCmd::Arith);
+    let head: &[u8] = match code {
+        // memcached 1.6.18: `q` hides `EN` for mg and `HD` for the others.
+        MetaCode::Miss if quiet => return,
+        MetaCode::Miss => b"EN",
+        MetaCode::Ok if with_value && item.is_some() => b"VA",
+        MetaCode::Ok if quiet && cmd != MetaCmd::Get => return,
+        MetaCode::Ok => b"HD",
+        MetaCode::NotStored => b"NS",
+        MetaCode::Exists => b"EX",
+        MetaCode::NotFound => b"NF",
+    };
+    out.extend_from_slice(head);
+    let value = item.filter(|_| head == b"VA").map(|i| i.value.as_slice());
+    if let Some(v) = value {
+        out.push(b' ');
+        number(out, v.len());
+    }
+    let base64 = has(b'b');
+    for tok in flag_tokens(flag_text) {
+        match (tok[0], item) {
+            (b'O', _) => {
+                out.push(b' ');
+                out.extend_from_slice(tok);
+            }
+            (b'k', _) => {
+                out.extend_from_slice(b" k");
+                out.extend_from_slice(raw_key);
+                if base64 {
+                    out.extend_from_slice(b" b");
+                }
+            }
+            (b'c', Some(i)) if cmd != MetaCmd::Delete => {
+                out.extend_from_slice(b" c");
+                number(out, i.cas);
+            }
+            (b't', Some(i)) if matches!(cmd, MetaCmd::Get | MetaCmd::Arith) => {
+                out.extend_from_slice(b" t");
+                number(out, i.expire_at as i64);
+            }
+            (b'f', Some(i)) if cmd == MetaCmd::Get => {
+                out.extend_from_slice(b" f");
+                number(out, i.flags);
+            }
+            (b's', Some(i)) if cmd == MetaCmd::Get => {
+                out.extend_from_slice(b" s");
+                number(out, i.value.len());
+            }
+            // memkeep keeps no access history: never fetched before, last access now.
+            (b'h', Some(_)) if cmd == MetaCmd::Get => out.extend_from_slice(b" h0"),
+            (b'l', Some(_)) if cmd == MetaCmd::Get => out.extend_from_slice(b" l0"),
+            _ => {}
+        }
+    }
+    if let (MetaCmd::Get, Some(i)) = (cmd, item) {
+        if i.win_was_sent {
+            out.extend_from_slice(b" Z");
+        }
+        if i.stale {
+            out.extend_from_slice(b" X");
+        }
+        if i.won {
+            out.extend_from_slice(b" W");
+        }
+    }
+    out.extend_from_slice(b"\r\n");
+    if let Some(v) = value {
+        out.extend_from_slice(v);
+        out.extend_from_slice(b"\r\n");
+    }
+}
