@@ -395,7 +395,7 @@ public class SpyCheck {
         int port = Integer.parseInt(args[0]);
         ConnectionFactory cf = new ConnectionFactoryBuilder()
             .setOpTimeout(30000)
-            .setProtocol(ConnectionFactoryBuilder.Protocol.TEXT)
+            .setProtocol(ConnectionFactoryBuilder.Protocol.valueOf(args[1]))
             .build();
         final MemcachedClient c = new MemcachedClient(cf,
             Collections.singletonList(new InetSocketAddress("127.0.0.1", port)));
@@ -501,28 +501,35 @@ fn spy_classpath() -> String {
     SPY_JAR.to_string()
 }
 
+/// spymemcached with its text connection factory and with its binary one, each against a fresh
+/// server.
 #[test]
-fn spymemcached_client() {
+fn spymemcached_client_text_and_binary() {
     let cp = spy_classpath();
     tool("javac");
     tool("java");
-    let mut server = Server::start(BIN, &[]);
     let dir = tempfile::tempdir().expect("temp dir");
     std::fs::write(dir.path().join("SpyCheck.java"), SPY_PROGRAM).expect("write java");
-    let mut javac = Command::new("javac");
-    javac
-        .args(["-nowarn", "-cp", &cp, "-d"])
-        .arg(dir.path())
-        .arg(dir.path().join("SpyCheck.java"));
-    javac_run(javac).success(&[&server]);
-    let mut java = Command::new("java");
-    java.arg("-cp")
-        .arg(format!("{cp}:{}", dir.path().display()))
-        .args(["-Xss512k", "-XX:+UseSerialGC", "SpyCheck"])
-        .arg(server.port().to_string());
-    let run = run_bounded(java, b"", CLIENT_DEADLINE).success(&[&server]);
-    assert!(run.stdout.contains("OK"), "{}", run.describe());
-    assert_healthy(&mut server);
+    for protocol in ["TEXT", "BINARY"] {
+        let mut server = Server::start(BIN, &[]);
+        if protocol == "TEXT" {
+            let mut javac = Command::new("javac");
+            javac
+                .args(["-nowarn", "-cp", &cp, "-d"])
+                .arg(dir.path())
+                .arg(dir.path().join("SpyCheck.java"));
+            javac_run(javac).success(&[&server]);
+        }
+        let mut java = Command::new("java");
+        java.arg("-cp")
+            .arg(format!("{cp}:{}", dir.path().display()))
+            .args(["-Xss512k", "-XX:+UseSerialGC", "SpyCheck"])
+            .arg(server.port().to_string())
+            .arg(protocol);
+        let run = run_bounded(java, b"", CLIENT_DEADLINE).success(&[&server]);
+        assert!(run.stdout.contains("OK"), "{protocol}: {}", run.describe());
+        assert_healthy(&mut server);
+    }
 }
 
 fn javac_run(cmd: Command) -> Run {

@@ -1261,8 +1261,9 @@ fn on_path(program: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// The whole suite: without `-a`, memccapable runs its ascii tests and then its binary ones.
 #[test]
-fn memccapable_ascii_suite_passes() {
+fn memccapable_ascii_and_binary_suites_pass() {
     let Some(memccapable) = on_path("memccapable") else {
         panic!("memccapable is not on PATH: run `make deps` (it installs libmemcached-tools)");
     };
@@ -1271,7 +1272,7 @@ fn memccapable_ascii_suite_passes() {
     let out_path = tmp.path().join("memccapable.out");
     let out = File::create(&out_path).expect("output file");
     let mut child = Command::new(&memccapable)
-        .args(["-a", "-h", "127.0.0.1", "-p", &server.port().to_string()])
+        .args(["-h", "127.0.0.1", "-p", &server.port().to_string()])
         .stdin(Stdio::null())
         .stdout(out.try_clone().expect("clone file"))
         .stderr(out)
@@ -1291,6 +1292,12 @@ fn memccapable_ascii_suite_passes() {
         "memccapable output:\n{text}"
     );
     assert!(!text.contains("[FAIL]"), "memccapable output:\n{text}");
+    for test in ["ascii get", "binary get", "binary incrq", "binary stat"] {
+        let passed = text
+            .lines()
+            .any(|l| l.starts_with(test) && l.trim_end().ends_with("[pass]"));
+        assert!(passed, "memccapable did not pass `{test}`:\n{text}");
+    }
     assert!(
         status.success(),
         "memccapable exited with {status}:\n{text}"
@@ -1419,5 +1426,91 @@ fn unreadable_auth_file_stops_startup_with_one_line() {
     assert!(
         err.contains("cannot read auth file /nonexistent/users"),
         "{err}"
+    );
+}
+
+/// A binary-protocol request packet.
+fn bin_packet(opcode: u8, extras: &[u8], key: &[u8], value: &[u8]) -> Vec<u8> {
+    let mut p = vec![0x80, opcode];
+    p.extend_from_slice(&(key.len() as u16).to_be_bytes());
+    p.push(extras.len() as u8);
+    p.extend_from_slice(&[0, 0, 0]);
+    p.extend_from_slice(&((extras.len() + key.len() + value.len()) as u32).to_be_bytes());
+    p.extend_from_slice(&[0; 12]);
+    p.extend_from_slice(extras);
+    p.extend_from_slice(key);
+    p.extend_from_slice(value);
+    p
+}
+
+/// Sends one binary request and reads one response: (status, body after extras and key), or
+/// None when the server closed the connection.
+fn bin_ask(conn: &mut TcpStream, packet: &[u8]) -> Option<(u16, Vec<u8>)> {
+    conn.write_all(packet).expect("send");
+    let mut header = [0u8; 24];
+    conn.read_exact(&mut header).ok()?;
+    assert_eq!(header[0], 0x81, "response magic");
+    let status = u16::from_be_bytes([header[6], header[7]]);
+    let body = u32::from_be_bytes([header[8], header[9], header[10], header[11]]) as usize;
+    let skip = header[4] as usize + u16::from_be_bytes([header[2], header[3]]) as usize;
+    let mut rest = vec![0u8; body];
+    conn.read_exact(&mut rest).expect("body");
+    Some((status, rest[skip..].to_vec()))
+}
+
+/// SASL PLAIN on the binary protocol checks the same auth file as the text protocol's -Y.
+#[test]
+fn binary_sasl_plain_uses_the_auth_file() {
+    const LIST_MECHS: u8 = 0x20;
+    const AUTH: u8 = 0x21;
+    const GET: u8 = 0x00;
+    const SET: u8 = 0x01;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let users = dir.path().join("users");
+    std::fs::write(&users, "alice:secret\n").expect("write");
+    let server = Server::start(BIN, &["-Y", users.to_str().expect("utf8")]);
+    let open = || {
+        let c = server.connect();
+        c.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        c
+    };
+    let mut c = open();
+    assert_eq!(
+        bin_ask(&mut c, &bin_packet(LIST_MECHS, &[], &[], &[])),
+        Some((0, b"PLAIN".to_vec()))
+    );
+    // Anything else before authenticating: an auth error, then the connection is closed.
+    assert_eq!(
+        bin_ask(&mut c, &bin_packet(GET, &[], b"k", &[])).map(|r| r.0),
+        Some(0x20)
+    );
+    assert_eq!(bin_ask(&mut c, &bin_packet(GET, &[], b"k", &[])), None);
+    let mut c = open();
+    assert_eq!(
+        bin_ask(&mut c, &bin_packet(AUTH, &[], b"PLAIN", b"\0alice\0wrong")),
+        Some((0x20, b"Auth failure.".to_vec()))
+    );
+    assert_eq!(
+        bin_ask(&mut c, &bin_packet(AUTH, &[], b"PLAIN", b"\0alice\0secret")),
+        Some((0, b"Authenticated".to_vec()))
+    );
+    let extras = [0u8; 8];
+    assert_eq!(
+        bin_ask(&mut c, &bin_packet(SET, &extras, b"k", b"v1")).map(|r| r.0),
+        Some(0)
+    );
+    assert_eq!(
+        bin_ask(&mut c, &bin_packet(GET, &[], b"k", &[])),
+        Some((0, b"v1".to_vec()))
+    );
+    // Without an auth file there is no SASL: memcached without -S says unknown command.
+    let plain = Server::start(BIN, &[]);
+    let mut c = plain.connect();
+    c.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    assert_eq!(
+        bin_ask(&mut c, &bin_packet(LIST_MECHS, &[], &[], &[])).map(|r| r.0),
+        Some(0x81)
     );
 }

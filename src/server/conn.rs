@@ -56,8 +56,10 @@ pub struct Conn {
     pub dirty: bool,
     /// The client's address, for log lines.
     pub peer: Option<std::net::SocketAddr>,
-    /// memcached ASCII authentication (`auth_file`) succeeded on this connection.
+    /// memcached ASCII authentication or SASL (`auth_file`) succeeded on this connection.
     pub mc_authed: bool,
+    /// The memcached port's connection speaks the binary protocol (decided by its first byte).
+    pub mc_binary: Option<bool>,
     /// When the client last sent bytes (for `idle_timeout`).
     pub last_active: std::time::Instant,
     /// RESP state (protocol version, authentication, name); unused on the memcached port.
@@ -90,6 +92,7 @@ impl Conn {
             dirty: false,
             peer: None,
             mc_authed: false,
+            mc_binary: None,
             last_active: std::time::Instant::now(),
             resp: super::resp::Session::default(),
             resp_bufs: super::resp::ArgBufs::default(),

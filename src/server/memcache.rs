@@ -41,6 +41,15 @@ pub const VERSION: &str = concat!("1.6.18-memkeep-", env!("CARGO_PKG_VERSION"));
 
 /// Parses and runs up to `budget` requests from `conn`'s input.
 pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -> Stop {
+    // The first byte decides, once per connection: the binary request magic, or text.
+    if conn.mc_binary.is_none()
+        && let Some(&first) = conn.input().first()
+    {
+        conn.mc_binary = Some(crate::protocol::binary::is_binary(first));
+    }
+    if conn.mc_binary == Some(true) {
+        return super::binary::process(conn, pass, slot, budget);
+    }
     let mut left = budget;
     loop {
         if conn.swallow > 0 {
@@ -565,7 +574,7 @@ fn stat(out: &mut Vec<u8>, name: &str, value: impl std::fmt::Display) {
     let _ = write!(out, "STAT {name} {value}\r\n");
 }
 
-fn stats(args: &[u8], out: &mut Vec<u8>, pass: &mut Pass<'_>) {
+pub(super) fn stats(args: &[u8], out: &mut Vec<u8>, pass: &mut Pass<'_>) {
     let shared = pass.shared;
     let cfg = &shared.config;
     match args {

@@ -27,6 +27,19 @@ pub struct Echo {
 pub type EchoQueue = VecDeque<Echo>;
 
 impl Echo {
+    /// A binary GATK's key, which its reply carries.
+    pub fn key_only(key: Vec<u8>) -> Echo {
+        Echo {
+            cmd: MetaCmd::Get,
+            raw_key: key,
+            flag_text: Vec::new(),
+        }
+    }
+
+    pub fn into_key(self) -> Vec<u8> {
+        self.raw_key
+    }
+
     pub fn new(m: &MetaRequest<'_>) -> Echo {
         Echo {
             cmd: m.cmd,

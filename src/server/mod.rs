@@ -2,6 +2,7 @@
 //! event loop, and the writer thread. Shutdown (SIGINT/SIGTERM) stops accepting, lets workers
 //! finish what is in flight, lets the writer commit and sync, then closes the environment.
 
+pub mod binary;
 pub mod conn;
 pub mod memcache;
 pub mod meta;

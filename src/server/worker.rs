@@ -50,6 +50,7 @@ pub struct Tag {
 pub enum Reply {
     Mc { noreply: bool, kind: McReply },
     Resp { kind: super::resp::RespReply },
+    Bin(super::binary::BinReply),
 }
 
 /// Why a connection's processing stopped this pass.
@@ -284,6 +285,13 @@ impl Worker {
                 Reply::Mc { noreply, kind } => {
                     memcache::complete(&mut conn.wbuf, counters, noreply, kind, outcome)
                 }
+                Reply::Bin(r) => super::binary::complete(
+                    &mut conn.wbuf,
+                    &mut conn.meta_echo,
+                    counters,
+                    r,
+                    outcome,
+                ),
                 Reply::Resp { kind } => {
                     super::resp::complete(&mut conn.wbuf, conn.resp.v3, kind, outcome)
                 }
