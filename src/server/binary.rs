@@ -9,7 +9,7 @@
 
 use log::{debug, error};
 
-use super::conn::{Conn, WRITE_HIGH};
+use super::conn::Conn;
 use super::memcache::WRONGTYPE;
 use super::stats::Counters;
 use super::worker::{Pass, Reply, Stop, Tag};
@@ -57,7 +57,7 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
         if left == 0 {
             return Stop::Budget;
         }
-        if conn.pending_output() >= WRITE_HIGH {
+        if conn.backlogged() {
             return Stop::Blocked;
         }
         let (epoch, inflight, authed, peer) =

@@ -15,6 +15,9 @@ use super::stats::Counters;
 const READ_INITIAL: usize = 16 * 1024;
 /// Above this much unsent output, stop parsing requests until the client catches up.
 pub const WRITE_HIGH: usize = 4 * 1024 * 1024;
+/// Writes one connection may have waiting for the writer; past this it stops taking requests
+/// until some commit (a pipelining client cannot queue unbounded work in memory).
+pub const MAX_INFLIGHT: usize = 128;
 /// Write buffers larger than this are released once flushed.
 const WRITE_KEEP: usize = 256 * 1024;
 
@@ -153,6 +156,11 @@ impl Conn {
         let n = self.swallow.min(self.rend - self.rpos);
         self.swallow -= n;
         self.consume(n);
+    }
+
+    /// Too much is waiting (unsent replies, or writes not yet committed) to take more requests.
+    pub fn backlogged(&self) -> bool {
+        self.pending_output() >= WRITE_HIGH || self.inflight >= MAX_INFLIGHT
     }
 
     /// Unsent output bytes.

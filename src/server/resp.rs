@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering;
 
 use log::error;
 
-use super::conn::{Conn, WRITE_HIGH};
+use super::conn::Conn;
 use super::stats::{Counters, Totals, rusage};
 use super::worker::{Pass, Reply, Stop, Tag};
 use crate::command::{ExpireCond, Expiry, KeyValue, Outcome, SetCond, WriteOp};
@@ -302,7 +302,7 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
         if left == 0 {
             return Stop::Budget;
         }
-        if conn.pending_output() >= WRITE_HIGH {
+        if conn.backlogged() {
             return Stop::Blocked;
         }
         let epoch = conn.epoch;
