@@ -2,5 +2,6 @@
 //! consumed; needing more bytes is `Incomplete`, never an I/O error. Encoders append replies to a
 //! connection's output buffer.
 
+pub mod binary;
 pub mod memcache;
 pub mod resp;
