@@ -31,6 +31,7 @@ test: deps lint unit
 # right (cases that need memkeep's clock or restarts are skipped there).
 conformance: deps
 	MEMKEEP_CONFORMANCE=memcached $(CARGO) test --release --test transcripts
+	MEMKEEP_CONFORMANCE=memcached $(CARGO) test --release --test binary_vectors
 	MEMKEEP_CONFORMANCE=redis $(CARGO) test --release --test transcripts
 
 clean:

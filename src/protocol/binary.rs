@@ -317,12 +317,26 @@ impl Packet<'_> {
         self.body() == 0
     }
     fn error(&self, status: u16, close: bool, swallow: usize) -> Parsed<'static> {
+        self.reply(status, close, false, swallow)
+    }
+    /// memcached's reply to a body shorter than its extras and key: unknown command, then
+    /// close, sent before any authentication check.
+    fn short_body(&self) -> Parsed<'static> {
+        self.reply(status::UNKNOWN_COMMAND, true, true, 0)
+    }
+    fn reply(
+        &self,
+        status: u16,
+        close: bool,
+        before_auth: bool,
+        swallow: usize,
+    ) -> Parsed<'static> {
         let e = ErrorReply {
             opcode: self.h.opcode,
             opaque: self.h.opaque,
             status,
             close,
-            before_auth: false,
+            before_auth,
         };
         Parsed {
             frame: Frame::Error(e),
@@ -448,11 +462,7 @@ pub fn parse<'a>(buf: &'a [u8], limits: &Limits) -> Result<Parsed<'a>, Incomplet
         value_len: body.saturating_sub(ext + key_len),
     };
     if ext + key_len > body {
-        let mut parsed = p.error(status::UNKNOWN_COMMAND, true, 0);
-        if let Frame::Error(e) = &mut parsed.frame {
-            e.before_auth = true;
-        }
-        return Ok(parsed);
+        return Ok(p.short_body());
     }
     if key_len > KEY_MAX {
         return Ok(p.invalid());

@@ -41,6 +41,8 @@ pub struct Options {
     pub debug_clock_ms: Option<u64>,
     /// Also listen for RESP on a second free port (otherwise `--resp-port 0`).
     pub resp: bool,
+    /// Extra environment variables for the server process.
+    pub env: Vec<(String, String)>,
 }
 
 pub struct Server {
@@ -51,6 +53,8 @@ pub struct Server {
     port: u16,
     resp_port: Option<u16>,
     dir: TempDir,
+    /// Other directories that must live as long as the server (e.g. its SASL configuration).
+    keep: Vec<TempDir>,
     /// Number of times the process has been launched (the logs keep every run).
     launches: usize,
 }
@@ -88,10 +92,62 @@ impl Server {
     /// Start the real memcached (`$MEMCACHED_BIN` or `memcached` on PATH) the same way, for
     /// conformance runs: `memcached -p <port> -l 127.0.0.1 -U 0 -I 1m`.
     pub fn memcached() -> Server {
+        Server::memcached_with(Options::default())
+    }
+
+    /// The real memcached with extra arguments (`opts.args`, after the fixed ones) and
+    /// environment (`opts.env`); the other options do not apply to it.
+    pub fn memcached_with(opts: Options) -> Server {
         let bin = std::env::var_os("MEMCACHED_BIN")
             .map(PathBuf::from)
             .unwrap_or_else(|| "memcached".into());
-        Server::spawn_new(Kind::Memcached, bin, Options::default())
+        Server::spawn_new(Kind::Memcached, bin, opts)
+    }
+
+    /// The real memcached requiring SASL PLAIN authentication (`-S`) for one user, through
+    /// Cyrus SASL's sasldb: the database is made with `saslpasswd2` (Debian: `sasl2-bin`) in a
+    /// temporary directory that `SASL_CONF_PATH` points at. Err (with the reason) when that
+    /// tool is missing or fails, so callers can skip.
+    pub fn memcached_sasl(user: &str, password: &str) -> Result<Server, String> {
+        let conf = tempfile::Builder::new()
+            .prefix("memkeep-sasl-")
+            .tempdir()
+            .map_err(|e| format!("temp dir: {e}"))?;
+        let db = conf.path().join("sasldb2");
+        let mut child = Command::new("saslpasswd2")
+            .args(["-p", "-a", "memcached", "-c", "-f"])
+            .arg(&db)
+            .arg(user)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("saslpasswd2 (Debian package sasl2-bin) not runnable: {e}"))?;
+        let mut stdin = child.stdin.take().expect("piped stdin");
+        stdin
+            .write_all(password.as_bytes())
+            .map_err(|e| format!("saslpasswd2 stdin: {e}"))?;
+        drop(stdin);
+        let out = child
+            .wait_with_output()
+            .map_err(|e| format!("saslpasswd2: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "saslpasswd2 failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        let settings = format!("mech_list: plain\nsasldb_path: {}\n", db.display());
+        std::fs::write(conf.path().join("memcached.conf"), settings)
+            .map_err(|e| format!("write memcached.conf: {e}"))?;
+        let dir = conf.path().to_string_lossy().into_owned();
+        let mut server = Server::memcached_with(Options {
+            args: vec!["-S".into()],
+            env: vec![("SASL_CONF_PATH".into(), dir)],
+            ..Options::default()
+        });
+        server.keep.push(conf);
+        Ok(server)
     }
 
     /// Start a real redis-server (`$REDIS_SERVER_BIN` or `redis-server` on PATH) without
@@ -123,6 +179,7 @@ impl Server {
             port: 0,
             resp_port: None,
             dir,
+            keep: Vec::new(),
             launches: 0,
         };
         let mut last_err = String::new();
@@ -202,6 +259,7 @@ impl Server {
             }
         }
         cmd.args(&self.opts.args);
+        cmd.envs(self.opts.env.iter().map(|(k, v)| (k, v)));
         cmd
     }
 
