@@ -5,7 +5,8 @@
 # - apt: memcached, libmemcached-tools (memccapable, memccp, memccat, memcstat, memcdump),
 #   redis-server (RESP conformance), redis-tools (redis-cli, redis-benchmark), nutcracker
 #   (twemproxy, tests/twemproxy.rs), libspymemcached-java and a JDK (javac) for the spymemcached
-#   client test (tests/memcached_clients.rs).
+#   client test (tests/memcached_clients.rs), sasl2-bin (saslpasswd2, so `make conformance` can
+#   replay proto/binary/sasl.txt against memcached -S).
 # - a Python virtualenv at ./.venv (repo root, .gitignored) with the client libraries the client
 #   tests drive: redis (redis-py), pymemcache, python-memcached, from PyPI.
 set -euo pipefail
@@ -29,6 +30,7 @@ command -v memccapable >/dev/null 2>&1 || need+=(libmemcached-tools)
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 { command -v redis-cli >/dev/null 2>&1 && command -v redis-benchmark >/dev/null 2>&1; } ||
   need+=(redis-tools)
+command -v saslpasswd2 >/dev/null 2>&1 || need+=(sasl2-bin)
 # twemproxy in front of memkeep (tests/twemproxy.rs).
 command -v nutcracker >/dev/null 2>&1 || need+=(nutcracker)
 # The spymemcached (Java) client test compiles a small program with javac.

@@ -12,8 +12,7 @@
 //! - **replay**: every case against a server, three ways (whole, line by line, one byte per
 //!   write), then a `VERSION` probe that must be answered next. `MEMKEEP_CONFORMANCE=memcached`
 //!   replays against real memcached (skipping `@ memkeep-only` cases; the `@ auth` file needs
-//!   `saslpasswd2` from sasl2-bin and is skipped without it). Against memkeep the replay runs
-//!   when `REPLAY_AGAINST_MEMKEEP` below is true or `MEMKEEP_BINARY=1` is set.
+//!   `saslpasswd2` from sasl2-bin and is skipped without it); by default against memkeep.
 //!
 //! `MEMKEEP_TRANSCRIPT_FILTER=<substring of "file/case">` and
 //! `MEMKEEP_TRANSCRIPT_MODES=whole,line,byte` narrow a run, as for the text transcripts.
@@ -28,10 +27,6 @@ use std::path::{Path, PathBuf};
 use common::{Options, Server};
 use memkeep::protocol::binary::{self, Command, Frame, HEADER_LEN};
 use memkeep::protocol::memcache::Limits;
-
-/// Replay the vectors against memkeep by default. Flip to `true` once memkeep speaks the binary
-/// protocol (until then `MEMKEEP_BINARY=1` turns the replay on).
-const REPLAY_AGAINST_MEMKEEP: bool = false;
 
 /// Opaque of the `VERSION` probe sent after each case.
 const PROBE_OPAQUE: u32 = 0x5eed_0b0b;
@@ -1034,10 +1029,6 @@ fn target() -> Target {
     }
 }
 
-fn replay_memkeep() -> bool {
-    REPLAY_AGAINST_MEMKEEP || std::env::var("MEMKEEP_BINARY").is_ok_and(|v| v == "1")
-}
-
 fn modes() -> Vec<Mode> {
     match std::env::var("MEMKEEP_TRANSCRIPT_MODES") {
         Err(_) => vec![Mode::Whole, Mode::Line, Mode::Byte],
@@ -1221,13 +1212,8 @@ fn vectors_through_the_parser() {
 #[test]
 fn vectors_replay() {
     let target = target();
-    let run = match target {
-        Target::Memcached => true,
-        Target::Memkeep => replay_memkeep(),
-        Target::Other => false,
-    };
-    if !run {
-        eprintln!("binary vectors: replay against memkeep is off (MEMKEEP_BINARY=1 turns it on)");
+    if target == Target::Other {
+        // MEMKEEP_CONFORMANCE=redis: the binary vectors are memcached's.
         return;
     }
     let files = load_all();

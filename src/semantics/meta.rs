@@ -232,9 +232,11 @@ fn store<S: WriteView>(s: &mut S, a: StoreArgs<'_>, ctx: Ctx) -> Result<Outcome,
     let appending = matches!(a.mode, StoreMode::Append | StoreMode::Prepend);
     let Some(old) = old else {
         return match (a.mode, a.vivify) {
-            (StoreMode::Add, _) => put_fresh(s, &a, false, false, ctx),
-            (StoreMode::Set, _) if a.compare.is_none() => put_fresh(s, &a, false, false, ctx),
-            (StoreMode::Set | StoreMode::Cas, _) => Ok(code(MetaCode::NotFound)),
+            (StoreMode::Set | StoreMode::Add, _) if a.compare.is_none() => {
+                put_fresh(s, &a, false, false, ctx)
+            }
+            // A compared CAS needs an item, whatever the mode (memcached's binary add too).
+            (StoreMode::Set | StoreMode::Add | StoreMode::Cas, _) => Ok(code(MetaCode::NotFound)),
             (StoreMode::Append | StoreMode::Prepend, Some(exptime)) => {
                 put_fresh(s, &StoreArgs { exptime, ..a }, false, false, ctx)
             }

@@ -62,6 +62,7 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
         }
         let (epoch, inflight, authed, peer) =
             (conn.epoch, conn.inflight, conn.mc_authed, conn.peer);
+        let conn_sasl = conn.sasl_continue;
         let must_auth = pass.shared.mc_auth.is_some() && !authed;
         let (input, out, echoes) = conn.io();
         let parsed = match parse(input, &pass.limits) {
@@ -99,9 +100,12 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
             // Everything else answers at once, so it waits for earlier writes' replies.
             None if inflight > 0 => return Stop::Blocked,
             None => {
+                let mut auth = None;
                 let close = match parsed.frame {
                     Frame::Close => true,
-                    Frame::Error(e) if must_auth && !e.before_auth => {
+                    // Before authenticating, memcached answers any refused request (but the SASL
+                    // ones and a short body) with an auth error, and closes.
+                    Frame::Error(e) if must_auth && !e.before_auth && !auth_exempt(e.opcode) => {
                         bin::error(out, e.opcode, e.opaque, status::AUTH_ERROR);
                         true
                     }
@@ -115,13 +119,25 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
                         true
                     }
                     Frame::Request(req) => {
-                        let (close, authed) = immediate(&req, out, pass);
-                        if authed {
-                            conn.mc_authed = true;
-                        }
-                        close
+                        let sasl = Sasl {
+                            continuing: conn_sasl,
+                            result: &mut auth,
+                        };
+                        immediate(&req, out, pass, sasl)
                     }
                 };
+                match auth {
+                    Some(AuthResult::Authenticated) => {
+                        conn.mc_authed = true;
+                        conn.sasl_continue = false;
+                    }
+                    Some(AuthResult::Failed) => {
+                        conn.mc_authed = false;
+                        conn.sasl_continue = false;
+                    }
+                    Some(AuthResult::Continue) => conn.sasl_continue = true,
+                    None => {}
+                }
                 if close {
                     conn.consume(consumed);
                     conn.closing = true;
@@ -240,8 +256,25 @@ fn count_submit(c: &Counters, kind: BinKind) {
     }
 }
 
-/// Runs a request answered on the worker; returns (close the connection, authenticated now).
-fn immediate(req: &Request<'_>, out: &mut Vec<u8>, pass: &mut Pass<'_>) -> (bool, bool) {
+/// What a SASL request did to the connection's authentication.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AuthResult {
+    Authenticated,
+    /// A failed attempt also logs an authenticated connection out, as memcached does.
+    Failed,
+    /// `SASL_AUTH` without data: the credentials follow in `SASL_STEP`.
+    Continue,
+}
+
+/// A connection's SASL state, as one request sees and changes it.
+struct Sasl<'a> {
+    /// An earlier `SASL_AUTH` asked for a step.
+    continuing: bool,
+    result: &'a mut Option<AuthResult>,
+}
+
+/// Runs a request answered on the worker; returns true when the connection should close.
+fn immediate(req: &Request<'_>, out: &mut Vec<u8>, pass: &mut Pass<'_>, sasl: Sasl<'_>) -> bool {
     let (op, opaque) = (req.opcode, req.opaque);
     match req.command {
         Command::Get { key, with_key } => get(req, key, with_key, out, pass),
@@ -255,28 +288,33 @@ fn immediate(req: &Request<'_>, out: &mut Vec<u8>, pass: &mut Pass<'_>) -> (bool
             if !req.quiet {
                 bin::ok(out, op, opaque, 0);
             }
-            return (true, false);
+            return true;
         }
         Command::Stat { group } => stats(group, opaque, out, pass),
-        Command::SaslListMechs if pass.shared.mc_auth.is_some() => {
-            bin::text(out, op, opaque, b"PLAIN")
-        }
-        Command::SaslAuth { mechanism, data } if pass.shared.mc_auth.is_some() => {
-            Counters::bump(&pass.counters.auth_cmds);
-            if mechanism == b"PLAIN" && plain_ok(data, pass) {
-                bin::text(out, op, opaque, b"Authenticated");
-                return (false, true);
-            }
-            Counters::bump(&pass.counters.auth_errors);
-            bin::error(out, op, opaque, status::AUTH_ERROR);
-        }
-        Command::SaslStep { .. } if pass.shared.mc_auth.is_some() => {
-            Counters::bump(&pass.counters.auth_errors);
-            bin::error(out, op, opaque, status::AUTH_ERROR);
-        }
         // Without an auth file there is no SASL, as memcached without -S.
-        Command::SaslListMechs | Command::SaslAuth { .. } | Command::SaslStep { .. } => {
+        Command::SaslListMechs | Command::SaslAuth { .. } | Command::SaslStep { .. }
+            if pass.shared.mc_auth.is_none() =>
+        {
             bin::error(out, op, opaque, status::UNKNOWN_COMMAND)
+        }
+        Command::SaslListMechs => bin::text(out, op, opaque, b"PLAIN"),
+        Command::SaslAuth { mechanism, .. } | Command::SaslStep { mechanism, .. }
+            if mechanism.len() > bin::SASL_MECH_MAX =>
+        {
+            bin::error(out, op, opaque, status::EINVAL)
+        }
+        Command::SaslAuth { data: b"", .. } => {
+            *sasl.result = Some(AuthResult::Continue);
+            bin::response(out, op, status::AUTH_CONTINUE, opaque, 0, &[], &[], &[]);
+        }
+        Command::SaslAuth { mechanism, data } => plain(req, mechanism, data, out, pass, sasl),
+        Command::SaslStep { mechanism, data } if sasl.continuing => {
+            plain(req, mechanism, data, out, pass, sasl)
+        }
+        Command::SaslStep { .. } => {
+            Counters::bump(&pass.counters.auth_errors);
+            *sasl.result = Some(AuthResult::Failed);
+            bin::error(out, op, opaque, status::AUTH_ERROR);
         }
         Command::Store { .. }
         | Command::Delete { .. }
@@ -288,22 +326,46 @@ fn immediate(req: &Request<'_>, out: &mut Vec<u8>, pass: &mut Pass<'_>) -> (bool
             bin::error(out, op, opaque, status::EINVAL);
         }
     }
-    (false, false)
+    false
 }
 
-/// SASL PLAIN: `authzid \0 authcid \0 password`, checked against the auth file's users.
+/// Checks a SASL PLAIN attempt and answers it.
+fn plain(
+    req: &Request<'_>,
+    mechanism: &[u8],
+    data: &[u8],
+    out: &mut Vec<u8>,
+    pass: &Pass<'_>,
+    sasl: Sasl<'_>,
+) {
+    let (op, opaque) = (req.opcode, req.opaque);
+    Counters::bump(&pass.counters.auth_cmds);
+    if mechanism == b"PLAIN" && plain_ok(data, pass) {
+        *sasl.result = Some(AuthResult::Authenticated);
+        bin::text(out, op, opaque, b"Authenticated");
+    } else {
+        Counters::bump(&pass.counters.auth_errors);
+        *sasl.result = Some(AuthResult::Failed);
+        bin::error(out, op, opaque, status::AUTH_ERROR);
+    }
+}
+
+/// SASL PLAIN: `authzid \0 authcid \0 password`, checked against the auth file's users; the
+/// authzid may be empty or the same user.
 fn plain_ok(data: &[u8], pass: &Pass<'_>) -> bool {
     let mut parts = data.split(|&b| b == 0);
-    let (Some(_authzid), Some(user), Some(password), None) =
+    let (Some(authzid), Some(user), Some(password), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
     else {
         return false;
     };
-    pass.shared
-        .mc_auth
-        .as_ref()
-        .and_then(|users| users.get(user))
-        .is_some_and(|p| p[..] == *password)
+    (authzid.is_empty() || authzid == user)
+        && pass
+            .shared
+            .mc_auth
+            .as_ref()
+            .and_then(|users| users.get(user))
+            .is_some_and(|p| p[..] == *password)
 }
 
 fn get(req: &Request<'_>, key: &[u8], with_key: bool, out: &mut Vec<u8>, pass: &mut Pass<'_>) {

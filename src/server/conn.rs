@@ -63,6 +63,8 @@ pub struct Conn {
     pub mc_authed: bool,
     /// The memcached port's connection speaks the binary protocol (decided by its first byte).
     pub mc_binary: Option<bool>,
+    /// A binary `SASL_AUTH` without data is waiting for its `SASL_STEP`.
+    pub sasl_continue: bool,
     /// When the client last sent bytes (for `idle_timeout`).
     pub last_active: std::time::Instant,
     /// RESP state (protocol version, authentication, name); unused on the memcached port.
@@ -96,6 +98,7 @@ impl Conn {
             peer: None,
             mc_authed: false,
             mc_binary: None,
+            sasl_continue: false,
             last_active: std::time::Instant::now(),
             resp: super::resp::Session::default(),
             resp_bufs: super::resp::ArgBufs::default(),
