@@ -2715,6 +2715,17 @@ struct Coordinator {
     failures: Vec<String>,
 }
 
+/// The LMDB data file's length and the disk it occupies, in MiB (it may be sparse).
+fn data_file_mib(dir: &std::path::Path) -> (f64, f64) {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(dir.join("data.mdb")).map_or((0.0, 0.0), |m| {
+        (
+            m.len() as f64 / MIB as f64,
+            (m.blocks() * 512) as f64 / MIB as f64,
+        )
+    })
+}
+
 impl Coordinator {
     fn restart(&mut self, how: Restart) {
         let at = self.shared.start.elapsed().as_secs_f64();
@@ -2759,8 +2770,10 @@ impl Coordinator {
         self.shared.epoch.fetch_add(1, SeqCst);
         self.shared.up.store(true, SeqCst);
         self.restarts.push((at, how, down));
+        let (len, disk) = data_file_mib(self.server.data_dir());
         println!(
-            "[{at:6.1}s] restart {} ({}): down {down:.2}s",
+            "[{at:6.1}s] restart {} ({}): down {down:.2}s; data.mdb {len:.1} MiB ({disk:.1} MiB \
+             on disk)",
             self.restarts.len(),
             last_kind(how)
         );
