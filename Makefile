@@ -50,3 +50,10 @@ bench-quick:
 	./bench/deps.sh
 	.venv/bin/python bench/run.py --scale 0.05 --out $(BENCH_QUICK_OUT)/BENCHMARKS.md \
 		--chart $(BENCH_QUICK_OUT)/throughput.svg --keep-json $(BENCH_QUICK_OUT)/results.jsonl
+
+# Soak test: 5 minutes of mixed memcached + RESP load with graceful and kill -9 restarts every
+# 30 s, every reply checked against a client-side model, server RssAnon checked flat. `make
+# test` runs the same test for 20 s; MEMKEEP_SOAK_SECS, _RESTART_SECS, _THREADS, _SEED tune it.
+.PHONY: soak
+soak:
+	MEMKEEP_SOAK_SECS=300 $(CARGO) test --release --test soak -- --nocapture

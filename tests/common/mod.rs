@@ -457,6 +457,31 @@ impl Server {
         self.kill9();
     }
 
+    /// The running process's id, for reading its /proc entries; None while it is down.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// Graceful stop that reports how it went: SIGTERM, then wait up to 10 s. Returns the exit
+    /// status when the process exited by itself; None when it had to be killed (or was not
+    /// running). The server stays down until `relaunch`.
+    pub fn terminate(&mut self) -> Option<std::process::ExitStatus> {
+        let child = self.child.as_mut()?;
+        unsafe {
+            libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while Instant::now() < deadline {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                self.child = None;
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.kill9();
+        None
+    }
+
     /// Crash: SIGKILL and reap. The server stays down until `relaunch`.
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
