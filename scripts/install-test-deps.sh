@@ -8,7 +8,7 @@
 #   client test (tests/memcached_clients.rs), sasl2-bin (saslpasswd2, so `make conformance` can
 #   replay proto/binary/sasl.txt against memcached -S).
 # - a Python virtualenv at ./.venv (repo root, .gitignored) with the client libraries the client
-#   tests drive: redis (redis-py), pymemcache, python-memcached, from PyPI.
+#   tests drive: redis (redis-py), pymemcache, python-memcached, meta-memcache, from PyPI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -54,11 +54,13 @@ if command -v systemctl >/dev/null 2>&1; then
   done
 fi
 
-# Python clients. `import memcache` is python-memcached.
+# Python clients. `import memcache` is python-memcached; meta-memcache speaks only the meta
+# protocol.
 VENV=.venv
-PY_PACKAGES=(redis pymemcache python-memcached)
+PY_PACKAGES=(redis pymemcache python-memcached meta-memcache)
 venv_ok() {
-  [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import redis, pymemcache, memcache' >/dev/null 2>&1
+  [ -x "$VENV/bin/python" ] &&
+    "$VENV/bin/python" -c 'import redis, pymemcache, memcache, meta_memcache' >/dev/null 2>&1
 }
 if ! venv_ok; then
   if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then

@@ -220,6 +220,110 @@ fn pymemcache_client() {
     assert_healthy(&mut server);
 }
 
+/// meta-memcache (a Python client that speaks only the meta protocol): values through its
+/// serializer, base64 keys, modes, CAS, counters, touch, delete, leases (mg N: W then Z),
+/// invalidation (md I: X W, then stale data served) and early recache (mg R). The same script
+/// passes against memcached 1.6.18.
+const META_MEMCACHE_SCRIPT: &str = r#"
+import sys
+from meta_memcache import (CacheClient, Key, LeasePolicy, RecachePolicy, ServerAddress, SetMode,
+                           StalePolicy, connection_pool_factory_builder)
+
+port = int(sys.argv[1])
+c = CacheClient.cache_client_from_servers(
+    servers=[ServerAddress(host="127.0.0.1", port=port)],
+    connection_pool_factory_fn=connection_pool_factory_builder(),
+)
+
+
+def check(cond, what):
+    if not cond:
+        print("MISMATCH", what)
+        sys.exit(1)
+
+
+# Plain values through the client's serializer (str, bytes, int, dict), with TTLs.
+values = {"s": "hello", "b": b"\x00\x01\xff", "i": 12345, "d": {"a": [1, 2, 3]}, "big": "x" * 300000}
+for k, v in values.items():
+    check(c.set(key=k, value=v, ttl=300), "set " + k)
+for k, v in values.items():
+    check(c.get(key=k) == v, "get " + k)
+got = c.multi_get(keys=[Key(k) for k in values] + [Key("missing")])
+check(got[Key("missing")] is None, "multi_get miss")
+for k, v in values.items():
+    check(got[Key(k)] == v, "multi_get " + k)
+# Keys that are not plain text go base64 (the b flag).
+weird = Key("key with spaces and \u00e9")
+check(c.set(key=weird, value="w", ttl=60), "set weird key")
+check(c.get(key=weird) == "w", "get weird key")
+
+# Modes.
+check(not c.set(key="s", value="x", ttl=60, set_mode=SetMode.ADD), "add existing")
+check(c.set(key="new", value="n", ttl=60, set_mode=SetMode.ADD), "add new")
+check(not c.set(key="never-set", value="x", ttl=60, set_mode=SetMode.REPLACE), "replace missing")
+check(c.set(key="s", value="replaced", ttl=60, set_mode=SetMode.REPLACE), "replace")
+check(c.get(key="s") == "replaced", "after replace")
+
+# CAS.
+v, cas = c.get_cas(key="s")
+check(v == "replaced" and cas, "get_cas")
+check(c.set(key="s", value="cas1", ttl=60, cas_token=cas), "cas ok")
+check(not c.set(key="s", value="cas2", ttl=60, cas_token=cas), "cas conflict")
+check(c.get(key="s") == "cas1", "after cas")
+
+# Counters.
+check(c.delta_initialize(key="n", delta=1, initial_value=10, initial_ttl=60), "delta init")
+check(c.delta_and_get(key="n", delta=5) == 15, "delta_and_get")
+check(c.delta(key="n", delta=-3), "delta down")
+check(c.delta_and_get(key="n", delta=0) == 12, "after delta down")
+check(c.delta_and_get(key="never-counter", delta=1) is None, "delta miss")
+
+# Touch, delete.
+check(c.touch(key="s", ttl=100), "touch")
+check(not c.touch(key="never-touched", ttl=100), "touch miss")
+check(c.delete(key="s"), "delete")
+check(c.get(key="s") is None, "deleted")
+
+# Leases: the first caller of a missing key wins the lease (N flag, W); a second one sees Z
+# and waits, then gives up with None; once the winner fills it, everyone reads the value.
+lease = LeasePolicy(ttl=30, miss_retries=2, miss_retry_wait=0.01, miss_max_retry_wait=0.02)
+check(c.get_or_lease(key="leased", lease_policy=lease) is None, "lease winner sees a miss")
+check(c.get_or_lease(key="leased", lease_policy=lease) is None, "lease loser waits then misses")
+check(c.set(key="leased", value="filled", ttl=60), "fill leased")
+check(c.get_or_lease(key="leased", lease_policy=lease) == "filled", "lease read")
+
+# Invalidation: the item goes stale (md I); the first reader may recache (X W), stale data is
+# served meanwhile; a refill clears it.
+check(c.set(key="st", value="v1", ttl=60), "set st")
+check(c.invalidate(key="st", stale_policy=StalePolicy(mark_stale_on_deletion_ttl=30)), "invalidate")
+check(c.get(key="st") is None, "stale winner is told to recache")
+check(c.get(key="st") == "v1", "stale data served to others")
+check(c.set(key="st", value="v2", ttl=60), "recache st")
+check(c.get(key="st") == "v2", "after refill")
+
+# refill adds, so it only fills a missing key.
+check(c.refill(key="fresh", value="f", ttl=60), "refill missing")
+check(not c.refill(key="fresh", value="g", ttl=60), "refill present")
+check(c.get(key="fresh") == "f", "after refill")
+
+# Recache: when less TTL than asked remains, one reader wins a early recache (R flag).
+check(c.set(key="rc", value="r", ttl=20), "set rc")
+early = RecachePolicy(ttl=30)
+first = c.get(key="rc", recache_policy=early)
+second = c.get(key="rc", recache_policy=early)
+check({first, second} == {None, "r"}, "recache: one winner, then the value (%r, %r)" % (first, second))
+
+print("OK")
+"#;
+
+#[test]
+fn meta_memcache_client() {
+    let mut server = Server::start(BIN, &[]);
+    let run = python(META_MEMCACHE_SCRIPT, &[server.port().to_string()]).success(&[&server]);
+    assert!(run.stdout.contains("OK"), "{}", run.describe());
+    assert_healthy(&mut server);
+}
+
 const PYTHON_MEMCACHED_SCRIPT: &str = r#"
 import os, socket, sys
 import memcache
