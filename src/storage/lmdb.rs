@@ -78,7 +78,20 @@ impl LmdbStore {
         let at = |what: &str, e: &dyn std::fmt::Display| {
             OpenError(format!("{what} {}: {e}", dir.display()))
         };
+        if dir.exists() && !dir.is_dir() {
+            return Err(OpenError(format!(
+                "data directory {} is not a directory",
+                dir.display()
+            )));
+        }
         std::fs::create_dir_all(dir).map_err(|e| at("cannot create data directory", &e))?;
+        // The data file's length before LMDB opens it (with WRITE_MAP, LMDB grows the file to
+        // the map size); an empty file is one LMDB initializes.
+        let data_file = dir.join("data.mdb");
+        let file_len = std::fs::metadata(&data_file)
+            .ok()
+            .map(|m| m.len())
+            .filter(|&n| n > 0);
         // LMDB needs the map size in whole pages; 64 KiB covers every page size in use.
         let map_size = usize::try_from(map_size.div_ceil(1 << 16) << 16)
             .map_err(|_| OpenError("map_size does not fit this machine's address space".into()))?;
@@ -101,6 +114,18 @@ impl LmdbStore {
         // this process writes; with WRITE_MAP the map is writable, and only LMDB writes it.
         let env = unsafe { opts.flags(flags).open(dir) }
             .map_err(|e| at("cannot open data directory", &e))?;
+        // A data file shorter than the pages its meta page counts (a copy cut short, a disk
+        // that lost writes) would fault with SIGBUS on the first read of a missing page, or read
+        // zeros where WRITE_MAP extended it: refuse it before any transaction.
+        if let Some(len) = file_len {
+            let need = (env.info().last_page_number as u64 + 1) * env.stat().page_size as u64;
+            if len < need {
+                return Err(OpenError(format!(
+                    "{} is truncated: {len} bytes, but the store it describes needs {need}; restore it from a backup",
+                    data_file.display()
+                )));
+            }
+        }
         let mut wtxn = env
             .write_txn()
             .map_err(|e| at("cannot write to data directory", &e))?;
