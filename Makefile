@@ -49,3 +49,8 @@ bench-quick:
 	./bench/deps.sh
 	.venv/bin/python bench/run.py --scale 0.05 --out $(BENCH_QUICK_OUT)/BENCHMARKS.md \
 		--chart $(BENCH_QUICK_OUT)/throughput.svg --keep-json $(BENCH_QUICK_OUT)/results.jsonl
+
+# Crash safety, long form: 60 SIGKILLs (under load, during startup, during the expiry sweep) on one data dir, every acknowledged write checked after each restart.
+.PHONY: crash
+crash:
+	MEMKEEP_CRASH_KILLS=60 $(CARGO) test --release --test crash -- --nocapture
