@@ -1118,7 +1118,8 @@ struct Totals {
     kills: usize,
     load_kills: usize,
     startup_kills: usize,
-    /// Startup kills that came after the store had opened and the ports were bound.
+    /// Startup kills that came only after the server logged that it serves (so after its store
+    /// opened and its ports were bound).
     startup_after_open: usize,
     sweep_kills: usize,
     /// Sweep kills that landed while expired items were still in the store.
@@ -1475,14 +1476,15 @@ const SCHEDULE: [Kill; 6] = [
 ];
 
 /// Writes `SWEEP_KEYS` keys (most with exptime 1 s), acknowledged; returns their model (keys
-/// with exptime 1 modelled as missing: they are checked only after they expired) and how many
-/// expire.
-fn sweep_setup(server: &Server, rng: &mut Rng, round: usize) -> (Model, u64) {
+/// with exptime 1 modelled as missing: they must not be checked before the returned unix ms
+/// time, when all have expired) and how many expire.
+fn sweep_setup(server: &Server, rng: &mut Rng, round: usize) -> (Model, u64, u64) {
     let mut c = Conn::must_open(server.addr());
     let keys: Vec<String> = (0..SWEEP_KEYS).map(|i| format!("x{round}:{i}")).collect();
     let mut m = Model::mc(format!("sweep keys {round}"), keys.clone());
     m.sweep_fresh = true;
     let mut expiring = 0;
+    let mut expired_by = 0;
     for (chunk_no, chunk) in keys.chunks(500).enumerate() {
         let mut req = Vec::new();
         let mut items = Vec::new();
@@ -1505,6 +1507,7 @@ fn sweep_setup(server: &Server, rng: &mut Rng, round: usize) -> (Model, u64) {
             assert_eq!(l, "STORED", "set {k}");
         }
         let t1 = now_ms();
+        expired_by = t1 + 1000 + EXP_SLACK;
         for (n, (exptime, flags, value)) in items.into_iter().enumerate() {
             let i = chunk_no * 500 + n;
             if exptime == 1 {
@@ -1516,7 +1519,7 @@ fn sweep_setup(server: &Server, rng: &mut Rng, round: usize) -> (Model, u64) {
         }
     }
     m.acked = SWEEP_KEYS as u64;
-    (m, expiring)
+    (m, expiring, expired_by)
 }
 
 /// Sync-mode arguments by name.
@@ -1590,7 +1593,11 @@ impl Run {
 
     /// SIGKILL a start of the (stopped) server at a random moment of its startup.
     fn startup_kill(&mut self) {
-        let delay = Duration::from_micros(self.rng.below(self.start_ms * 1000 + 1));
+        // Log-uniform from 20 us to the longest start seen: most kills land in the first few
+        // ms, while the process execs, opens the store and binds, some after it serves.
+        let (lo, hi) = (20f64.ln(), ((self.start_ms * 1000) as f64).ln());
+        let u = self.rng.below(1 << 20) as f64 / (1u64 << 20) as f64;
+        let delay = Duration::from_micros((lo + u * (hi - lo)).exp() as u64);
         if let Some(status) = self.server.kill9_during_startup(delay) {
             panic!(
                 "{}: a start exited by itself with {status}:\n{}",
@@ -1615,10 +1622,10 @@ impl Run {
         let rng = &mut self.rng;
         let t = &mut self.t;
         let sweep = sweep.then(|| {
-            let (m, expiring) = sweep_setup(server, rng, self.rounds);
+            let (m, expiring, expired_by) = sweep_setup(server, rng, self.rounds);
             let mut c = Conn::must_open(server.addr());
             let base = curr_items(&mut c);
-            (m, expiring, base, c)
+            (m, expiring, expired_by, base, c)
         });
         let conns: Vec<Conn> = self.models[..LOAD_CONNS]
             .iter()
@@ -1644,7 +1651,7 @@ impl Run {
                 .collect();
             match sweep {
                 None => thread::sleep(Duration::from_millis(load_ms)),
-                Some((m, expiring, base, mut c)) => {
+                Some((m, expiring, expired_by, base, mut c)) => {
                     // Wait until the sweeper has deleted a first batch, then a little more.
                     let deadline = Instant::now() + Duration::from_secs(5);
                     let threshold = base.saturating_sub(400);
@@ -1661,7 +1668,7 @@ impl Run {
                     eprintln!(
                         "  sweep kill: {expiring} of {SWEEP_KEYS} keys expiring, about {unswept} not yet swept at the kill"
                     );
-                    sweep_model = Some(m);
+                    sweep_model = Some((m, expired_by));
                 }
             }
             killed.store(true, Ordering::SeqCst);
@@ -1671,7 +1678,12 @@ impl Run {
                 .map(|h| h.join().expect("load thread"))
                 .sum::<usize>()
         });
-        if let Some(m) = sweep_model {
+        if let Some((m, expired_by)) = sweep_model {
+            // The next check reads every expiring key as missing: make sure all have expired
+            // (a slow write of the keys may have started the sweep on the first ones only).
+            while now_ms() < expired_by {
+                thread::sleep(Duration::from_millis(10));
+            }
             self.models.push(m);
             self.t.sweep_kills += 1;
         } else {
@@ -1731,7 +1743,7 @@ fn crash_run(mode: &str, kills: usize) {
     let t = &run.t;
     let acked = run.acked();
     eprintln!(
-        "{}: {} kills survived ({} under load, {} during startup ({} of them after the store had opened), \
+        "{}: {} kills survived ({} under load, {} during startup ({} of them once it was serving), \
          {} during the expiry sweep ({} with the sweep unfinished)); {acked} acknowledged writes, \
          {} key states checked over {} restarts, {} acknowledged writes lost; unacknowledged writes \
          found applied {}, not applied {}, indistinguishable {}; {:.1} s",
@@ -1828,7 +1840,18 @@ fn verification_reports_lost_changed_half_done_and_foreign_state() {
         R::Int(len),
     )
     .expect("rpush");
-    // An MSET "in flight" of which only the first key landed.
+    // An MSET "in flight" of which only the first key landed (over a key that exists, so
+    // only the half-done check can see it).
+    let v0 = r.value(&mut rng);
+    let after = State::R(Some(RVal::Str(v0.clone(), Exp::Never)));
+    r.resp_write(
+        &mut rs,
+        &[b"SET", b"r0:s0", &v0],
+        now_ms(),
+        vec![(0, after)],
+        R::Simple("OK".into()),
+    )
+    .expect("set");
     let (v1, v2) = (r.value(&mut rng), r.value(&mut rng));
     r.inflight = Some(Inflight {
         what: "MSET r0:s0 r0:s1 (half applied on purpose)".into(),
