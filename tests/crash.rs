@@ -1133,7 +1133,7 @@ struct Totals {
     inflight_either: u64,
     /// Acknowledged writes whose effect was found missing or changed.
     lost: u64,
-    /// Largest CAS unique seen, and the first one handed out after the last restart.
+    /// Largest CAS unique seen (the probe written after each restart included).
     max_cas: u64,
 }
 
