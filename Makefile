@@ -57,3 +57,9 @@ bench-quick:
 .PHONY: soak
 soak:
 	MEMKEEP_SOAK_SECS=300 $(CARGO) test --release --test soak -- --nocapture
+
+# Crash safety, long form: 60 SIGKILLs (under load, during startup, during the expiry sweep) on
+# one data dir, every acknowledged write checked after each restart.
+.PHONY: crash
+crash:
+	MEMKEEP_CRASH_KILLS=60 $(CARGO) test --release --test crash -- --nocapture

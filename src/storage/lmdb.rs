@@ -78,7 +78,16 @@ impl LmdbStore {
         let at = |what: &str, e: &dyn std::fmt::Display| {
             OpenError(format!("{what} {}: {e}", dir.display()))
         };
+        if dir.exists() && !dir.is_dir() {
+            return Err(OpenError(format!(
+                "data directory {} is not a directory",
+                dir.display()
+            )));
+        }
         std::fs::create_dir_all(dir).map_err(|e| at("cannot create data directory", &e))?;
+        // An empty or missing data file is one LMDB initializes; any other is checked below.
+        let data_file = dir.join("data.mdb");
+        let has_data = std::fs::metadata(&data_file).is_ok_and(|m| m.len() > 0);
         // LMDB needs the map size in whole pages; 64 KiB covers every page size in use.
         let map_size = usize::try_from(map_size.div_ceil(1 << 16) << 16)
             .map_err(|_| OpenError("map_size does not fit this machine's address space".into()))?;
@@ -97,10 +106,39 @@ impl LmdbStore {
             SyncMode::Always => EnvFlags::empty(),
             SyncMode::Periodic | SyncMode::Never => EnvFlags::NO_SYNC | EnvFlags::WRITE_MAP,
         };
-        // Safety: the environment is opened once per process on a local directory that only
-        // this process writes; with WRITE_MAP the map is writable, and only LMDB writes it.
+        // A data file shorter than the pages its meta page counts (a copy cut short, a disk
+        // that lost writes) would fault with SIGBUS on the first read of a missing page, or,
+        // once WRITE_MAP has grown the file to the map size at open, read zeros there: refuse
+        // it before any transaction. The page count is read before the length, so a writer in
+        // another process (`memkeep backup` runs beside the server) can only make the file
+        // longer than counted, never shorter: it writes pages before the meta page that counts
+        // them. WRITE_MAP opens are preceded by a plain open for this check, which leaves the
+        // file's length alone.
+        let truncated = |env: &Env<WithTls>| -> Option<OpenError> {
+            let need = (env.info().last_page_number as u64 + 1) * env.stat().page_size as u64;
+            let len = std::fs::metadata(&data_file).map_or(0, |m| m.len());
+            (len < need).then(|| {
+                OpenError(format!(
+                    "{} is truncated: {len} bytes, but the store it describes needs {need}; restore it from a backup",
+                    data_file.display()
+                ))
+            })
+        };
+        // Safety (both opens): the environment is opened once at a time per process, on a
+        // local directory; with WRITE_MAP the map is writable, and only LMDB writes it. The
+        // plain open is closed (dropped) before the real one.
+        if has_data && flags.contains(EnvFlags::WRITE_MAP) {
+            let plain =
+                unsafe { opts.open(dir) }.map_err(|e| at("cannot open data directory", &e))?;
+            if let Some(e) = truncated(&plain) {
+                return Err(e);
+            }
+        }
         let env = unsafe { opts.flags(flags).open(dir) }
             .map_err(|e| at("cannot open data directory", &e))?;
+        if has_data && let Some(e) = truncated(&env) {
+            return Err(e);
+        }
         let mut wtxn = env
             .write_txn()
             .map_err(|e| at("cannot write to data directory", &e))?;

@@ -490,6 +490,44 @@ impl Server {
         }
     }
 
+    /// Crash during startup: start the process again (same port, data dir and clock) without
+    /// waiting for it, SIGKILL it `delay` after the spawn -- before, while or after it opens its
+    /// store, whichever that moment is -- and reap it. Returns `Some(status)` if it had already
+    /// exited on its own (a failed start: `stderr` says why), `None` if the kill ended it. The
+    /// server stays down until `relaunch`.
+    pub fn kill9_during_startup(&mut self, delay: Duration) -> Option<std::process::ExitStatus> {
+        assert!(
+            self.child.is_none(),
+            "kill9_during_startup needs a stopped server"
+        );
+        self.launches += 1;
+        let log = |name: &str| -> File {
+            OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(self.dir.path().join(name))
+                .expect("open log file")
+        };
+        let mut out = log("stdout.log");
+        let mut err = log("stderr.log");
+        let banner = format!(
+            "---- launch {} on port {}, SIGKILL after {delay:?} ----\n",
+            self.launches, self.port
+        );
+        let _ = out.write_all(banner.as_bytes());
+        let _ = err.write_all(banner.as_bytes());
+        let mut cmd = self.command();
+        cmd.stdin(Stdio::null()).stdout(out).stderr(err);
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {:?}: {e}", self.bin));
+        std::thread::sleep(delay);
+        let exited = child.try_wait().expect("try_wait");
+        let _ = child.kill();
+        let _ = child.wait();
+        exited
+    }
+
     /// Everything the server wrote to stderr so far (all launches).
     pub fn stderr(&self) -> String {
         std::fs::read(self.dir.path().join("stderr.log"))
