@@ -15,6 +15,9 @@ use super::stats::Counters;
 const READ_INITIAL: usize = 16 * 1024;
 /// Above this much unsent output, stop parsing requests until the client catches up.
 pub const WRITE_HIGH: usize = 4 * 1024 * 1024;
+/// A multi-key reply paused at `WRITE_HIGH` resumes once the unsent output is below this, so
+/// each resumption (which parses the request again) sends at least this much.
+pub const RESUME_BELOW: usize = WRITE_HIGH / 2;
 /// Write buffers larger than this are released once flushed.
 const WRITE_KEEP: usize = 256 * 1024;
 
@@ -60,6 +63,9 @@ pub struct Conn {
     pub mc_authed: bool,
     /// When the client last sent bytes (for `idle_timeout`).
     pub last_active: std::time::Instant,
+    /// A memcached `get`/`gets` whose reply was paused at `WRITE_HIGH`: the offset in its key
+    /// list of the next key to answer; 0 when none is paused. The request stays in the input.
+    pub get_resume: usize,
     /// RESP state (protocol version, authentication, name); unused on the memcached port.
     pub resp: super::resp::Session,
     resp_bufs: super::resp::ArgBufs,
@@ -89,6 +95,7 @@ impl Conn {
             peer: None,
             mc_authed: false,
             last_active: std::time::Instant::now(),
+            get_resume: 0,
             resp: super::resp::Session::default(),
             resp_bufs: super::resp::ArgBufs::default(),
         }
