@@ -57,6 +57,14 @@ impl Resp {
         }
     }
 
+    /// A client on an already connected socket (its timeouts stay as they are).
+    pub fn from_stream(s: TcpStream) -> Resp {
+        Resp {
+            reader: BufReader::new(s.try_clone().expect("clone")),
+            writer: s,
+        }
+    }
+
     /// Changes how long a reply may take (10 s unless changed).
     pub fn set_read_timeout(&self, timeout: Duration) {
         self.writer
