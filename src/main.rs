@@ -74,12 +74,49 @@ fn main() -> ExitCode {
     for warning in cli.ignored() {
         log::warn!("{warning}");
     }
+    raise_open_files_limit(config.max_connections);
     match memkeep::server::run(config, clock) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("memkeep: {e}");
             ExitCode::from(1)
         }
+    }
+}
+
+/// Raises the open-files soft limit to the hard limit, as memcached and Redis do: every client
+/// is a descriptor, and the usual default soft limit (1024) is below what `max_connections` may
+/// allow. Warns when even that leaves fewer descriptors than connections.
+fn raise_open_files_limit(max_connections: usize) {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // Safety: a plain system call on a local struct.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return;
+    }
+    if lim.rlim_cur < lim.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: lim.rlim_max,
+            rlim_max: lim.rlim_max,
+        };
+        // Safety: as above.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            lim = raised;
+        } else {
+            log::debug!(
+                "cannot raise the open-files limit: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+    if lim.rlim_cur < max_connections as u64 {
+        log::warn!(
+            "the open-files limit ({}) is below max_connections ({max_connections}): clients \
+             past it wait until others close",
+            lim.rlim_cur
+        );
     }
 }
 

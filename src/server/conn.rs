@@ -18,6 +18,9 @@ pub const WRITE_HIGH: usize = 4 * 1024 * 1024;
 /// Writes one connection may have waiting for the writer; past this it stops taking requests
 /// until some commit (a pipelining client cannot queue unbounded work in memory).
 pub const MAX_INFLIGHT: usize = 128;
+/// A multi-key reply paused at `WRITE_HIGH` resumes once the unsent output is below this, so
+/// each resumption (which parses the request again) sends at least this much.
+pub const RESUME_BELOW: usize = WRITE_HIGH / 2;
 /// Write buffers larger than this are released once flushed.
 const WRITE_KEEP: usize = 256 * 1024;
 
@@ -67,6 +70,9 @@ pub struct Conn {
     pub sasl_continue: bool,
     /// When the client last sent bytes (for `idle_timeout`).
     pub last_active: std::time::Instant,
+    /// A memcached `get`/`gets` whose reply was paused at `WRITE_HIGH`: the offset in its key
+    /// list of the next key to answer; 0 when none is paused. The request stays in the input.
+    pub get_resume: usize,
     /// RESP state (protocol version, authentication, name); unused on the memcached port.
     pub resp: super::resp::Session,
     resp_bufs: super::resp::ArgBufs,
@@ -100,6 +106,7 @@ impl Conn {
             mc_binary: None,
             sasl_continue: false,
             last_active: std::time::Instant::now(),
+            get_resume: 0,
             resp: super::resp::Session::default(),
             resp_bufs: super::resp::ArgBufs::default(),
             meta_echo: Default::default(),

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 
 use log::{error, warn};
 
-use super::conn::Conn;
+use super::conn::{Conn, RESUME_BELOW, WRITE_HIGH};
 use super::meta::Echo;
 use super::stats::{Counters, Totals, rusage};
 use super::worker::{Pass, Reply, Stop, Tag};
@@ -61,13 +61,17 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
         if left == 0 {
             return Stop::Budget;
         }
-        if conn.backlogged() {
+        if conn.backlogged() || (conn.get_resume > 0 && conn.pending_output() >= RESUME_BELOW) {
             return Stop::Blocked;
         }
         let epoch = conn.epoch;
         let inflight = conn.inflight;
         let peer = conn.peer;
         let authed = conn.mc_authed;
+        let (resume, room) = (
+            conn.get_resume,
+            WRITE_HIGH.saturating_sub(conn.pending_output()),
+        );
         let (input, out, echoes) = conn.io();
         let parsed = match parse(input, &pass.limits) {
             Err(Incomplete) => return Stop::NeedInput,
@@ -168,6 +172,14 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
                             .push(crate::storage::writer::WriteRequest { tag, op });
                         conn.inflight += 1;
                     }
+                }
+                Frame::Request(Request::Get { keys, with_cas }) => {
+                    // A reply past `room` pauses; the request is kept and resumed later.
+                    if let Some(next) = get(keys, with_cas, out, pass, resume, room) {
+                        conn.get_resume = next;
+                        return Stop::Blocked;
+                    }
+                    conn.get_resume = 0;
                 }
                 Frame::Request(req) => {
                     if immediate(req, out, pass) {
@@ -306,7 +318,9 @@ fn value_line(out: &mut Vec<u8>, key: &[u8], flags: u32, value: &[u8], cas: Opti
 /// Runs a request answered on the worker; returns true when the connection should close.
 fn immediate(req: Request<'_>, out: &mut Vec<u8>, pass: &mut Pass<'_>) -> bool {
     match req {
-        Request::Get { keys, with_cas } => get(keys, with_cas, out, pass),
+        Request::Get { keys, with_cas } => {
+            get(keys, with_cas, out, pass, 0, usize::MAX);
+        }
         Request::TooLarge { .. } => {
             Counters::bump(&pass.counters.store_too_large);
             line(out, "SERVER_ERROR object too large for cache")
@@ -373,7 +387,19 @@ fn immediate(req: Request<'_>, out: &mut Vec<u8>, pass: &mut Pass<'_>) -> bool {
     false
 }
 
-fn get(keys: KeyList<'_>, with_cas: bool, out: &mut Vec<u8>, pass: &mut Pass<'_>) {
+/// Answers `get`/`gets` from byte `from` of the key list on (0 for a new request). Once the reply
+/// has added `room` bytes it stops after the value at hand and returns the offset of the next
+/// key: the caller keeps the request and resumes it when the client has read its replies, so one
+/// request naming a big value thousands of times cannot make the reply without bound. Each piece
+/// reads from its own pass's snapshot.
+fn get(
+    keys: KeyList<'_>,
+    with_cas: bool,
+    out: &mut Vec<u8>,
+    pass: &mut Pass<'_>,
+    from: usize,
+    room: usize,
+) -> Option<usize> {
     let start = out.len();
     let flushed = pass.flushed();
     let now = pass.now_ms;
@@ -382,22 +408,35 @@ fn get(keys: KeyList<'_>, with_cas: bool, out: &mut Vec<u8>, pass: &mut Pass<'_>
         Ok(t) => t,
         Err(e) => {
             error!("cannot open read transaction: {e}");
-            return line(out, "SERVER_ERROR temporary failure");
+            line(out, "SERVER_ERROR temporary failure");
+            return None;
         }
     };
-    for key in keys.iter() {
+    let list = keys.0.get(from..).unwrap_or_default();
+    let mut at = from;
+    for key in list.split(|&b| b == b' ') {
+        // `at` becomes the offset just past this key's separator: where the next key starts.
+        at += key.len() + 1;
+        if key.is_empty() {
+            continue;
+        }
         Counters::bump(&counters.cmd_get);
         match store.get(txn, key) {
             Ok(Some(ItemRef { meta, .. }))
                 if !flushed && !meta.is_expired(now) && meta.kind != Kind::String =>
             {
-                // A Redis collection: the whole reply becomes the error, as for a bad key.
+                // A Redis collection: the whole reply becomes the error, as for a bad key (a
+                // reply paused before ends with it, after the values already sent).
                 out.truncate(start);
-                return line(out, WRONGTYPE);
+                line(out, WRONGTYPE);
+                return None;
             }
             Ok(Some(ItemRef { meta, value })) if !flushed && !meta.is_expired(now) => {
                 Counters::bump(&counters.get_hits);
                 value_line(out, key, meta.flags, value, with_cas.then_some(meta.cas));
+                if out.len() - start >= room && at < keys.0.len() {
+                    return Some(at);
+                }
             }
             Ok(Some(_)) => {
                 Counters::bump(&counters.get_misses);
@@ -411,11 +450,13 @@ fn get(keys: KeyList<'_>, with_cas: bool, out: &mut Vec<u8>, pass: &mut Pass<'_>
             Err(e) => {
                 error!("read of a stored item failed: {e}");
                 out.truncate(start);
-                return line(out, "SERVER_ERROR temporary failure");
+                line(out, "SERVER_ERROR temporary failure");
+                return None;
             }
         }
     }
     line(out, "END");
+    None
 }
 
 /// MemcacheDB's range get: live string items with keys in the range, in key order. LMDB keeps

@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering;
 
 use log::error;
 
-use super::conn::Conn;
+use super::conn::{Conn, RESUME_BELOW, WRITE_HIGH};
 use super::stats::{Counters, Totals, rusage};
 use super::worker::{Pass, Reply, Stop, Tag};
 use crate::command::{ExpireCond, Expiry, KeyValue, Outcome, SetCond, WriteOp};
@@ -30,6 +30,12 @@ pub struct Session {
     pub authed: bool,
     pub name: Option<Vec<u8>>,
     pub id: u64,
+    /// An MGET whose reply was paused at the output limit: the index of its next key to answer;
+    /// 0 when none is paused. The request stays in the input until it is answered in full.
+    pub mget_resume: usize,
+    /// How many bytes the command being run may add to the output before a reply that can be
+    /// sent in pieces (MGET) pauses.
+    pub room: usize,
 }
 
 /// Per-connection parse buffers, reused across requests.
@@ -302,9 +308,11 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
         if left == 0 {
             return Stop::Budget;
         }
-        if conn.backlogged() {
+        if conn.backlogged() || (conn.resp.mget_resume > 0 && conn.pending_output() >= RESUME_BELOW)
+        {
             return Stop::Blocked;
         }
+        let room = WRITE_HIGH - conn.pending_output();
         let epoch = conn.epoch;
         let inflight = conn.inflight;
         let full = conn.input_full();
@@ -334,7 +342,9 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
             src: if inline { &bufs.scratch } else { input },
             ranges: &bufs.args,
         };
-        Counters::bump(&pass.counters.resp_commands);
+        if sess.mget_resume == 0 {
+            Counters::bump(&pass.counters.resp_commands);
+        }
         let action = dispatch(args, sess, pass);
         match action {
             Action::Write(op, kind) => {
@@ -350,7 +360,12 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
             }
             Action::Immediate(_) if inflight > 0 => return Stop::Blocked,
             Action::Immediate(run) => {
+                sess.room = room;
                 let close = run.run(args, out, sess, pass);
+                if sess.mget_resume > 0 {
+                    // Paused at the output limit: run it again, from where it stopped, later.
+                    return Stop::Blocked;
+                }
                 conn.consume(consumed);
                 if close {
                     conn.closing = true;
@@ -860,9 +875,64 @@ fn read(
         Cmd::Config => config(args, out, sess, pass),
         Cmd::Command => command(args, out, v3),
         Cmd::Info => info(args, out, v3, pass),
+        Cmd::MGet => mget(args, out, sess, pass),
         _ => data_read(cmd, args, out, v3, pass),
     }
     false
+}
+
+/// MGET. Once the reply has added `sess.room` bytes it pauses after the value at hand and notes
+/// the next key in `sess.mget_resume`: the caller keeps the request and runs it again when the
+/// client has read most of its replies, so one MGET naming a big value many times cannot make
+/// the reply without bound. Each piece reads from its own pass's snapshot.
+fn mget(args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session, pass: &mut Pass<'_>) {
+    let first = sess.mget_resume.max(1);
+    sess.mget_resume = 0;
+    let (v3, room, start) = (sess.v3, sess.room, out.len());
+    let (now, flushed, counters) = (pass.now_ms, pass.flushed(), pass.counters);
+    let txn = pass.txn();
+    if let Err(e) = &txn {
+        error!("cannot open read transaction: {e}");
+        if first == 1 {
+            return enc::error(out, "ERR storage failure");
+        }
+    }
+    if first == 1 {
+        enc::array(out, args.len() - 1);
+    }
+    for i in first..args.len() {
+        // Storage errors are logged and read as absent (as is everything after a failed
+        // snapshot in a resumed piece: the array has begun).
+        let item = match &txn {
+            Ok((store, txn)) => match store.get(txn, args.get(i)) {
+                Ok(Some(item))
+                    if !flushed && !item.meta.is_expired(now) && item.meta.kind == Kind::String =>
+                {
+                    Some(item)
+                }
+                Ok(_) => None,
+                Err(e) => {
+                    error!("read of a stored item failed: {e}");
+                    None
+                }
+            },
+            Err(_) => None,
+        };
+        match item {
+            Some(item) => {
+                Counters::bump(&counters.get_hits);
+                enc::bulk(out, item.value);
+                if out.len() - start >= room && i + 1 < args.len() {
+                    sess.mget_resume = i + 1;
+                    return;
+                }
+            }
+            None => {
+                Counters::bump(&counters.get_misses);
+                enc::null(out, v3)
+            }
+        }
+    }
 }
 
 /// Reads that touch the store.
@@ -928,21 +998,6 @@ fn data_read(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut P
                 enc::null(out, v3)
             }
         },
-        Cmd::MGet => {
-            enc::array(out, args.len() - 1);
-            for i in 1..args.len() {
-                match lookup(args.get(i)).filter(|i| i.meta.kind == Kind::String) {
-                    Some(item) => {
-                        hit(true);
-                        enc::bulk(out, item.value)
-                    }
-                    None => {
-                        hit(false);
-                        enc::null(out, v3)
-                    }
-                }
-            }
-        }
         Cmd::StrLen => enc::int(out, lookup(args.get(1)).map_or(0, |i| i.value.len() as i64)),
         Cmd::GetRange => {
             let (Some(start), Some(end)) = (parse_i64(args.get(2)), parse_i64(args.get(3))) else {

@@ -394,7 +394,10 @@ impl Worker {
             }
             // Input left unprocessed, or a socket not yet drained that now has room: next pass.
             let reread = conn.readable && conn.may_read() && stop != Stop::Blocked;
-            if stop == Stop::Budget || reread || conn.broken {
+            // Blocked on unsent output that has now all gone out: no writable event will come.
+            let unblocked =
+                stop == Stop::Blocked && !more_output && conn.inflight == 0 && !stopping;
+            if stop == Stop::Budget || reread || unblocked || conn.broken {
                 self.next.push(key);
             }
         }

@@ -366,6 +366,11 @@ impl Server {
             .unwrap_or_else(|e| panic!("connect {}: {e}\n{}", self.addr(), self.stderr_tail(2000)))
     }
 
+    /// The process id of the running server (for `/proc/<pid>/status`), if it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
     pub fn is_running(&mut self) -> bool {
         match self.child.as_mut() {
             Some(c) => c.try_wait().expect("try_wait").is_none(),
@@ -455,11 +460,6 @@ impl Server {
             self.kind
         );
         self.kill9();
-    }
-
-    /// The running process's id, for reading its /proc entries; None while it is down.
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(|c| c.id())
     }
 
     /// Graceful stop that reports how it went: SIGTERM, then wait up to 10 s. Returns the exit

@@ -57,6 +57,21 @@ impl Resp {
         }
     }
 
+    /// A client on an already connected socket (its timeouts stay as they are).
+    pub fn from_stream(s: TcpStream) -> Resp {
+        Resp {
+            reader: BufReader::new(s.try_clone().expect("clone")),
+            writer: s,
+        }
+    }
+
+    /// Changes how long a reply may take (10 s unless changed).
+    pub fn set_read_timeout(&self, timeout: Duration) {
+        self.writer
+            .set_read_timeout(Some(timeout))
+            .expect("set the read timeout");
+    }
+
     pub fn encode(args: &[&[u8]]) -> Vec<u8> {
         let mut out = format!("*{}\r\n", args.len()).into_bytes();
         for a in args {
