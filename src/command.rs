@@ -5,6 +5,11 @@
 
 pub use crate::protocol::memcache::StoreMode;
 
+/// Largest reply a request that repeats stored data may build (a `gat` naming one key many
+/// times, HMGET repeating a field, HRANDFIELD/SRANDMEMBER with a negative count): past this it
+/// answers an error instead, so a few bytes of request cannot make the server buffer gigabytes.
+pub const REPLY_MAX: usize = 64 * 1024 * 1024;
+
 /// A key and its value in one allocation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyValue {

@@ -1471,11 +1471,9 @@ fn abrupt_disconnects_mid_value_store_nothing_and_leak_nothing() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Known gaps, outside what this suite's fixes could touch: run with `-- --ignored`.
+// Replies that repeat stored data (REPLY_MAX), and client bytes quoted in RESP errors.
 
 #[test]
-#[ignore = "known gap: gat/gats (built by the writer), HMGET and HRANDFIELD with a negative \
-            count build their whole reply in memory, so one short request can ask for gigabytes"]
 fn replies_of_gat_hmget_and_hrandfield_naming_a_big_value_many_times_stay_bounded() {
     let mut server = start(&[]);
     let sentinels = plant(&server);
@@ -1512,8 +1510,6 @@ fn replies_of_gat_hmget_and_hrandfield_naming_a_big_value_many_times_stay_bounde
 }
 
 #[test]
-#[ignore = "known bug: error replies quote client bytes verbatim, so a CR or LF in a command name \
-            or argument splits the error line (Redis turns both into spaces)"]
 fn resp_error_replies_quoting_client_bytes_carry_no_line_breaks() {
     let server = start(&[]);
     let mut r = Resp::connect(resp_addr(&server));

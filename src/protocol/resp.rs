@@ -293,9 +293,14 @@ pub mod enc {
     }
 
     /// `msg` is the whole error text after '-', e.g. "ERR syntax error".
+    /// An error reply. Errors may quote client bytes: a CR or LF among them becomes a space (as
+    /// Redis does), so the reply stays one line.
     pub fn error(out: &mut Vec<u8>, msg: &str) {
         out.push(b'-');
-        out.extend_from_slice(msg.as_bytes());
+        out.extend(
+            msg.bytes()
+                .map(|b| if b == b'\r' || b == b'\n' { b' ' } else { b }),
+        );
         out.extend_from_slice(b"\r\n");
     }
 

@@ -86,10 +86,18 @@ fn apply_inner<S: WriteView>(s: &mut S, op: &WriteOp, ctx: Ctx) -> Result<Outcom
         WriteOp::Gat { keys, exptime } => {
             let at = expire_at(*exptime, ctx.now_ms);
             let mut out = Vec::new();
+            let mut size = 0usize;
             for key in keys.split(|&b| b == b' ').filter(|k| !k.is_empty()) {
-                if live_meta(s, key, ctx.now_ms)?.is_some_and(|m| m.kind != Kind::String) {
-                    return Ok(Outcome::WrongType);
+                match s.get(key)?.filter(|i| !i.meta.is_expired(ctx.now_ms)) {
+                    Some(i) if i.meta.kind != Kind::String => return Ok(Outcome::WrongType),
+                    Some(i) => size = size.saturating_add(i.value.len()),
+                    None => {}
                 }
+            }
+            if size > crate::command::REPLY_MAX {
+                return Ok(Outcome::Err(
+                    "SERVER_ERROR out of memory writing get response",
+                ));
             }
             for key in keys.split(|&b| b == b' ').filter(|k| !k.is_empty()) {
                 if let Some(v) = touch(s, key, at, ctx.now_ms)? {

@@ -593,11 +593,12 @@ pub fn complete(
         }
         Outcome::BadKey => line(out, "CLIENT_ERROR bad command line format"),
         Outcome::WrongType => line(out, WRONGTYPE),
+        // A refusal worded for memcached clients (a gat reply over `REPLY_MAX`).
+        Outcome::Err(msg) => line(out, msg),
         // RESP-only outcomes never answer a memcached write.
         Outcome::Int(_)
         | Outcome::Bulk(_)
         | Outcome::Nil
-        | Outcome::Err(_)
         | Outcome::Double(_)
         | Outcome::Array(_)
         | Outcome::NilArray

@@ -17,7 +17,7 @@ use heed::types::Bytes;
 use heed::{Database, RoTxn};
 
 use super::{CollMeta, Found, MAX_SUB, ReadCx, Tx, elem_key, random_u64, storage_error};
-use crate::command::Outcome;
+use crate::command::{Outcome, REPLY_MAX};
 use crate::protocol::resp::{enc, parse_i64};
 use crate::semantics::{format_float, parse_float};
 use crate::server::resp::{Args, Cmd, Family, KEY1, NOT_INTEGER, R, SYNTAX, Spec, W, glob_match};
@@ -311,6 +311,10 @@ pub fn read(code: u8, args: Args<'_>, cx: &ReadCx<'_, '_>, out: &mut Vec<u8>, v3
             enc::array(out, args.len() - 2);
             for i in 2..args.len() {
                 match value(args.get(i)) {
+                    Ok(Some(_)) if out.len() - start > REPLY_MAX => {
+                        out.truncate(start);
+                        return enc::error(out, REPLY_TOO_LARGE);
+                    }
                     Ok(Some(v)) => enc::bulk(out, v),
                     Ok(None) => enc::null(out, v3),
                     Err(e) => {
@@ -696,22 +700,25 @@ pub(crate) fn sample_distinct<'t>(
     Ok(res)
 }
 
-/// `count` random elements of `coll` (non-empty), repeats allowed, each passed to `each`:
-/// seeks for a few picks from a large collection, otherwise one walk that collects the elements
-/// at `count` random positions (uniform, O(n + count log count) time, O(count) memory).
+/// `count` random elements of `coll` (non-empty), repeats allowed, each passed to `each` until
+/// it returns false: seeks for a few picks from a large collection, otherwise one walk that
+/// collects the elements at `count` random positions (uniform, O(n + count log count) time,
+/// O(count) memory).
 pub(crate) fn sample_repeats<'t>(
     db: Database<Bytes, Bytes>,
     txn: &'t RoTxn,
     coll: &CollMeta,
     count: u64,
-    mut each: impl FnMut(&'t [u8], &'t [u8]),
+    mut each: impl FnMut(&'t [u8], &'t [u8]) -> bool,
 ) -> Result<(), StoreError> {
     if sparse(coll, count)
         && let Some(picker) = Picker::new(db, txn, coll.id)?
     {
         for _ in 0..count {
             let (s, v) = picker.pick(db, txn)?;
-            each(s, v);
+            if !each(s, v) {
+                break;
+            }
         }
         return Ok(());
     }
@@ -736,7 +743,9 @@ pub(crate) fn sample_repeats<'t>(
         picked.swap(i, below(i as u64 + 1) as usize);
     }
     for (s, v) in picked {
-        each(s, v);
+        if !each(s, v) {
+            break;
+        }
     }
     Ok(())
 }
@@ -751,6 +760,10 @@ pub(crate) fn rand_count(b: &[u8]) -> Result<i64, &'static str> {
         Some(n) => Ok(n),
     }
 }
+
+/// The answer to a request whose reply would pass `REPLY_MAX`.
+pub(crate) const REPLY_TOO_LARGE: &str =
+    "ERR memkeep: the reply would exceed 64 MiB (REPLY_MAX); ask for less at a time";
 
 /// The error for a negative count beyond `MAX_REPEAT_PICKS`.
 pub(crate) const TOO_MANY_PICKS: &str =
@@ -826,11 +839,17 @@ fn randfield(args: Args<'_>, cx: &ReadCx<'_, '_>, out: &mut Vec<u8>, v3: bool) {
             return enc::error(out, TOO_MANY_PICKS);
         }
         header(out, m as usize);
-        sample_repeats(db, cx.txn, &c, m, |f, v| emit(out, f, v))
+        sample_repeats(db, cx.txn, &c, m, |f, v| {
+            emit(out, f, v);
+            out.len() - start <= REPLY_MAX
+        })
     };
     if let Err(e) = done {
         out.truncate(start);
         storage_error(out, e);
+    } else if out.len() - start > REPLY_MAX {
+        out.truncate(start);
+        enc::error(out, REPLY_TOO_LARGE);
     }
 }
 

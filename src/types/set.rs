@@ -20,11 +20,11 @@ use heed::types::Bytes;
 use heed::{Database, PutFlags, RoTxn};
 
 use super::hash::{
-    MAX_REPEAT_PICKS, TOO_MANY_PICKS, elements, pick_one, rand_count, sample_distinct,
-    sample_repeats, scan, sub_ok, walk,
+    MAX_REPEAT_PICKS, REPLY_TOO_LARGE, TOO_MANY_PICKS, elements, pick_one, rand_count,
+    sample_distinct, sample_repeats, scan, sub_ok, walk,
 };
 use super::{CollMeta, Found, MAX_SUB, ReadCx, Tx, elem_key, storage_error};
-use crate::command::Outcome;
+use crate::command::{Outcome, REPLY_MAX};
 use crate::protocol::resp::{enc, parse_i64};
 use crate::server::resp::{Args, Cmd, Family, KEY1, NOKEY, R, SYNTAX, Spec, W, key_ok, spec};
 use crate::storage::lmdb::LmdbWrite;
@@ -602,10 +602,16 @@ fn randmember(args: Args<'_>, cx: &ReadCx<'_, '_>, out: &mut Vec<u8>, v3: bool) 
             return enc::error(out, TOO_MANY_PICKS);
         }
         enc::array(out, m as usize);
-        sample_repeats(db, cx.txn, &c, m, |m, _| enc::bulk(out, m))
+        sample_repeats(db, cx.txn, &c, m, |m, _| {
+            enc::bulk(out, m);
+            out.len() - start <= REPLY_MAX
+        })
     };
     if let Err(e) = done {
         out.truncate(start);
         storage_error(out, e);
+    } else if out.len() - start > REPLY_MAX {
+        out.truncate(start);
+        enc::error(out, REPLY_TOO_LARGE);
     }
 }
