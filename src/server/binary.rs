@@ -71,20 +71,21 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
         };
         let (consumed, swallow) = (parsed.consumed, parsed.swallow);
         let write = match &parsed.frame {
-            Frame::Request(req) if !must_auth || auth_exempt(req.opcode) => write_op(req),
+            Frame::Request(req) if !must_auth || auth_exempt(req.opcode) => {
+                write_op(req).map(|(op, kind, key)| {
+                    let reply = BinReply {
+                        opcode: req.opcode,
+                        opaque: req.opaque,
+                        quiet: req.quiet,
+                        kind,
+                    };
+                    (op, reply, key)
+                })
+            }
             _ => None,
         };
         match write {
-            Some((op, kind, key)) => {
-                let Frame::Request(req) = &parsed.frame else {
-                    unreachable!("writes come from requests");
-                };
-                let reply = BinReply {
-                    opcode: req.opcode,
-                    opaque: req.opaque,
-                    quiet: req.quiet,
-                    kind,
-                };
+            Some((op, reply, key)) => {
                 if let Some(key) = key {
                     echoes.push_back(super::meta::Echo::key_only(key));
                 }
@@ -93,7 +94,7 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
                     epoch,
                     reply: Reply::Bin(reply),
                 };
-                count_submit(pass.counters, kind);
+                count_submit(pass.counters, reply.kind);
                 pass.pending.push(WriteRequest { tag, op });
                 conn.inflight += 1;
             }
