@@ -6,7 +6,7 @@
 //! `mg N` creates an empty item on a miss and wins for its caller; `mg R` wins when less TTL
 //! than asked remains. Both marks are stored with the item, so they survive restarts.
 
-use super::{Ctx, expire_at, parse_counter};
+use super::{Ctx, expire_at, live, parse_counter};
 use crate::command::{KeyValue, MetaCode, MetaItem, MetaOp, MetaOut, Outcome, StoreMode};
 use crate::storage::{ItemMeta, Kind, StoreError, WriteView};
 
@@ -200,16 +200,6 @@ fn set_win(out: &mut Outcome, won: bool, was_sent: bool) {
         item.won = won;
         item.win_was_sent = was_sent;
     }
-}
-
-fn live<S: WriteView>(
-    s: &S,
-    key: &[u8],
-    now: u64,
-) -> Result<Option<(ItemMeta, Vec<u8>)>, StoreError> {
-    Ok(s.get(key)?
-        .filter(|i| !i.meta.is_expired(now))
-        .map(|i| (i.meta, i.value.to_vec())))
 }
 
 struct StoreArgs<'a> {

@@ -293,7 +293,7 @@ fn store<S: WriteView>(
 }
 
 /// A live item's meta and a copy of its value.
-fn live<S: WriteView>(
+pub(super) fn live<S: WriteView>(
     s: &S,
     key: &[u8],
     now: u64,

@@ -48,17 +48,8 @@ pub struct BinReply {
 pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -> Stop {
     let mut left = budget;
     loop {
-        if conn.swallow > 0 {
-            conn.swallow_buffered();
-            if conn.swallow > 0 {
-                return Stop::NeedInput;
-            }
-        }
-        if left == 0 {
-            return Stop::Budget;
-        }
-        if conn.backlogged() {
-            return Stop::Blocked;
+        if let Some(stop) = conn.why_stop(left, false) {
+            return stop;
         }
         let (epoch, inflight, authed, peer) =
             (conn.epoch, conn.inflight, conn.mc_authed, conn.peer);

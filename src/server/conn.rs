@@ -173,6 +173,26 @@ impl Conn {
         self.pending_output() >= WRITE_HIGH || self.inflight >= MAX_INFLIGHT
     }
 
+    /// Before the next request of a pass (`left` more allowed): discards what is buffered of a
+    /// refused data block, then says why to stop, if it must. `resuming`: a multi-key reply is
+    /// paused, and goes on only once most of the output has been read.
+    pub fn why_stop(&mut self, left: usize, resuming: bool) -> Option<super::worker::Stop> {
+        use super::worker::Stop;
+        if self.swallow > 0 {
+            self.swallow_buffered();
+            if self.swallow > 0 {
+                return Some(Stop::NeedInput);
+            }
+        }
+        if left == 0 {
+            Some(Stop::Budget)
+        } else if self.backlogged() || (resuming && self.pending_output() >= RESUME_BELOW) {
+            Some(Stop::Blocked)
+        } else {
+            None
+        }
+    }
+
     /// Unsent output bytes.
     pub fn pending_output(&self) -> usize {
         self.wbuf.len() - self.wpos

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 
 use log::{error, warn};
 
-use super::conn::{Conn, RESUME_BELOW, WRITE_HIGH};
+use super::conn::{Conn, WRITE_HIGH};
 use super::meta::Echo;
 use super::stats::{Counters, Totals, rusage};
 use super::worker::{Pass, Reply, Stop, Tag};
@@ -52,17 +52,8 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
     }
     let mut left = budget;
     loop {
-        if conn.swallow > 0 {
-            conn.swallow_buffered();
-            if conn.swallow > 0 {
-                return Stop::NeedInput;
-            }
-        }
-        if left == 0 {
-            return Stop::Budget;
-        }
-        if conn.backlogged() || (conn.get_resume > 0 && conn.pending_output() >= RESUME_BELOW) {
-            return Stop::Blocked;
+        if let Some(stop) = conn.why_stop(left, conn.get_resume > 0) {
+            return stop;
         }
         let epoch = conn.epoch;
         let inflight = conn.inflight;

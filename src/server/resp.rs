@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering;
 
 use log::error;
 
-use super::conn::{Conn, RESUME_BELOW, WRITE_HIGH};
+use super::conn::{Conn, WRITE_HIGH};
 use super::stats::{Counters, Totals, rusage};
 use super::worker::{Pass, Reply, Stop, Tag};
 use crate::command::{ExpireCond, Expiry, KeyValue, Outcome, SetCond, WriteOp};
@@ -305,12 +305,8 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
     };
     let mut left = budget;
     loop {
-        if left == 0 {
-            return Stop::Budget;
-        }
-        if conn.backlogged() || (conn.resp.mget_resume > 0 && conn.pending_output() >= RESUME_BELOW)
-        {
-            return Stop::Blocked;
+        if let Some(stop) = conn.why_stop(left, conn.resp.mget_resume > 0) {
+            return stop;
         }
         let room = WRITE_HIGH - conn.pending_output();
         let epoch = conn.epoch;

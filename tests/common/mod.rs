@@ -265,7 +265,9 @@ impl Server {
 
     /// Spawn the process and wait (bounded) until it accepts a connection. Err if it exited
     /// first or never became ready; the error carries the tail of its stderr.
-    fn launch(&mut self) -> Result<(), String> {
+    /// Spawns the process with its output appended to the data dir's logs, after a banner line
+    /// naming this launch (`note` says anything special about it).
+    fn spawn(&mut self, note: &str) -> Result<Child, String> {
         self.launches += 1;
         let log = |name: &str| -> File {
             OpenOptions::new()
@@ -276,14 +278,20 @@ impl Server {
         };
         let mut out = log("stdout.log");
         let mut err = log("stderr.log");
-        let banner = format!("---- launch {} on port {} ----\n", self.launches, self.port);
+        let banner = format!(
+            "---- launch {} on port {}{note} ----\n",
+            self.launches, self.port
+        );
         let _ = out.write_all(banner.as_bytes());
         let _ = err.write_all(banner.as_bytes());
         let mut cmd = self.command();
         cmd.stdin(Stdio::null()).stdout(out).stderr(err);
-        let child = cmd
-            .spawn()
-            .map_err(|e| format!("spawn {:?}: {e}", self.bin))?;
+        cmd.spawn()
+            .map_err(|e| format!("spawn {:?}: {e}", self.bin))
+    }
+
+    fn launch(&mut self) -> Result<(), String> {
+        let child = self.spawn("")?;
         self.child = Some(child);
 
         let deadline = Instant::now() + READY_TIMEOUT;
@@ -500,27 +508,9 @@ impl Server {
             self.child.is_none(),
             "kill9_during_startup needs a stopped server"
         );
-        self.launches += 1;
-        let log = |name: &str| -> File {
-            OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(self.dir.path().join(name))
-                .expect("open log file")
-        };
-        let mut out = log("stdout.log");
-        let mut err = log("stderr.log");
-        let banner = format!(
-            "---- launch {} on port {}, SIGKILL after {delay:?} ----\n",
-            self.launches, self.port
-        );
-        let _ = out.write_all(banner.as_bytes());
-        let _ = err.write_all(banner.as_bytes());
-        let mut cmd = self.command();
-        cmd.stdin(Stdio::null()).stdout(out).stderr(err);
-        let mut child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawn {:?}: {e}", self.bin));
+        let mut child = self
+            .spawn(&format!(", SIGKILL after {delay:?}"))
+            .unwrap_or_else(|e| panic!("{e}"));
         std::thread::sleep(delay);
         let exited = child.try_wait().expect("try_wait");
         let _ = child.kill();
