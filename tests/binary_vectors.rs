@@ -16,14 +16,17 @@
 //!
 //! `MEMKEEP_TRANSCRIPT_FILTER=<substring of "file/case">` and
 //! `MEMKEEP_TRANSCRIPT_MODES=whole,line,byte` narrow a run, as for the text transcripts.
+//!
+//! The replay machinery is shared with `tests/transcripts.rs` (`tests/common/replay.rs`).
 
 mod common;
 
 use std::collections::HashMap;
-use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
 
+use common::replay::{
+    self, Conn, Filter, Mode, Probe, ReplayStep, Replayer, Reply, Role, Short, Target, Vars,
+    file_name, in_parallel, memkeep_bin, parse_cases, proto_files, replay_cases, report, target,
+};
 use common::{Options, Server};
 use memkeep::protocol::binary::{self, Command, Frame, HEADER_LEN};
 use memkeep::protocol::memcache::Limits;
@@ -40,10 +43,6 @@ const FILE_FAILURES_MAX: usize = 20;
 
 /// Largest response body the harness accepts.
 const BODY_MAX: usize = 16 << 20;
-
-fn memkeep_bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_memkeep"))
-}
 
 // ---------------------------------------------------------------------------------------------
 // Vector model and parser
@@ -77,23 +76,20 @@ enum Step {
     Assert { lhs: Tok, eq: bool, rhs: Tok },
 }
 
-#[derive(Debug, Clone)]
-struct Line {
-    no: usize,
-    step: Step,
-}
+type Case = replay::Case<Step>;
 
-#[derive(Debug, Clone)]
-struct Case {
-    name: String,
-    line: usize,
-    steps: Vec<Line>,
-    memkeep_only: bool,
-}
+impl ReplayStep for Step {
+    fn role(&self) -> Role {
+        match self {
+            Step::Send { toks, .. } => Role::Send {
+                uses_var: toks.iter().any(|t| matches!(t, Tok::Var(_))),
+            },
+            _ => Role::Expect,
+        }
+    }
 
-impl Case {
-    fn ends_closed(&self) -> bool {
-        matches!(self.steps.last().map(|l| &l.step), Some(Step::Closed))
+    fn is_closed(&self) -> bool {
+        matches!(self, Step::Closed)
     }
 }
 
@@ -281,60 +277,29 @@ fn parse_step(line: &str) -> Result<Option<Step>, String> {
 }
 
 fn parse_vectors(name: &str, text: &str) -> Result<VectorFile, String> {
-    let mut file = VectorFile {
-        name: name.to_string(),
-        auth: None,
-        cases: Vec::new(),
+    let mut auth = None;
+    let auth_line = |line: &str, before_cases: bool| {
+        let Some(rest) = line.strip_prefix("@ auth ") else {
+            return Ok(false);
+        };
+        let words: Vec<&str> = rest.split_whitespace().collect();
+        match (words.as_slice(), before_cases) {
+            ([user, password], true) => {
+                auth = Some((user.to_string(), password.to_string()));
+                Ok(true)
+            }
+            _ => Err("`@ auth USER PASSWORD` goes before the first case".to_string()),
+        }
     };
-    for (i, raw) in text.split('\n').enumerate() {
-        let no = i + 1;
-        let line = raw.strip_suffix('\r').unwrap_or(raw);
-        if line.trim().is_empty() || line.starts_with('#') {
-            continue;
-        }
-        if let Some(case) = line.strip_prefix("== ") {
-            let case = case.trim().to_string();
-            if case.is_empty() || case.contains(char::is_whitespace) {
-                return Err(format!("line {no}: bad case name {case:?}"));
-            }
-            if file.cases.iter().any(|c| c.name == case) {
-                return Err(format!("line {no}: duplicate case name {case:?}"));
-            }
-            file.cases.push(Case {
-                name: case,
-                line: no,
-                steps: Vec::new(),
-                memkeep_only: false,
-            });
-            continue;
-        }
-        if let Some(rest) = line.strip_prefix("@ auth ") {
-            let words: Vec<&str> = rest.split_whitespace().collect();
-            match (words.as_slice(), file.cases.is_empty()) {
-                ([user, password], true) => {
-                    file.auth = Some((user.to_string(), password.to_string()));
-                    continue;
-                }
-                _ => {
-                    return Err(format!(
-                        "line {no}: `@ auth USER PASSWORD` goes before the first case"
-                    ));
-                }
-            }
-        }
-        let case = file
-            .cases
-            .last_mut()
-            .ok_or_else(|| format!("line {no}: {line:?} before the first `== case`"))?;
-        match parse_step(line).map_err(|e| format!("line {no}: {e}"))? {
-            Some(step) => case.steps.push(Line { no, step }),
-            None => case.memkeep_only = true,
-        }
-    }
-    for case in &file.cases {
+    let cases = parse_cases(text, auth_line, parse_step)?;
+    for case in &cases {
         check_case(case)?;
     }
-    Ok(file)
+    Ok(VectorFile {
+        name: name.to_string(),
+        auth,
+        cases,
+    })
 }
 
 /// Structural rules: a case sends something, `<...` precedes a `<`, `@ closed` ends the case,
@@ -384,8 +349,6 @@ fn check_case(case: &Case) -> Result<(), String> {
 
 // ---------------------------------------------------------------------------------------------
 // Rendering and matching
-
-type Vars = HashMap<String, Vec<u8>>;
 
 /// The bytes of a `>` line, with `${var}`s from `vars`.
 fn render(toks: &[Tok], repeat: usize, vars: &Vars) -> Result<Vec<u8>, String> {
@@ -720,88 +683,8 @@ fn check_parser_replies(expected: &[&Vec<Tok>], run: &ParserRun) -> Result<(), S
 // ---------------------------------------------------------------------------------------------
 // Replay
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    Whole,
-    Line,
-    Byte,
-}
-
-/// Why a read stopped short.
-enum Short {
-    Closed,
-    TimedOut,
-    Error(String),
-}
-
-impl Short {
-    fn describe(&self) -> String {
-        match self {
-            Short::Closed => "the server closed the connection".into(),
-            Short::TimedOut => "no reply within 2 s".into(),
-            Short::Error(e) => format!("read error: {e}"),
-        }
-    }
-}
-
-struct Conn {
-    stream: TcpStream,
-    buf: Vec<u8>,
-    /// The first write error; later writes are dropped and later expectations report it.
-    write_err: Option<String>,
-}
-
+/// The packet readers of the shared replay connection.
 impl Conn {
-    fn open(addr: SocketAddr) -> Result<Conn, String> {
-        let stream = Server::connect_to(addr).map_err(|e| format!("connect {addr}: {e}"))?;
-        Ok(Conn {
-            stream,
-            buf: Vec::new(),
-            write_err: None,
-        })
-    }
-
-    fn send(&mut self, bytes: &[u8], mode: Mode) {
-        if self.write_err.is_some() || bytes.is_empty() {
-            return;
-        }
-        // One byte per write, except very large payloads, which go 4 KiB at a time.
-        let chunk = match mode {
-            Mode::Byte if bytes.len() <= 64 * 1024 => 1,
-            Mode::Byte => 4096,
-            _ => bytes.len(),
-        };
-        for piece in bytes.chunks(chunk) {
-            if let Err(e) = self.stream.write_all(piece) {
-                self.write_err = Some(e.to_string());
-                return;
-            }
-        }
-    }
-
-    fn fill(&mut self) -> Result<(), Short> {
-        let mut tmp = [0u8; 64 * 1024];
-        loop {
-            return match self.stream.read(&mut tmp) {
-                Ok(0) => Err(Short::Closed),
-                Ok(n) => {
-                    self.buf.extend_from_slice(&tmp[..n]);
-                    Ok(())
-                }
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                    Err(Short::TimedOut)
-                }
-                Err(e)
-                    if matches!(e.kind(), ErrorKind::ConnectionReset | ErrorKind::BrokenPipe) =>
-                {
-                    Err(Short::Closed)
-                }
-                Err(e) => Err(Short::Error(e.to_string())),
-            };
-        }
-    }
-
     fn need(&mut self, n: usize) -> Result<(), Short> {
         while self.buf.len() < n {
             self.fill()?;
@@ -810,7 +693,7 @@ impl Conn {
     }
 
     /// One whole response packet, or what arrived before the read stopped.
-    fn packet(&mut self) -> Result<Vec<u8>, (Vec<u8>, Short)> {
+    fn packet(&mut self) -> Reply {
         let partial = |c: &mut Conn, why| (std::mem::take(&mut c.buf), why);
         if let Err(why) = self.need(HEADER_LEN) {
             return Err(partial(self, why));
@@ -826,13 +709,6 @@ impl Conn {
         }
         Ok(self.buf.drain(..len).collect())
     }
-
-    fn write_note(&self) -> String {
-        match &self.write_err {
-            Some(e) => format!(" (an earlier write failed: {e})"),
-            None => String::new(),
-        }
-    }
 }
 
 /// Where the replay is in a case, and what it has learnt from the replies.
@@ -844,10 +720,24 @@ struct Replay {
     skipping: bool,
 }
 
-/// A failed step: its line number and what went wrong.
-type Fail = (usize, String);
+impl Replayer for Replay {
+    type Step = Step;
 
-impl Replay {
+    fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    fn conn(&mut self) -> &mut Conn {
+        &mut self.conn
+    }
+
+    fn render(&self, step: &Step) -> Result<Vec<u8>, String> {
+        let Step::Send { toks, repeat } = step else {
+            unreachable!()
+        };
+        render(toks, *repeat, &self.vars)
+    }
+
     fn expect(&mut self, step: &Step) -> Result<(), String> {
         match step {
             Step::Skip => {
@@ -886,25 +776,7 @@ impl Replay {
                     }
                 }
             }
-            Step::Closed => {
-                if !self.conn.buf.is_empty() {
-                    return Err(format!(
-                        "expected the connection to close, got {}",
-                        hex(&self.conn.buf)
-                    ));
-                }
-                match self.conn.fill() {
-                    Err(Short::Closed) => Ok(()),
-                    Err(why) => Err(format!(
-                        "expected the connection to close, got {}",
-                        why.describe()
-                    )),
-                    Ok(()) => Err(format!(
-                        "expected the connection to close, got {}",
-                        show_packet(&self.conn.buf)
-                    )),
-                }
-            }
+            Step::Closed => self.conn.expect_closed(show_packet),
             Step::Assert { lhs, eq, rhs } => {
                 let a = render(std::slice::from_ref(lhs), 1, &self.vars)?;
                 let b = render(std::slice::from_ref(rhs), 1, &self.vars)?;
@@ -919,55 +791,9 @@ impl Replay {
         }
     }
 
-    fn run(&mut self, case: &Case) -> Result<(), Fail> {
-        match self.mode {
-            Mode::Whole => self.run_whole(case)?,
-            Mode::Line | Mode::Byte => {
-                for l in &case.steps {
-                    match &l.step {
-                        Step::Send { toks, repeat } => {
-                            let bytes = render(toks, *repeat, &self.vars).map_err(|e| (l.no, e))?;
-                            self.conn.send(&bytes, self.mode);
-                        }
-                        s => self.expect(s).map_err(|e| (l.no, e))?,
-                    }
-                }
-            }
-        }
-        if case.ends_closed() {
-            return Ok(());
-        }
-        self.check_in_sync()
-            .map_err(|e| (case.steps.last().map_or(case.line, |l| l.no), e))
-    }
-
-    /// All requests in one write, up to the first that uses a `${var}` (its reply must be read
-    /// first); then the replies; and so on.
-    fn run_whole(&mut self, case: &Case) -> Result<(), Fail> {
-        let mut out: Vec<u8> = Vec::new();
-        let mut deferred: Vec<&Line> = Vec::new();
-        for l in &case.steps {
-            match &l.step {
-                Step::Send { toks, repeat } => {
-                    let uses_var = toks.iter().any(|t| matches!(t, Tok::Var(_)));
-                    if uses_var && !deferred.is_empty() {
-                        self.flush(&mut out, &mut deferred)?;
-                    }
-                    out.extend(render(toks, *repeat, &self.vars).map_err(|e| (l.no, e))?);
-                }
-                _ => deferred.push(l),
-            }
-        }
-        self.flush(&mut out, &mut deferred)
-    }
-
-    fn flush(&mut self, out: &mut Vec<u8>, deferred: &mut Vec<&Line>) -> Result<(), Fail> {
-        self.conn.send(out, Mode::Whole);
-        out.clear();
-        for l in deferred.drain(..) {
-            self.expect(&l.step).map_err(|e| (l.no, e))?;
-        }
-        Ok(())
+    /// No directives in the binary vectors (`@ assert` is checked in order, as an expectation).
+    fn directive(&mut self, _: &Step) -> Result<(), String> {
+        unreachable!()
     }
 
     /// A `VERSION` probe must be answered next: no reply was missing, none extra.
@@ -985,81 +811,31 @@ impl Replay {
             cas: 0,
         }
         .encode(&mut probe);
-        self.conn.send(&probe, Mode::Whole);
-        let got = self.conn.packet().map_err(|(partial, why)| {
-            format!(
-                "out of sync after the case: VERSION got {} and then {}{}",
-                hex(&partial),
-                why.describe(),
-                self.conn.write_note()
-            )
-        })?;
-        let h = binary::Header::decode(&got).expect("whole packet");
-        let ok = h.magic == binary::RESPONSE_MAGIC
-            && h.opcode == binary::opcode::VERSION
-            && h.vbucket_or_status == 0
-            && h.opaque == PROBE_OPAQUE;
-        if ok {
-            Ok(())
-        } else {
-            Err(format!(
-                "out of sync after the case: VERSION answered {}",
-                show_packet(&got)
-            ))
-        }
+        let probe = Probe {
+            request: &probe,
+            name: "VERSION",
+            read: Conn::packet,
+            answered: |got| {
+                let h = binary::Header::decode(got).expect("whole packet");
+                h.magic == binary::RESPONSE_MAGIC
+                    && h.opcode == binary::opcode::VERSION
+                    && h.vbucket_or_status == 0
+                    && h.opaque == PROBE_OPAQUE
+            },
+            show: show_packet,
+        };
+        replay::check_in_sync(&mut self.conn, &probe)
     }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Driver
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Target {
-    Memkeep,
-    Memcached,
-    /// Another conformance run (redis): nothing to replay here.
-    Other,
-}
-
-fn target() -> Target {
-    match std::env::var("MEMKEEP_CONFORMANCE").as_deref() {
-        Err(_) | Ok("") => Target::Memkeep,
-        Ok("memcached") => Target::Memcached,
-        Ok(_) => Target::Other,
-    }
-}
-
-fn modes() -> Vec<Mode> {
-    match std::env::var("MEMKEEP_TRANSCRIPT_MODES") {
-        Err(_) => vec![Mode::Whole, Mode::Line, Mode::Byte],
-        Ok(list) => list
-            .split(',')
-            .map(|m| match m.trim() {
-                "whole" => Mode::Whole,
-                "line" => Mode::Line,
-                "byte" => Mode::Byte,
-                other => panic!("MEMKEEP_TRANSCRIPT_MODES: unknown mode {other:?}"),
-            })
-            .collect(),
-    }
-}
-
-fn vector_paths() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("proto/binary");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| e.expect("read proto/binary").path())
-        .filter(|p| p.extension().is_some_and(|e| e == "txt"))
-        .collect();
-    files.sort();
-    files
-}
-
 fn load_all() -> Vec<VectorFile> {
     let mut errors = Vec::new();
     let mut files = Vec::new();
-    for path in vector_paths() {
-        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+    for path in proto_files("binary") {
+        let name = file_name(&path);
         let text = std::fs::read_to_string(&path).expect("read vector file");
         match parse_vectors(&name, &text) {
             Ok(f) if f.cases.is_empty() => errors.push(format!("{name}: no cases")),
@@ -1077,12 +853,11 @@ fn load_all() -> Vec<VectorFile> {
 }
 
 fn selected(file: &VectorFile, target: Target) -> Vec<&Case> {
-    let filter = std::env::var("MEMKEEP_TRANSCRIPT_FILTER").unwrap_or_default();
-    let stem = file.name.trim_end_matches(".txt");
+    let filter = Filter::from_env();
     file.cases
         .iter()
         .filter(|c| target == Target::Memkeep || !c.memkeep_only)
-        .filter(|c| format!("{stem}/{}", c.name).contains(&filter))
+        .filter(|c| filter.selects(&file.name, &c.name))
         .collect()
 }
 
@@ -1130,60 +905,22 @@ fn replay_file(file: &VectorFile, target: Target) -> Vec<String> {
         cases.len(),
         file.cases.len() - cases.len()
     );
-    let mut failures = Vec::new();
-    for mode in modes() {
-        for case in &cases {
-            let result = Conn::open(server.addr())
-                .map_err(|e| (case.line, e))
-                .and_then(|conn| {
-                    let mut replay = Replay {
-                        mode,
-                        conn,
-                        vars: Vars::new(),
-                        skipping: false,
-                    };
-                    replay.run(case)
-                });
-            if let Err((line, msg)) = result {
-                failures.push(format!(
-                    "{}:{line}: case `{}` ({mode:?}): {msg}",
-                    file.name, case.name
-                ));
-                if failures.len() >= FILE_FAILURES_MAX {
-                    failures.push(format!(
-                        "{}: stopped after {FILE_FAILURES_MAX} failures",
-                        file.name
-                    ));
-                    return failures;
-                }
-            }
-            if !server.is_running() {
-                failures.push(format!(
-                    "{}: the server died during case `{}` ({mode:?}); stderr:\n{}",
-                    file.name,
-                    case.name,
-                    server.stderr_tail(3000)
-                ));
-                return failures;
-            }
-        }
-    }
-    failures
-}
-
-fn report(what: &str, failures: &[String]) {
-    if failures.is_empty() {
-        return;
-    }
-    const SHOW: usize = 60;
-    let mut text = format!("{} {what} failures:\n", failures.len());
-    for f in failures.iter().take(SHOW) {
-        text.push_str(&format!("  {f}\n"));
-    }
-    if failures.len() > SHOW {
-        text.push_str(&format!("  ... and {} more\n", failures.len() - SHOW));
-    }
-    panic!("{text}");
+    replay_cases(
+        &file.name,
+        &mut server,
+        &cases,
+        FILE_FAILURES_MAX,
+        |server, mode, case| {
+            let conn = Conn::open(server.addr()).map_err(|e| (case.line, e))?;
+            let mut replay = Replay {
+                mode,
+                conn,
+                vars: Vars::new(),
+                skipping: false,
+            };
+            replay::run(&mut replay, case)
+        },
+    )
 }
 
 #[test]
@@ -1206,31 +943,19 @@ fn vectors_through_the_parser() {
             }
         }
     }
-    report("parser check", &failures);
+    report("parser check failures", &failures);
 }
 
 #[test]
 fn vectors_replay() {
     let target = target();
-    if target == Target::Other {
-        // MEMKEEP_CONFORMANCE=redis: the binary vectors are memcached's.
+    if target == Target::Redis {
+        // The binary vectors are memcached's.
         return;
     }
     let files = load_all();
-    let failures: Vec<String> = std::thread::scope(|s| {
-        let handles: Vec<_> = files
-            .iter()
-            .map(|f| s.spawn(move || replay_file(f, target)))
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| vec!["a replay thread panicked".into()])
-            })
-            .collect()
-    });
-    report(&format!("replay (against {target:?})"), &failures);
+    let failures = in_parallel(&files, |f| f.name.clone(), |f| replay_file(f, target));
+    report(&format!("replay (against {target:?}) failures"), &failures);
 }
 
 #[test]

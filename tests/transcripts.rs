@@ -11,20 +11,21 @@
 //! use `@ time`, `@ restart` or `@ memkeep-only`: that is how the goldens themselves are checked.
 //! `MEMKEEP_TRANSCRIPT_FILTER=<substring of "file/case">` and
 //! `MEMKEEP_TRANSCRIPT_MODES=whole,line,byte` narrow a run while debugging.
+//!
+//! The connection, the per-case driver (whole/line/byte, in-sync probe) and the file, thread and
+//! environment handling are shared with `tests/binary_vectors.rs` in `tests/common/replay.rs`.
 
 mod common;
 
-use std::collections::HashMap;
-use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
+use std::net::SocketAddr;
+use std::path::Path;
 
+use common::replay::{
+    self, Conn, Filter, Mode, Probe, ReplayStep, Replayer, Reply, Role, Target, Vars, file_name,
+    in_parallel, memkeep_bin, parse_cases, proto_files, replay_cases, report, target,
+};
 use common::{Options, Server};
 use regex::bytes::Regex;
-
-fn memkeep_bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_memkeep"))
-}
 
 // ---------------------------------------------------------------------------------------------
 // Transcript model and parser
@@ -35,13 +36,6 @@ enum Dialect {
     Memcache,
     /// proto/resp: `> SET k v` is sent as a RESP array of bulk strings, `>inline PING` as typed.
     Resp,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    Whole,
-    Line,
-    Byte,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,18 +84,22 @@ enum Step {
     Assert { lhs: String, op: Op, rhs: String },
 }
 
-#[derive(Debug, Clone)]
-struct Line {
-    no: usize,
-    step: Step,
-}
+type Case = replay::Case<Step>;
 
-#[derive(Debug, Clone)]
-struct Case {
-    name: String,
-    line: usize,
-    steps: Vec<Line>,
-    memkeep_only: bool,
+impl ReplayStep for Step {
+    fn role(&self) -> Role {
+        match self {
+            Step::Send { data, .. } => Role::Send {
+                uses_var: data.windows(2).any(|w| w == b"${"),
+            },
+            Step::Time(_) | Step::Restart | Step::Assert { .. } => Role::Directive,
+            _ => Role::Expect,
+        }
+    }
+
+    fn is_closed(&self) -> bool {
+        matches!(self, Step::Closed)
+    }
 }
 
 impl Case {
@@ -275,37 +273,7 @@ fn parse_step(line: &str, dialect: Dialect) -> Result<Option<Step>, String> {
 }
 
 fn parse_transcript(text: &str, dialect: Dialect) -> Result<Vec<Case>, String> {
-    let mut cases: Vec<Case> = Vec::new();
-    for (i, raw) in text.split('\n').enumerate() {
-        let no = i + 1;
-        let line = raw.strip_suffix('\r').unwrap_or(raw);
-        if line.trim().is_empty() || line.starts_with('#') {
-            continue;
-        }
-        if let Some(name) = line.strip_prefix("== ") {
-            let name = name.trim().to_string();
-            if name.is_empty() || name.contains(char::is_whitespace) {
-                return Err(format!("line {no}: bad case name {name:?}"));
-            }
-            if cases.iter().any(|c| c.name == name) {
-                return Err(format!("line {no}: duplicate case name {name:?}"));
-            }
-            cases.push(Case {
-                name,
-                line: no,
-                steps: Vec::new(),
-                memkeep_only: false,
-            });
-            continue;
-        }
-        let case = cases
-            .last_mut()
-            .ok_or_else(|| format!("line {no}: {line:?} before the first `== case`"))?;
-        match parse_step(line, dialect).map_err(|e| format!("line {no}: {e}"))? {
-            Some(step) => case.steps.push(Line { no, step }),
-            None => case.memkeep_only = true,
-        }
-    }
+    let cases = parse_cases(text, |_, _| Ok(false), |line| parse_step(line, dialect))?;
     for case in &cases {
         let at = |no: usize, msg: &str| format!("line {no}: case {:?}: {msg}", case.name);
         if !case
@@ -333,8 +301,6 @@ fn parse_transcript(text: &str, dialect: Dialect) -> Result<Vec<Case>, String> {
 
 // ---------------------------------------------------------------------------------------------
 // Replay
-
-type Vars = HashMap<String, Vec<u8>>;
 
 /// Replace every `${name}` by the captured value, passed through `quote` (regex escaping).
 fn subst(template: &[u8], vars: &Vars, quote: fn(&[u8]) -> Vec<u8>) -> Result<Vec<u8>, String> {
@@ -389,83 +355,10 @@ fn encode(data: &[u8], enc: Enc) -> Vec<u8> {
     }
 }
 
-/// Why a read stopped short.
-enum Short {
-    Closed,
-    TimedOut,
-    Error(String),
-}
-
-impl Short {
-    fn describe(&self) -> String {
-        match self {
-            Short::Closed => "the server closed the connection".into(),
-            Short::TimedOut => "no reply within 2 s".into(),
-            Short::Error(e) => format!("read error: {e}"),
-        }
-    }
-}
-
-struct Conn {
-    stream: TcpStream,
-    buf: Vec<u8>,
-    /// The first write error; later writes are dropped and later expectations report it.
-    write_err: Option<String>,
-}
-
+/// The text readers of the shared replay connection.
 impl Conn {
-    fn open(addr: SocketAddr) -> Result<Conn, String> {
-        let stream = Server::connect_to(addr).map_err(|e| format!("connect {addr}: {e}"))?;
-        Ok(Conn {
-            stream,
-            buf: Vec::new(),
-            write_err: None,
-        })
-    }
-
-    fn send(&mut self, bytes: &[u8], mode: Mode) {
-        if self.write_err.is_some() || bytes.is_empty() {
-            return;
-        }
-        // One byte per write, except very large payloads (`>repeat`), which go 4 KiB at a time.
-        let chunk = match mode {
-            Mode::Byte if bytes.len() <= 64 * 1024 => 1,
-            Mode::Byte => 4096,
-            _ => bytes.len(),
-        };
-        for piece in bytes.chunks(chunk) {
-            if let Err(e) = self.stream.write_all(piece) {
-                self.write_err = Some(e.to_string());
-                return;
-            }
-        }
-    }
-
-    fn fill(&mut self) -> Result<(), Short> {
-        let mut tmp = [0u8; 64 * 1024];
-        loop {
-            return match self.stream.read(&mut tmp) {
-                Ok(0) => Err(Short::Closed),
-                Ok(n) => {
-                    self.buf.extend_from_slice(&tmp[..n]);
-                    Ok(())
-                }
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                    Err(Short::TimedOut)
-                }
-                Err(e)
-                    if matches!(e.kind(), ErrorKind::ConnectionReset | ErrorKind::BrokenPipe) =>
-                {
-                    Err(Short::Closed)
-                }
-                Err(e) => Err(Short::Error(e.to_string())),
-            };
-        }
-    }
-
     /// One line including its `\n`, or the first `max` bytes if no `\n` comes before that.
-    fn read_line(&mut self, max: usize) -> Result<Vec<u8>, (Vec<u8>, Short)> {
+    fn read_line(&mut self, max: usize) -> Reply {
         let mut scanned = 0;
         loop {
             if let Some(p) = self.buf[scanned..].iter().position(|&c| c == b'\n') {
@@ -482,7 +375,7 @@ impl Conn {
         }
     }
 
-    fn read_exact(&mut self, n: usize) -> Result<Vec<u8>, (Vec<u8>, Short)> {
+    fn read_exact(&mut self, n: usize) -> Reply {
         while self.buf.len() < n {
             if let Err(e) = self.fill() {
                 return Err((std::mem::take(&mut self.buf), e));
@@ -499,13 +392,6 @@ impl Conn {
             format!("; then {}", show_n(&self.buf, 100))
         }
     }
-
-    fn write_note(&self) -> String {
-        match &self.write_err {
-            Some(e) => format!(" (an earlier write failed: {e})"),
-            None => String::new(),
-        }
-    }
 }
 
 /// Where the replay is in a case, and what it has learnt from the replies.
@@ -519,20 +405,12 @@ struct Replay<'a> {
     skipping: bool,
 }
 
-/// A failed step: its line number and what went wrong.
-type Fail = (usize, String);
-
 impl Replay<'_> {
     fn addr(&self) -> SocketAddr {
         match self.dialect {
             Dialect::Memcache => self.server.addr(),
             Dialect::Resp => self.server.resp_addr().expect("server has no RESP port"),
         }
-    }
-
-    fn render_send(&self, data: &[u8], enc: Enc, repeat: usize) -> Result<Vec<u8>, String> {
-        let one = encode(&subst(data, &self.vars, verbatim)?, enc);
-        Ok(one.repeat(repeat))
     }
 
     fn line_matches(&mut self, step: &Step, got: &[u8]) -> Result<bool, String> {
@@ -570,6 +448,37 @@ impl Replay<'_> {
             Step::ExpectRegex(re) => format!("a line matching /{re}/"),
             _ => unreachable!(),
         }
+    }
+
+    fn number(&self, operand: &str) -> Result<u128, String> {
+        let text = if operand.starts_with("${") {
+            String::from_utf8_lossy(&subst(operand.as_bytes(), &self.vars, verbatim)?).into_owned()
+        } else {
+            operand.to_string()
+        };
+        text.trim()
+            .parse()
+            .map_err(|_| format!("{operand} = {text:?} is not a number"))
+    }
+}
+
+impl Replayer for Replay<'_> {
+    type Step = Step;
+
+    fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    fn conn(&mut self) -> &mut Conn {
+        &mut self.conn
+    }
+
+    fn render(&self, step: &Step) -> Result<Vec<u8>, String> {
+        let Step::Send { data, enc, repeat } = step else {
+            unreachable!()
+        };
+        let one = encode(&subst(data, &self.vars, verbatim)?, *enc);
+        Ok(one.repeat(*repeat))
     }
 
     /// Check one reply-side step against what the server sends.
@@ -647,38 +556,9 @@ impl Replay<'_> {
                     )),
                 }
             }
-            Step::Closed => {
-                if !self.conn.buf.is_empty() {
-                    return Err(format!(
-                        "expected the connection to close, got {}",
-                        show(&self.conn.buf)
-                    ));
-                }
-                match self.conn.fill() {
-                    Err(Short::Closed) => Ok(()),
-                    Err(why) => Err(format!(
-                        "expected the connection to close, got {}",
-                        why.describe()
-                    )),
-                    Ok(()) => Err(format!(
-                        "expected the connection to close, got {}",
-                        show(&self.conn.buf)
-                    )),
-                }
-            }
+            Step::Closed => self.conn.expect_closed(show),
             _ => unreachable!(),
         }
-    }
-
-    fn number(&self, operand: &str) -> Result<u128, String> {
-        let text = if operand.starts_with("${") {
-            String::from_utf8_lossy(&subst(operand.as_bytes(), &self.vars, verbatim)?).into_owned()
-        } else {
-            operand.to_string()
-        };
-        text.trim()
-            .parse()
-            .map_err(|_| format!("{operand} = {text:?} is not a number"))
     }
 
     fn directive(&mut self, step: &Step) -> Result<(), String> {
@@ -709,154 +589,32 @@ impl Replay<'_> {
         }
     }
 
-    /// Replay one case; the connection must be in sync at the end unless the case closes it.
-    fn run(&mut self, case: &Case) -> Result<(), Fail> {
-        match self.mode {
-            Mode::Whole => self.run_whole(case)?,
-            Mode::Line | Mode::Byte => {
-                for l in &case.steps {
-                    match &l.step {
-                        Step::Send { data, enc, repeat } => {
-                            let bytes = self
-                                .render_send(data, *enc, *repeat)
-                                .map_err(|e| (l.no, e))?;
-                            self.conn.send(&bytes, self.mode);
-                        }
-                        s @ (Step::Time(_) | Step::Restart | Step::Assert { .. }) => {
-                            self.directive(s).map_err(|e| (l.no, e))?
-                        }
-                        s => self.expect(s).map_err(|e| (l.no, e))?,
-                    }
-                }
-            }
-        }
-        if matches!(case.steps.last().map(|l| &l.step), Some(Step::Closed)) {
-            return Ok(());
-        }
-        self.check_in_sync()
-            .map_err(|e| (case.steps.last().map_or(case.line, |l| l.no), e))
-    }
-
-    /// All requests in one write, up to the first that needs a reply to be read first (it uses a
-    /// `${var}`) or an `@` directive; then the replies; and so on.
-    fn run_whole(&mut self, case: &Case) -> Result<(), Fail> {
-        let mut out: Vec<u8> = Vec::new();
-        let mut deferred: Vec<&Line> = Vec::new();
-        for l in &case.steps {
-            match &l.step {
-                Step::Send { data, enc, repeat } => {
-                    if data.windows(2).any(|w| w == b"${") && !deferred.is_empty() {
-                        self.flush(&mut out, &mut deferred)?;
-                    }
-                    out.extend(
-                        self.render_send(data, *enc, *repeat)
-                            .map_err(|e| (l.no, e))?,
-                    );
-                }
-                s @ (Step::Time(_) | Step::Restart | Step::Assert { .. }) => {
-                    self.flush(&mut out, &mut deferred)?;
-                    self.directive(s).map_err(|e| (l.no, e))?;
-                }
-                _ => deferred.push(l),
-            }
-        }
-        self.flush(&mut out, &mut deferred)
-    }
-
-    fn flush(&mut self, out: &mut Vec<u8>, deferred: &mut Vec<&Line>) -> Result<(), Fail> {
-        self.conn.send(out, Mode::Whole);
-        out.clear();
-        for l in deferred.drain(..) {
-            self.expect(&l.step).map_err(|e| (l.no, e))?;
-        }
-        Ok(())
-    }
-
-    /// One more request must get its own answer next: no reply was missing, none extra.
+    /// `version` (RESP: `PING`) must be answered next.
     fn check_in_sync(&mut self) -> Result<(), String> {
         type LineCheck = fn(&[u8]) -> bool;
-        let (probe, ok): (&[u8], LineCheck) = match self.dialect {
+        let (request, answered): (&[u8], LineCheck) = match self.dialect {
             Dialect::Memcache => (b"version\r\n", |l| {
                 l.starts_with(b"VERSION ") && l.ends_with(b"\r\n")
             }),
             Dialect::Resp => (b"*1\r\n$4\r\nPING\r\n", |l| l == b"+PONG\r\n"),
         };
-        self.conn.send(probe, Mode::Whole);
-        match self.conn.read_line(4096) {
-            Ok(got) if ok(&got) => Ok(()),
-            Ok(got) => Err(format!(
-                "out of sync after the case: {} answered {}{}",
-                show(probe),
-                show(&got),
-                self.conn.pending()
-            )),
-            Err((partial, why)) => Err(format!(
-                "out of sync after the case: {} answered {} and then {}{}",
-                show(probe),
-                show(&partial),
-                why.describe(),
-                self.conn.write_note()
-            )),
-        }
+        let probe = Probe {
+            request,
+            name: &show(request),
+            read: |conn| conn.read_line(4096),
+            answered,
+            show,
+        };
+        replay::check_in_sync(&mut self.conn, &probe)
     }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Driver
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Target {
-    Memkeep,
-    Memcached,
-    Redis,
-}
-
-fn target() -> Target {
-    match std::env::var("MEMKEEP_CONFORMANCE").as_deref() {
-        Err(_) | Ok("") => Target::Memkeep,
-        Ok("memcached") => Target::Memcached,
-        Ok("redis") => Target::Redis,
-        Ok(other) => panic!("MEMKEEP_CONFORMANCE={other:?}: expected `memcached` or `redis`"),
-    }
-}
-
-fn modes() -> Vec<Mode> {
-    match std::env::var("MEMKEEP_TRANSCRIPT_MODES") {
-        Err(_) => vec![Mode::Whole, Mode::Line, Mode::Byte],
-        Ok(list) => list
-            .split(',')
-            .map(|m| match m.trim() {
-                "whole" => Mode::Whole,
-                "line" => Mode::Line,
-                "byte" => Mode::Byte,
-                other => panic!("MEMKEEP_TRANSCRIPT_MODES: unknown mode {other:?}"),
-            })
-            .collect(),
-    }
-}
-
-fn transcript_files(dir: &str) -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("proto")
-        .join(dir);
-    let Ok(entries) = std::fs::read_dir(&dir) else {
-        return Vec::new();
-    };
-    let mut files: Vec<PathBuf> = entries
-        .map(|e| e.expect("read proto dir").path())
-        .filter(|p| p.extension().is_some_and(|e| e == "txt"))
-        .collect();
-    files.sort();
-    files
-}
-
 fn load(path: &Path, dialect: Dialect) -> Result<Vec<Case>, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     parse_transcript(&text, dialect).map_err(|e| format!("{}: {e}", path.display()))
-}
-
-fn file_name(path: &Path) -> String {
-    path.file_name().unwrap().to_string_lossy().into_owned()
 }
 
 /// Replay one file against a fresh server; returns the failures.
@@ -866,17 +624,13 @@ fn replay_file(path: &Path, dialect: Dialect, target: Target) -> Vec<String> {
         Ok(c) => c,
         Err(e) => return vec![e],
     };
-    let filter = std::env::var("MEMKEEP_TRANSCRIPT_FILTER").unwrap_or_default();
-    let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
+    let filter = Filter::from_env();
     let selected: Vec<&Case> = cases
         .iter()
         .filter(|c| {
             target == Target::Memkeep || !(c.memkeep_only || c.uses_time() || c.uses_restart())
         })
-        .filter(|c| {
-            format!("{stem}/{}", c.name).contains(&filter)
-                || format!("{file}/{}", c.name).contains(&filter)
-        })
+        .filter(|c| filter.selects(&file, &c.name))
         .collect();
     if selected.is_empty() {
         return Vec::new();
@@ -894,93 +648,46 @@ fn replay_file(path: &Path, dialect: Dialect, target: Target) -> Vec<String> {
         Target::Memcached => Server::memcached(),
         Target::Redis => Server::redis(),
     };
-    let mut failures = Vec::new();
     let skipped = cases.len() - selected.len();
     eprintln!(
         "{file}: replaying {} cases ({skipped} skipped) against {target:?}",
         selected.len()
     );
-    for mode in modes() {
-        for case in &selected {
+    replay_cases(
+        &file,
+        &mut server,
+        &selected,
+        usize::MAX,
+        |server, mode, case| {
             let addr = match dialect {
                 Dialect::Memcache => server.addr(),
                 Dialect::Resp => server.resp_addr().expect("RESP port"),
             };
-            let result = Conn::open(addr)
-                .map_err(|e| (case.line, e))
-                .and_then(|conn| {
-                    let mut replay = Replay {
-                        server: &mut server,
-                        dialect,
-                        mode,
-                        conn,
-                        vars: Vars::new(),
-                        skipping: false,
-                    };
-                    replay.run(case)
-                });
-            if let Err((line, msg)) = result {
-                failures.push(format!(
-                    "{file}:{line}: case `{}` ({mode:?}): {msg}",
-                    case.name
-                ));
-            }
-            if !server.is_running() {
-                failures.push(format!(
-                    "{file}: the server died during case `{}` ({mode:?}); stderr:\n{}",
-                    case.name,
-                    server.stderr_tail(3000)
-                ));
-                return failures;
-            }
-        }
-    }
-    failures
+            let conn = Conn::open(addr).map_err(|e| (case.line, e))?;
+            let mut replay = Replay {
+                server,
+                dialect,
+                mode,
+                conn,
+                vars: Vars::new(),
+                skipping: false,
+            };
+            replay::run(&mut replay, case)
+        },
+    )
 }
 
 /// Replay every file of `proto/<dir>` in parallel (one server per file) and fail with a summary.
 fn replay_dir(dir: &str, dialect: Dialect, target: Target) {
-    let files = transcript_files(dir);
-    let results: Vec<(String, Vec<String>)> = std::thread::scope(|s| {
-        let handles: Vec<_> = files
-            .iter()
-            .map(|path| {
-                (
-                    file_name(path),
-                    s.spawn(move || replay_file(path, dialect, target)),
-                )
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|(name, h)| {
-                let failures = h.join().unwrap_or_else(|panic| {
-                    let msg = panic
-                        .downcast_ref::<String>()
-                        .cloned()
-                        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                        .unwrap_or_default();
-                    vec![format!("{name}: panicked: {msg}")]
-                });
-                (name, failures)
-            })
-            .collect()
-    });
-    let failures: Vec<&String> = results.iter().flat_map(|(_, f)| f).collect();
-    if !failures.is_empty() {
-        const SHOW: usize = 60;
-        let mut report = format!(
-            "{} transcript failures ({dir}, against {target:?}):\n",
-            failures.len()
-        );
-        for f in failures.iter().take(SHOW) {
-            report.push_str(&format!("  {f}\n"));
-        }
-        if failures.len() > SHOW {
-            report.push_str(&format!("  ... and {} more\n", failures.len() - SHOW));
-        }
-        panic!("{report}");
-    }
+    let failures = in_parallel(
+        &proto_files(dir),
+        |path| file_name(path),
+        |path| replay_file(path, dialect, target),
+    );
+    report(
+        &format!("transcript failures ({dir}, against {target:?})"),
+        &failures,
+    );
 }
 
 #[test]
@@ -988,7 +695,7 @@ fn transcripts_parse() {
     let mut errors = Vec::new();
     let mut count = 0;
     for (dir, dialect) in [("memcache", Dialect::Memcache), ("resp", Dialect::Resp)] {
-        for path in transcript_files(dir) {
+        for path in proto_files(dir) {
             match load(&path, dialect) {
                 Ok(cases) if cases.is_empty() => {
                     errors.push(format!("{}: no cases", path.display()))

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tempfile::TempDir;
 
 pub mod programs;
+pub mod replay;
 pub mod resp;
 
 /// How long a server gets to accept its first connection, and to exit after SIGTERM.
