@@ -49,3 +49,11 @@ bench-quick:
 	./bench/deps.sh
 	.venv/bin/python bench/run.py --scale 0.05 --out $(BENCH_QUICK_OUT)/BENCHMARKS.md \
 		--chart $(BENCH_QUICK_OUT)/throughput.svg --keep-json $(BENCH_QUICK_OUT)/results.jsonl
+
+# Fuzzing (tests/fuzz/README.md): each cargo-fuzz target for FUZZ_SECS seconds on the committed
+# corpus, new finds in $(FUZZ_SCRATCH); installs cargo-fuzz if missing, needs a nightly toolchain.
+FUZZ_SECS ?= 60
+FUZZ_SCRATCH ?= /tmp/memkeep-fuzz
+.PHONY: fuzz
+fuzz:
+	FUZZ_SECS=$(FUZZ_SECS) FUZZ_SCRATCH=$(FUZZ_SCRATCH) CARGO=$(CARGO) ./tests/fuzz/run.sh

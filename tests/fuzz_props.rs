@@ -119,7 +119,7 @@ fn cases(default: u32) -> ProptestConfig {
 }
 
 proptest! {
-    #![proptest_config(cases(1000))]
+    #![proptest_config(cases(10000))]
 
     #[test]
     fn memcache_parser(buf in input(0)) {
@@ -133,7 +133,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(cases(300))]
+    #![proptest_config(cases(4000))]
 
     #[test]
     fn command_stream(buf in input(2)) {
