@@ -19,7 +19,7 @@ use memkeep::protocol::{memcache as mc, resp};
 use memkeep::semantics::{self, Ctx};
 use memkeep::storage::lmdb::LmdbStore;
 use memkeep::storage::model::ModelStore;
-use memkeep::storage::{ItemMeta, ItemRef, ReadView, StoreError};
+use memkeep::storage::{ItemMeta, ItemRef, ReadView, StoreError, WriteView};
 
 // ---------------------------------------------------------------------------------------------
 // Shared by the parser targets
@@ -894,10 +894,27 @@ pub fn command_stream(input: &[u8]) {
         }
         let store = lmdb.store.as_ref().expect("the store is open");
         let txn = store.read_txn().expect("a read transaction");
+        let items = live_items(now_ms, |k| model.get(k));
         assert_eq!(
             live_items(now_ms, |k| store.get(&txn, k)),
-            live_items(now_ms, |k| model.get(k)),
+            items,
             "items after the batch ({end:?})"
+        );
+        // Both hand out the same CAS uniques, and no two live items share one.
+        assert_eq!(
+            model.clone().next_cas(),
+            lmdb.cas + 1,
+            "CAS counters differ"
+        );
+        let mut uniques: Vec<u64> = items.iter().flatten().map(|(m, _)| m.cas).collect();
+        uniques.sort_unstable();
+        assert!(
+            uniques.windows(2).all(|w| w[0] < w[1]),
+            "a CAS unique is shared"
+        );
+        assert!(
+            uniques.last().is_none_or(|&c| c <= lmdb.cas),
+            "a CAS unique from the future"
         );
     }
 }
