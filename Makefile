@@ -63,3 +63,11 @@ soak:
 .PHONY: crash
 crash:
 	MEMKEEP_CRASH_KILLS=60 $(CARGO) test --release --test crash -- --nocapture
+
+# Fuzzing (tests/fuzz/README.md): each cargo-fuzz target for FUZZ_SECS seconds on the committed
+# corpus, new finds in $(FUZZ_SCRATCH); installs cargo-fuzz if missing, needs a nightly toolchain.
+FUZZ_SECS ?= 60
+FUZZ_SCRATCH ?= /tmp/memkeep-fuzz
+.PHONY: fuzz
+fuzz:
+	FUZZ_SECS=$(FUZZ_SECS) FUZZ_SCRATCH=$(FUZZ_SCRATCH) CARGO=$(CARGO) ./tests/fuzz/run.sh

@@ -6,7 +6,9 @@
 //! - `items`:  key -> item record (see `item.rs`)
 //! - `expiry`: expire_at (u64 big-endian) ++ key -> empty, a time-ordered index for the sweeper.
 //!   It is written on every store with an expiry and never updated in place: an entry whose time
-//!   no longer matches its item is stale and simply dropped when the sweeper reaches it.
+//!   no longer matches its item is stale and simply dropped when the sweeper reaches it. A key
+//!   over `INDEX_KEY_MAX` bytes is indexed by that many of its first bytes, and its entry covers
+//!   every key with that prefix.
 //! - `meta`:   `format` -> [FORMAT_VERSION], `cas` -> u64 LE counter, `flush_at` -> u64 LE.
 //! - `elems`:  collection id (u64 BE) ++ sub-key -> element (list items, hash fields, set and
 //!   sorted-set members; see `types`). A collection's id is fixed when it is created, so a
@@ -33,6 +35,8 @@ const META_CAS: &[u8] = b"cas";
 const META_FLUSH_AT: &[u8] = b"flush_at";
 /// Present once a collection has ever been stored (since the last flush).
 const META_COLLS: &[u8] = b"colls";
+/// The longest key an `expiry` entry (8 bytes of time, then the key) holds in full.
+const INDEX_KEY_MAX: usize = super::MAX_KEY - 8;
 
 /// Opening the store failed: the message is one line for the operator.
 #[derive(Debug)]
@@ -269,18 +273,36 @@ impl LmdbStore {
                 continue;
             };
             let t = u64::from_be_bytes(*t);
-            if let Some(bytes) = self.items.get(txn, key)?
-                && item::decode(bytes)?.meta.expire_at == t
-            {
-                if let Some(id) = self.collection_id(txn, key)? {
-                    self.schedule_gc(txn, id)?;
+            if key.len() < INDEX_KEY_MAX {
+                removed += usize::from(self.remove_expired_at(txn, key, t)?);
+            } else {
+                // Keys too long for the index are filed under their first INDEX_KEY_MAX bytes:
+                // the entry stands for every item under that prefix expiring at `t`.
+                let keys: Vec<Vec<u8>> = self
+                    .items
+                    .prefix_iter(txn, key)?
+                    .map(|r| r.map(|(k, _)| k.to_vec()))
+                    .collect::<Result<_, _>>()?;
+                for k in &keys {
+                    removed += usize::from(self.remove_expired_at(txn, k, t)?);
                 }
-                self.items.delete(txn, key)?;
-                removed += 1;
             }
             self.expiry.delete(txn, entry)?;
         }
         Ok(removed)
+    }
+
+    /// Deletes the item under `key` if its expiry is `t` (else the index entry was stale).
+    fn remove_expired_at(&self, txn: &mut RwTxn, key: &[u8], t: u64) -> Result<bool, StoreError> {
+        match self.items.get(txn, key)? {
+            Some(bytes) if item::decode(bytes)?.meta.expire_at == t => {
+                if let Some(id) = self.collection_id(txn, key)? {
+                    self.schedule_gc(txn, id)?;
+                }
+                Ok(self.items.delete(txn, key)?)
+            }
+            _ => Ok(false),
+        }
     }
 
     /// The id of the collection stored under `key`, if a collection is stored there.
@@ -436,6 +458,9 @@ impl WriteView for LmdbWrite<'_, '_> {
             Ok(())
         })?;
         if meta.expire_at != 0 {
+            // A key longer than INDEX_KEY_MAX is filed under its prefix (see `sweep_expired`):
+            // the whole key would not fit LMDB's key limit, and the item is already written.
+            let key = &key[..key.len().min(INDEX_KEY_MAX)];
             let mut ix = Vec::with_capacity(8 + key.len());
             ix.extend_from_slice(&meta.expire_at.to_be_bytes());
             ix.extend_from_slice(key);
@@ -528,6 +553,36 @@ mod tests {
         assert_eq!(store.sweep_expired(&mut txn, 600, 100).expect("sweep"), 1);
         assert!(store.get(&txn, b"b").expect("get").is_none());
         assert!(store.get(&txn, b"c").expect("get").is_some());
+    }
+
+    /// Found by the command_stream fuzz target: a key of 504 to 511 bytes with an expiry was
+    /// written, then refused as a bad key because its index entry overflowed LMDB's key limit.
+    #[test]
+    fn keys_too_long_for_the_index_take_an_expiry_and_are_swept() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (store, _) = LmdbStore::open(dir.path(), 1 << 24, SyncMode::Never, 16).expect("open");
+        let mut txn = store.write_txn().expect("txn");
+        let mut cas = 0;
+        let mut w = store.writer(&mut txn, &mut cas);
+        let long = |last: u8| {
+            let mut k = vec![b'k'; crate::storage::MAX_KEY];
+            k[crate::storage::MAX_KEY - 1] = last;
+            k
+        };
+        // Three keys sharing their first INDEX_KEY_MAX bytes, two expiring at the same time.
+        w.put(&long(b'a'), &meta(1, 100), &[b"1"]).expect("put");
+        w.put(&long(b'b'), &meta(2, 100), &[b"2"]).expect("put");
+        w.put(&long(b'c'), &meta(3, 500), &[b"3"]).expect("put");
+        w.put(&long(b'd'), &meta(4, 0), &[b"4"]).expect("put");
+        w.put(&vec![b'k'; INDEX_KEY_MAX], &meta(5, 100), &[b"5"])
+            .expect("put");
+        assert_eq!(store.sweep_expired(&mut txn, 200, 100).expect("sweep"), 3);
+        assert!(store.get(&txn, &long(b'a')).expect("get").is_none());
+        assert!(store.get(&txn, &long(b'b')).expect("get").is_none());
+        assert!(store.get(&txn, &long(b'c')).expect("get").is_some());
+        assert_eq!(store.sweep_expired(&mut txn, 600, 100).expect("sweep"), 1);
+        assert!(store.get(&txn, &long(b'c')).expect("get").is_none());
+        assert!(store.get(&txn, &long(b'd')).expect("get").is_some());
     }
 
     #[test]
