@@ -14,9 +14,10 @@ use proptest::sample::Index;
 
 type Target = fn(&[u8]);
 
-const TARGETS: [(&str, Target); 3] = [
+const TARGETS: [(&str, Target); 4] = [
     ("memcache_parser", fuzzing::memcache_parser),
     ("resp_parser", fuzzing::resp_parser),
+    ("binary_parser", fuzzing::binary_parser),
     ("command_stream", fuzzing::command_stream),
 ];
 
@@ -130,13 +131,18 @@ proptest! {
     fn resp_parser(buf in input(1)) {
         fuzzing::resp_parser(&buf);
     }
+
+    #[test]
+    fn binary_parser(buf in input(2)) {
+        fuzzing::binary_parser(&buf);
+    }
 }
 
 proptest! {
     #![proptest_config(cases(4000))]
 
     #[test]
-    fn command_stream(buf in input(2)) {
+    fn command_stream(buf in input(3)) {
         fuzzing::command_stream(&buf);
     }
 }

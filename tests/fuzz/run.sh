@@ -13,7 +13,7 @@ SCRATCH=${FUZZ_SCRATCH:-/tmp/memkeep-fuzz}
 CARGO=${CARGO:-cargo}
 # The parsers are safe Rust: no sanitizer, for speed. The command stream drives LMDB's C code,
 # so it runs under AddressSanitizer.
-TARGETS=${FUZZ_TARGETS:-"memcache_parser:none resp_parser:none command_stream:address"}
+TARGETS=${FUZZ_TARGETS:-"memcache_parser:none resp_parser:none binary_parser:none command_stream:address"}
 
 if ! $CARGO +nightly --version >/dev/null 2>&1; then
     echo "make fuzz: cargo-fuzz needs a nightly toolchain (rustup toolchain install nightly)."

@@ -5,6 +5,8 @@
 //! - `memcache_parser`: the memcached text parser, consuming frames as the server does;
 //! - `resp_parser`: the RESP parser, with argument buffers reused across requests as the
 //!   server reuses them;
+//! - `binary_parser`: the memcached binary-protocol parser, consuming packets as the server
+//!   does;
 //! - `command_stream`: a stream of memcached and Redis string writes applied through
 //!   `semantics::apply` to the in-memory model and to a real LMDB store, which must agree on
 //!   every outcome and on every item, across batches, aborted transactions, restarts and
@@ -15,7 +17,8 @@ use std::ops::Range;
 use arbitrary::{Arbitrary, Unstructured};
 use memkeep::command::{ExpireCond, Expiry, KeyValue, SetCond, StoreMode, WriteOp};
 use memkeep::config::SyncMode;
-use memkeep::protocol::{memcache as mc, resp};
+use memkeep::protocol::meta::MetaCmd;
+use memkeep::protocol::{binary, memcache as mc, resp};
 use memkeep::semantics::{self, Ctx};
 use memkeep::storage::lmdb::LmdbStore;
 use memkeep::storage::model::ModelStore;
@@ -134,6 +137,18 @@ fn check_mc_frame(rest: &[u8], p: &mc::Parsed<'_>, limits: &mc::Limits) {
             assert_eq!(p.swallow, 0, "swallow without TooLarge: {p:?}");
             check_mc_request(rest, p.consumed, req, limits);
         }
+        // A refused meta set swallows its data block once its length is known.
+        mc::Frame::Error(_) if p.swallow > 0 => {
+            let mut toks = rest[..p.consumed]
+                .split(|&b| matches!(b, b' ' | b'\r' | b'\n'))
+                .filter(|t| !t.is_empty());
+            assert_eq!(toks.next(), Some(&b"ms"[..]), "swallow after {p:?}");
+            let len = toks
+                .nth(1)
+                .and_then(|t| std::str::from_utf8(t).ok())
+                .and_then(|t| t.parse::<usize>().ok());
+            assert_eq!(len.map(|n| n + 2), Some(p.swallow), "{p:?}");
+        }
         _ => assert_eq!(p.swallow, 0, "swallow without TooLarge: {p:?}"),
     }
 }
@@ -175,6 +190,21 @@ fn check_mc_request(rest: &[u8], consumed: usize, req: &mc::Request<'_>, limits:
         | mc::Request::Arith { key, .. }
         | mc::Request::Touch { key, .. } => {
             assert!(valid_mc_key(key), "bad key accepted: {req:?}")
+        }
+        mc::Request::Meta(m) => {
+            let key_ok = if m.flags.has(b'b') {
+                !m.key.is_empty() && m.key.len() <= mc::KEY_MAX
+            } else {
+                valid_mc_key(&m.key)
+            };
+            assert!(
+                m.cmd == MetaCmd::Noop || key_ok,
+                "bad key accepted: {req:?}"
+            );
+            if m.cmd == MetaCmd::Set {
+                assert!(m.data.len() <= limits.item_size_max, "{req:?}");
+                assert_eq!(&rest[consumed - 2..consumed], b"\r\n", "{req:?}");
+            }
         }
         mc::Request::Rget {
             start, end, max, ..
@@ -916,5 +946,68 @@ pub fn command_stream(input: &[u8]) {
             uniques.last().is_none_or(|&c| c <= lmdb.cas),
             "a CAS unique from the future"
         );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// memcached binary protocol
+
+/// Parses `buf` packet by packet as the server does (advancing by `consumed`, then discarding
+/// `swallow` bytes), checking every frame's invariants: progress, no reading past the input,
+/// exactly one packet per frame once its header is in, the same decision on every longer
+/// prefix, and an encoded reply for every error.
+pub fn binary_parser(input: &[u8]) {
+    let (limits, buf) = mc_limits(input);
+    let limits = mc::Limits {
+        item_size_max: limits.item_size_max.max(1) * 64,
+        ..limits
+    };
+    let mut off = 0;
+    while off < buf.len() {
+        let rest = &buf[off..];
+        let Ok(p) = binary::parse(rest, &limits) else {
+            assert!(
+                rest.len() < binary::HEADER_LEN || rest[0] == binary::REQUEST_MAGIC,
+                "a non-request header must close, not wait: {rest:?}"
+            );
+            break;
+        };
+        assert!(p.consumed <= rest.len(), "consumed past the input: {p:?}");
+        if p.frame == binary::Frame::Close {
+            break;
+        }
+        assert!(
+            p.consumed >= binary::HEADER_LEN,
+            "no whole header used: {p:?}"
+        );
+        let header = binary::Header::decode(rest).expect("a header");
+        let packet = binary::HEADER_LEN + header.body_len as usize;
+        let closes = matches!(p.frame, binary::Frame::Error(e) if e.close);
+        if !closes {
+            assert_eq!(p.consumed + p.swallow, packet, "not one packet: {p:?}");
+        }
+        match &p.frame {
+            binary::Frame::Request(req) => {
+                assert_eq!(req.opcode, header.opcode);
+                assert_eq!(req.opaque, header.opaque);
+            }
+            binary::Frame::Error(e) => {
+                let mut out = Vec::new();
+                binary::encode_error(&mut out, e);
+                let reply = binary::Header::decode(&out).expect("a reply header");
+                assert_eq!(reply.magic, binary::RESPONSE_MAGIC);
+                assert_eq!(out.len(), binary::HEADER_LEN + reply.body_len as usize);
+            }
+            binary::Frame::Close => unreachable!("handled above"),
+        }
+        for end in prefix_ends(rest, p.consumed + 16) {
+            if let Ok(q) = binary::parse(&rest[..end], &limits) {
+                assert_eq!(q, p, "prefix {end} of {rest:?} decided differently");
+            }
+        }
+        if closes {
+            break;
+        }
+        off = off.saturating_add(p.consumed).saturating_add(p.swallow);
     }
 }
