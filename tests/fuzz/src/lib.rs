@@ -139,14 +139,17 @@ fn check_mc_frame(rest: &[u8], p: &mc::Parsed<'_>, limits: &mc::Limits) {
         }
         // A refused meta set swallows its data block once its length is known.
         mc::Frame::Error(_) if p.swallow > 0 => {
-            let mut toks = rest[..p.consumed]
-                .split(|&b| matches!(b, b' ' | b'\r' | b'\n'))
-                .filter(|t| !t.is_empty());
+            let line = rest[..p.consumed]
+                .strip_suffix(b"\n")
+                .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
+                .expect("a refused line ends in \\n");
+            let mut toks = line.split(|&b| b == b' ').filter(|t| !t.is_empty());
             assert_eq!(toks.next(), Some(&b"ms"[..]), "swallow after {p:?}");
             let len = toks
                 .nth(1)
                 .and_then(|t| std::str::from_utf8(t).ok())
-                .and_then(|t| t.parse::<usize>().ok());
+                .and_then(|t| t.parse::<i64>().ok())
+                .and_then(|n| usize::try_from(n).ok());
             assert_eq!(len.map(|n| n + 2), Some(p.swallow), "{p:?}");
         }
         _ => assert_eq!(p.swallow, 0, "swallow without TooLarge: {p:?}"),
