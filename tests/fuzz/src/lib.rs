@@ -232,17 +232,6 @@ fn check_mc_request(rest: &[u8], consumed: usize, req: &mc::Request<'_>, limits:
     }
 }
 
-fn mode_name(mode: StoreMode) -> &'static str {
-    match mode {
-        StoreMode::Set => "set",
-        StoreMode::Add => "add",
-        StoreMode::Replace => "replace",
-        StoreMode::Append => "append",
-        StoreMode::Prepend => "prepend",
-        StoreMode::Cas => "cas",
-    }
-}
-
 /// A request in canonical form (single spaces, plain numbers), for the requests that have one.
 fn render_mc(req: &mc::Request<'_>) -> Option<Vec<u8>> {
     let mut toks: Vec<Vec<u8>> = Vec::new();
@@ -277,7 +266,8 @@ fn render_mc(req: &mc::Request<'_>) -> Option<Vec<u8>> {
             data: d,
             noreply: n,
         } => {
-            t(mode_name(mode).as_bytes());
+            // The command names are the modes' names.
+            t(format!("{mode:?}").to_ascii_lowercase().as_bytes());
             t(key);
             t(&num(&flags));
             t(&num(&exptime));
@@ -547,16 +537,6 @@ impl Val {
     }
 }
 
-#[derive(Arbitrary, Debug, Clone, Copy)]
-enum Mode {
-    Set,
-    Add,
-    Replace,
-    Append,
-    Prepend,
-    Cas,
-}
-
 /// A memcached exptime: small relative times (so items expire as the clock moves), absolute
 /// ones around now, or anything.
 #[derive(Arbitrary, Debug, Clone, Copy)]
@@ -604,7 +584,8 @@ enum CasArg {
 #[derive(Arbitrary, Debug, Clone)]
 enum Op {
     Store {
-        mode: Mode,
+        /// One of the six modes, decoded as `arbitrary` decodes a six-variant enum.
+        mode: u32,
         key: u8,
         val: Val,
         flags: u8,
@@ -686,14 +667,14 @@ fn write_op(op: &Op, now_ms: u64, model: &ModelStore) -> WriteOp {
                 }
                 CasArg::Raw(c) => c,
             };
-            let mode = match mode {
-                Mode::Set => StoreMode::Set,
-                Mode::Add => StoreMode::Add,
-                Mode::Replace => StoreMode::Replace,
-                Mode::Append => StoreMode::Append,
-                Mode::Prepend => StoreMode::Prepend,
-                Mode::Cas => StoreMode::Cas,
-            };
+            let mode = [
+                StoreMode::Set,
+                StoreMode::Add,
+                StoreMode::Replace,
+                StoreMode::Append,
+                StoreMode::Prepend,
+                StoreMode::Cas,
+            ][((u64::from(*mode) * 6) >> 32) as usize];
             WriteOp::Store {
                 mode,
                 kv: kv(*k, val),
