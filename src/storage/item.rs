@@ -209,6 +209,16 @@ mod tests {
     }
 
     #[test]
+    fn meta_marks_roundtrip() {
+        for (stale, win_sent) in [(true, false), (false, true), (true, true)] {
+            let mut meta = ItemMeta::new(Kind::String, 3, 77, 9);
+            meta.stale = stale;
+            meta.win_sent = win_sent;
+            roundtrip(meta, b"v");
+        }
+    }
+
+    #[test]
     fn common_header_is_ten_bytes() {
         assert_eq!(ItemMeta::new(Kind::String, 0, 0, 9).header_len(), 10);
     }

@@ -7,15 +7,15 @@
 //!   server reuses them;
 //! - `binary_parser`: the memcached binary-protocol parser, consuming packets as the server
 //!   does;
-//! - `command_stream`: a stream of memcached and Redis string writes applied through
-//!   `semantics::apply` to the in-memory model and to a real LMDB store, which must agree on
-//!   every outcome and on every item, across batches, aborted transactions, restarts and
-//!   expiry sweeps.
+//! - `command_stream`: a stream of memcached (classic and meta) and Redis string writes applied
+//!   through `semantics::apply` to the in-memory model and to a real LMDB store, which must
+//!   agree on every outcome and on every item, across batches, aborted transactions, restarts
+//!   and expiry sweeps.
 
 use std::ops::Range;
 
 use arbitrary::{Arbitrary, Unstructured};
-use memkeep::command::{ExpireCond, Expiry, KeyValue, SetCond, StoreMode, WriteOp};
+use memkeep::command::{ExpireCond, Expiry, KeyValue, MetaOp, SetCond, StoreMode, WriteOp};
 use memkeep::config::SyncMode;
 use memkeep::protocol::meta::MetaCmd;
 use memkeep::protocol::{binary, memcache as mc, resp};
@@ -620,6 +620,134 @@ enum Op {
     Expire(u8, At, u8),
     Persist(u8),
     Rename(u8, u8, bool),
+    Meta(MetaStep),
+}
+
+/// The meta commands' writes (`E`, a client-chosen CAS, is left out: it may repeat a CAS, which
+/// the stream's invariants forbid).
+#[derive(Arbitrary, Debug, Clone)]
+enum MetaStep {
+    Set {
+        /// One of the five ms modes, decoded like `Store::mode`.
+        mode: u32,
+        key: u8,
+        val: Val,
+        flags: u8,
+        exptime: Exptime,
+        compare: Option<CasArg>,
+        invalidate: bool,
+        vivify: Option<Exptime>,
+    },
+    Delete {
+        key: u8,
+        compare: Option<CasArg>,
+        invalidate: bool,
+        exptime: Option<Exptime>,
+        keep: bool,
+    },
+    Arith {
+        key: u8,
+        incr: bool,
+        delta: u64,
+        compare: Option<CasArg>,
+        vivify: Option<Exptime>,
+        initial: u64,
+        exptime: Option<Exptime>,
+    },
+    Get {
+        key: u8,
+        touch: Option<Exptime>,
+        vivify: Option<Exptime>,
+        recache: Option<i8>,
+    },
+}
+
+/// The CAS a request carries: see `CasArg`.
+fn cas_value(cas: CasArg, k: u8, model: &ModelStore) -> u64 {
+    match cas {
+        CasArg::Current(d) => {
+            let current = model.get(&key(k)).ok().flatten().map_or(0, |i| i.meta.cas);
+            current.saturating_add_signed(i64::from(d % 2))
+        }
+        CasArg::Raw(c) => c,
+    }
+}
+
+/// The write a meta step stands for.
+fn meta_op(op: &MetaStep, now_ms: u64, model: &ModelStore) -> MetaOp {
+    let compare = |c: &Option<CasArg>, k: u8| c.map(|c| cas_value(c, k, model));
+    let ttl = |e: &Option<Exptime>| e.map(|e| e.get(now_ms));
+    match op {
+        MetaStep::Set {
+            mode,
+            key: k,
+            val,
+            flags,
+            exptime,
+            compare: c,
+            invalidate,
+            vivify,
+        } => MetaOp::Store {
+            mode: [
+                StoreMode::Set,
+                StoreMode::Add,
+                StoreMode::Replace,
+                StoreMode::Append,
+                StoreMode::Prepend,
+            ][((u64::from(*mode) * 5) >> 32) as usize],
+            kv: KeyValue::new(&key(*k), &val.bytes()),
+            flags: u32::from(*flags),
+            exptime: exptime.get(now_ms),
+            compare: compare(c, *k),
+            invalidate: *invalidate,
+            vivify: ttl(vivify),
+            new_cas: None,
+        },
+        MetaStep::Delete {
+            key: k,
+            compare: c,
+            invalidate,
+            exptime,
+            keep,
+        } => MetaOp::Delete {
+            key: key(*k),
+            compare: compare(c, *k),
+            invalidate: *invalidate,
+            exptime: ttl(exptime),
+            keep: *keep,
+            new_cas: None,
+        },
+        MetaStep::Arith {
+            key: k,
+            incr,
+            delta,
+            compare: c,
+            vivify,
+            initial,
+            exptime,
+        } => MetaOp::Arith {
+            key: key(*k),
+            incr: *incr,
+            delta: *delta,
+            compare: compare(c, *k),
+            vivify: ttl(vivify),
+            initial: *initial,
+            exptime: ttl(exptime),
+            new_cas: None,
+        },
+        MetaStep::Get {
+            key: k,
+            touch,
+            vivify,
+            recache,
+        } => MetaOp::Get {
+            key: key(*k),
+            touch: ttl(touch),
+            vivify: ttl(vivify),
+            recache: recache.map(i64::from),
+            new_cas: None,
+        },
+    }
 }
 
 /// What happens next in the stream.
@@ -660,13 +788,7 @@ fn write_op(op: &Op, now_ms: u64, model: &ModelStore) -> WriteOp {
             exptime,
             cas,
         } => {
-            let cas = match *cas {
-                CasArg::Current(d) => {
-                    let current = model.get(&key(*k)).ok().flatten().map_or(0, |i| i.meta.cas);
-                    current.saturating_add_signed(i64::from(d % 2))
-                }
-                CasArg::Raw(c) => c,
-            };
+            let cas = cas_value(*cas, *k, model);
             let mode = [
                 StoreMode::Set,
                 StoreMode::Add,
@@ -759,6 +881,7 @@ fn write_op(op: &Op, now_ms: u64, model: &ModelStore) -> WriteOp {
             to: key(*b),
             nx: *nx,
         },
+        Op::Meta(m) => WriteOp::Meta(Box::new(meta_op(m, now_ms, model))),
     }
 }
 
