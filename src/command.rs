@@ -179,19 +179,8 @@ pub enum WriteOp {
 /// memcached's exptime rule; `new_cas` is the `E` flag (the CAS to give a changed item).
 #[derive(Debug, Clone, PartialEq)]
 pub enum MetaOp {
-    /// `ms`: store in `mode` (never `Cas`: a `compare` turns `Set` into a compare-and-set).
-    /// `invalidate` (`I`) stores even when `compare` is older than the item's CAS, marking the
-    /// new item stale; `vivify` (`N`) lets append/prepend create a missing item with that TTL.
-    Store {
-        mode: StoreMode,
-        kv: KeyValue,
-        flags: u32,
-        exptime: i64,
-        compare: Option<u64>,
-        invalidate: bool,
-        vivify: Option<i64>,
-        new_cas: Option<u64>,
-    },
+    /// `ms` (and the binary stores).
+    Store(MetaStore),
     /// `md`: delete, or with `invalidate` mark stale (new CAS, optional new TTL), or with
     /// `keep` empty the value and keep the item.
     Delete {
@@ -224,6 +213,21 @@ pub enum MetaOp {
         recache: Option<i64>,
         new_cas: Option<u64>,
     },
+}
+
+/// `ms`: store in `mode` (never `Cas`: a `compare` turns `Set` into a compare-and-set).
+/// `invalidate` (`I`) stores even when `compare` is older than the item's CAS, marking the new
+/// item stale; `vivify` (`N`) lets append/prepend create a missing item with that TTL.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetaStore {
+    pub mode: StoreMode,
+    pub kv: KeyValue,
+    pub flags: u32,
+    pub exptime: i64,
+    pub compare: Option<u64>,
+    pub invalidate: bool,
+    pub vivify: Option<i64>,
+    pub new_cas: Option<u64>,
 }
 
 /// How a meta write went.

@@ -7,34 +7,12 @@
 //! than asked remains. Both marks are stored with the item, so they survive restarts.
 
 use super::{Ctx, expire_at, live, parse_counter};
-use crate::command::{KeyValue, MetaCode, MetaItem, MetaOp, MetaOut, Outcome, StoreMode};
+use crate::command::{MetaCode, MetaItem, MetaOp, MetaOut, MetaStore, Outcome, StoreMode};
 use crate::storage::{ItemMeta, Kind, StoreError, WriteView};
 
 pub(super) fn apply<S: WriteView>(s: &mut S, op: &MetaOp, ctx: Ctx) -> Result<Outcome, StoreError> {
     match op {
-        MetaOp::Store {
-            mode,
-            kv,
-            flags,
-            exptime,
-            compare,
-            invalidate,
-            vivify,
-            new_cas,
-        } => store(
-            s,
-            StoreArgs {
-                mode: *mode,
-                kv,
-                flags: *flags,
-                exptime: *exptime,
-                compare: *compare,
-                invalidate: *invalidate,
-                vivify: *vivify,
-                new_cas: *new_cas,
-            },
-            ctx,
-        ),
+        MetaOp::Store(a) => store(s, a, ctx),
         MetaOp::Delete {
             key,
             compare,
@@ -202,18 +180,7 @@ fn set_win(out: &mut Outcome, won: bool, was_sent: bool) {
     }
 }
 
-struct StoreArgs<'a> {
-    mode: StoreMode,
-    kv: &'a KeyValue,
-    flags: u32,
-    exptime: i64,
-    compare: Option<u64>,
-    invalidate: bool,
-    vivify: Option<i64>,
-    new_cas: Option<u64>,
-}
-
-fn store<S: WriteView>(s: &mut S, a: StoreArgs<'_>, ctx: Ctx) -> Result<Outcome, StoreError> {
+fn store<S: WriteView>(s: &mut S, a: &MetaStore, ctx: Ctx) -> Result<Outcome, StoreError> {
     let key = a.kv.key();
     let old = s
         .get(key)?
@@ -223,12 +190,12 @@ fn store<S: WriteView>(s: &mut S, a: StoreArgs<'_>, ctx: Ctx) -> Result<Outcome,
     let Some(old) = old else {
         return match (a.mode, a.vivify) {
             (StoreMode::Set | StoreMode::Add, _) if a.compare.is_none() => {
-                put_fresh(s, &a, false, false, ctx)
+                put_fresh(s, a, a.exptime, false, false, ctx)
             }
             // A compared CAS needs an item, whatever the mode (memcached's binary add too).
             (StoreMode::Set | StoreMode::Add | StoreMode::Cas, _) => Ok(code(MetaCode::NotFound)),
             (StoreMode::Append | StoreMode::Prepend, Some(exptime)) => {
-                put_fresh(s, &StoreArgs { exptime, ..a }, false, false, ctx)
+                put_fresh(s, a, exptime, false, false, ctx)
             }
             _ => Ok(code(MetaCode::NotStored)),
         };
@@ -247,7 +214,7 @@ fn store<S: WriteView>(s: &mut S, a: StoreArgs<'_>, ctx: Ctx) -> Result<Outcome,
         None => false,
     };
     if !appending {
-        return put_fresh(s, &a, stale, stale && old.win_sent, ctx);
+        return put_fresh(s, a, a.exptime, stale, stale && old.win_sent, ctx);
     }
     let Some(item) = s.get(key)? else {
         return Ok(code(MetaCode::NotStored));
@@ -269,15 +236,17 @@ fn store<S: WriteView>(s: &mut S, a: StoreArgs<'_>, ctx: Ctx) -> Result<Outcome,
     Ok(hit(&meta, meta.expire_at, Vec::new()))
 }
 
+/// Stores `a`'s value as a new item expiring by `exptime`.
 fn put_fresh<S: WriteView>(
     s: &mut S,
-    a: &StoreArgs<'_>,
+    a: &MetaStore,
+    exptime: i64,
     stale: bool,
     win_sent: bool,
     ctx: Ctx,
 ) -> Result<Outcome, StoreError> {
     let cas = a.new_cas.unwrap_or_else(|| s.next_cas());
-    let mut meta = ItemMeta::new(Kind::String, a.flags, expire_at(a.exptime, ctx.now_ms), cas);
+    let mut meta = ItemMeta::new(Kind::String, a.flags, expire_at(exptime, ctx.now_ms), cas);
     meta.stale = stale;
     meta.win_sent = win_sent;
     s.put(a.kv.key(), &meta, &[a.kv.value()])?;
@@ -288,7 +257,7 @@ fn put_fresh<S: WriteView>(
 mod tests {
     use super::super::apply as apply_op;
     use super::*;
-    use crate::command::WriteOp;
+    use crate::command::{KeyValue, WriteOp};
     use crate::storage::ReadView;
     use crate::storage::model::ModelStore;
 
@@ -303,7 +272,7 @@ mod tests {
     }
 
     fn set(mode: StoreMode, v: &str, compare: Option<u64>, invalidate: bool) -> MetaOp {
-        MetaOp::Store {
+        MetaOp::Store(MetaStore {
             mode,
             kv: KeyValue::new(b"k", v.as_bytes()),
             flags: 4,
@@ -312,7 +281,7 @@ mod tests {
             invalidate,
             vivify: None,
             new_cas: None,
-        }
+        })
     }
 
     fn get(recache: Option<i64>) -> MetaOp {
@@ -417,8 +386,8 @@ mod tests {
     fn recache_wins_only_below_the_threshold() {
         let mut s = ModelStore::default();
         let mut op = set(StoreMode::Set, "v", None, false);
-        if let MetaOp::Store { exptime, .. } = &mut op {
-            *exptime = 100;
+        if let MetaOp::Store(a) = &mut op {
+            a.exptime = 100;
         }
         run(&mut s, op);
         assert!(!item(&run(&mut s, get(Some(30)))).won);

@@ -13,7 +13,7 @@ use super::conn::Conn;
 use super::memcache::WRONGTYPE;
 use super::stats::Counters;
 use super::worker::{Pass, Reply, Stop, Tag};
-use crate::command::{KeyValue, MetaCode, MetaOp, Outcome, StoreMode, WriteOp};
+use crate::command::{KeyValue, MetaCode, MetaOp, MetaStore, Outcome, StoreMode, WriteOp};
 use crate::protocol::binary::{
     self as bin, ARITH_NO_CREATE, Command, Frame, Request, auth_exempt, opcode, parse, status,
 };
@@ -155,7 +155,7 @@ fn write_op(req: &Request<'_>) -> Option<(WriteOp, BinKind, Option<Vec<u8>>)> {
             exptime,
             value,
         } => (
-            meta(MetaOp::Store {
+            meta(MetaOp::Store(MetaStore {
                 mode,
                 kv: KeyValue::new(key, value),
                 flags,
@@ -164,7 +164,7 @@ fn write_op(req: &Request<'_>) -> Option<(WriteOp, BinKind, Option<Vec<u8>>)> {
                 invalidate: false,
                 vivify: None,
                 new_cas: None,
-            }),
+            })),
             BinKind::Store(mode),
             None,
         ),

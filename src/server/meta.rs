@@ -10,7 +10,7 @@ use log::error;
 use super::memcache::{WRONGTYPE, line, number};
 use super::stats::Counters;
 use super::worker::Pass;
-use crate::command::{KeyValue, MetaCode, MetaItem, MetaOp, Outcome, WriteOp};
+use crate::command::{KeyValue, MetaCode, MetaItem, MetaOp, MetaStore, Outcome, WriteOp};
 use crate::protocol::meta::{MetaCmd, MetaRequest, flag_tokens};
 use crate::semantics::meta::ttl_secs;
 use crate::storage::{ItemRef, Kind};
@@ -54,7 +54,7 @@ pub fn write_op(m: &MetaRequest<'_>) -> Option<WriteOp> {
     let f = &m.flags;
     let key = || m.key.to_vec();
     let op = match m.cmd {
-        MetaCmd::Set => MetaOp::Store {
+        MetaCmd::Set => MetaOp::Store(MetaStore {
             mode: f.store_mode(),
             kv: KeyValue::new(&m.key, m.data),
             flags: f.client_flags,
@@ -63,7 +63,7 @@ pub fn write_op(m: &MetaRequest<'_>) -> Option<WriteOp> {
             invalidate: f.has(b'I'),
             vivify: f.vivify,
             new_cas: f.new_cas,
-        },
+        }),
         MetaCmd::Delete => MetaOp::Delete {
             key: key(),
             compare: f.compare,

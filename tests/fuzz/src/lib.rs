@@ -15,7 +15,9 @@
 use std::ops::Range;
 
 use arbitrary::{Arbitrary, Unstructured};
-use memkeep::command::{ExpireCond, Expiry, KeyValue, MetaOp, SetCond, StoreMode, WriteOp};
+use memkeep::command::{
+    ExpireCond, Expiry, KeyValue, MetaOp, MetaStore, SetCond, StoreMode, WriteOp,
+};
 use memkeep::config::SyncMode;
 use memkeep::protocol::meta::MetaCmd;
 use memkeep::protocol::{binary, memcache as mc, resp};
@@ -687,7 +689,7 @@ fn meta_op(op: &MetaStep, now_ms: u64, model: &ModelStore) -> MetaOp {
             compare: c,
             invalidate,
             vivify,
-        } => MetaOp::Store {
+        } => MetaOp::Store(MetaStore {
             mode: [
                 StoreMode::Set,
                 StoreMode::Add,
@@ -702,7 +704,7 @@ fn meta_op(op: &MetaStep, now_ms: u64, model: &ModelStore) -> MetaOp {
             invalidate: *invalidate,
             vivify: ttl(vivify),
             new_cas: None,
-        },
+        }),
         MetaStep::Delete {
             key: k,
             compare: c,
