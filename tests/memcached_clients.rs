@@ -202,8 +202,9 @@ check("raw flags", raw(b"get flagged\r\n"), b"VALUE flagged 123456 1\r\nx\r\nEND
 print("OK")
 "#;
 
-#[test]
-fn pymemcache_client() {
+/// Runs a Python client script (`host port` as arguments; it prints OK when every check
+/// passed) against a fresh server on the manual clock, which must stay healthy.
+fn python_check(script: &str) {
     let mut server = Server::start_with(
         BIN,
         Options {
@@ -211,13 +212,14 @@ fn pymemcache_client() {
             ..Options::default()
         },
     );
-    let run = python(
-        PYMEMCACHE_SCRIPT,
-        &["127.0.0.1".into(), server.port().to_string()],
-    )
-    .success(&[&server]);
+    let run = python(script, &["127.0.0.1".into(), server.port().to_string()]).success(&[&server]);
     assert!(run.stdout.contains("OK"), "{}", run.describe());
     assert_healthy(&mut server);
+}
+
+#[test]
+fn pymemcache_client() {
+    python_check(PYMEMCACHE_SCRIPT);
 }
 
 /// meta-memcache (a Python client that speaks only the meta protocol): values through its
@@ -229,7 +231,7 @@ import sys
 from meta_memcache import (CacheClient, Key, LeasePolicy, RecachePolicy, ServerAddress, SetMode,
                            StalePolicy, connection_pool_factory_builder)
 
-port = int(sys.argv[1])
+port = int(sys.argv[2])
 c = CacheClient.cache_client_from_servers(
     servers=[ServerAddress(host="127.0.0.1", port=port)],
     connection_pool_factory_fn=connection_pool_factory_builder(),
@@ -318,10 +320,7 @@ print("OK")
 
 #[test]
 fn meta_memcache_client() {
-    let mut server = Server::start(BIN, &[]);
-    let run = python(META_MEMCACHE_SCRIPT, &[server.port().to_string()]).success(&[&server]);
-    assert!(run.stdout.contains("OK"), "{}", run.describe());
-    assert_healthy(&mut server);
+    python_check(META_MEMCACHE_SCRIPT);
 }
 
 const PYTHON_MEMCACHED_SCRIPT: &str = r#"
@@ -408,20 +407,7 @@ print("OK")
 
 #[test]
 fn python_memcached_client() {
-    let mut server = Server::start_with(
-        BIN,
-        Options {
-            debug_clock_ms: Some(common::now_ms()),
-            ..Options::default()
-        },
-    );
-    let run = python(
-        PYTHON_MEMCACHED_SCRIPT,
-        &["127.0.0.1".into(), server.port().to_string()],
-    )
-    .success(&[&server]);
-    assert!(run.stdout.contains("OK"), "{}", run.describe());
-    assert_healthy(&mut server);
+    python_check(PYTHON_MEMCACHED_SCRIPT);
 }
 
 const HASHCLIENT_SCRIPT: &str = r#"

@@ -104,44 +104,50 @@ pub fn immediate(m: &MetaRequest<'_>, out: &mut Vec<u8>, pass: &mut Pass<'_>) ->
     match m.cmd {
         MetaCmd::Noop => line(out, "MN"),
         MetaCmd::Get => {
-            Counters::bump(&pass.counters.cmd_get);
+            let (counters, now) = (pass.counters, pass.now_ms);
+            Counters::bump(&counters.cmd_get);
             match lookup(m, pass) {
                 Err(msg) => line(out, msg),
                 Ok(None) => {
-                    Counters::bump(&pass.counters.get_misses);
-                    reply(out, m.cmd, m.raw_key, m.flag_text, MetaCode::Miss, None);
-                }
-                Ok(Some(item)) if item.stale && !item.win_was_sent => {
-                    return Some(WriteOp::Meta(Box::new(get_op(m))));
-                }
-                Ok(Some(item)) => {
-                    Counters::bump(&pass.counters.get_hits);
+                    Counters::bump(&counters.get_misses);
                     reply(
                         out,
                         m.cmd,
                         m.raw_key,
                         m.flag_text,
-                        MetaCode::Ok,
-                        Some(&item),
+                        MetaCode::Miss,
+                        None,
+                        now,
                     );
+                }
+                Ok(Some((item, _))) if item.stale && !item.win_was_sent => {
+                    return Some(WriteOp::Meta(Box::new(get_op(m))));
+                }
+                Ok(Some((item, value))) => {
+                    Counters::bump(&counters.get_hits);
+                    let hit = Some((&item, value));
+                    reply(out, m.cmd, m.raw_key, m.flag_text, MetaCode::Ok, hit, now);
                 }
             }
         }
-        MetaCmd::Debug => match lookup(m, pass) {
-            Err(msg) => line(out, msg),
-            Ok(None) => line(out, "EN"),
-            Ok(Some(item)) => {
-                out.extend_from_slice(b"ME ");
-                out.extend_from_slice(m.raw_key);
-                out.extend_from_slice(b" exp=");
-                number(out, item.expire_at as i64);
-                out.extend_from_slice(b" la=0 cas=");
-                number(out, item.cas);
-                out.extend_from_slice(b" fetch=no cls=1 size=");
-                number(out, m.key.len() + item.value.len());
-                out.extend_from_slice(b"\r\n");
+        MetaCmd::Debug => {
+            let now = pass.now_ms;
+            match lookup(m, pass) {
+                Err(msg) => line(out, msg),
+                Ok(None) => line(out, "EN"),
+                Ok(Some((item, value))) => {
+                    out.extend_from_slice(b"ME ");
+                    out.extend_from_slice(m.raw_key);
+                    out.extend_from_slice(b" exp=");
+                    number(out, ttl_secs(item.expire_at, now));
+                    out.extend_from_slice(b" la=0 cas=");
+                    number(out, item.cas);
+                    out.extend_from_slice(b" fetch=no cls=1 size=");
+                    number(out, m.key.len() + value.len());
+                    out.extend_from_slice(b"\r\n");
+                }
             }
-        },
+        }
         MetaCmd::Set | MetaCmd::Delete | MetaCmd::Arith => {
             error!("a meta write reached the read path");
             line(out, "SERVER_ERROR internal error");
@@ -150,9 +156,11 @@ pub fn immediate(m: &MetaRequest<'_>, out: &mut Vec<u8>, pass: &mut Pass<'_>) ->
     None
 }
 
-/// The live string item under the request's key, as a reply sees it (`expire_at` holds the TTL
-/// in seconds, -1 for none).
-fn lookup(m: &MetaRequest<'_>, pass: &mut Pass<'_>) -> Result<Option<MetaItem>, &'static str> {
+/// The live string item under the request's key, and its value borrowed from the snapshot.
+fn lookup<'p>(
+    m: &MetaRequest<'_>,
+    pass: &'p mut Pass<'_>,
+) -> Result<Option<(MetaItem, &'p [u8])>, &'static str> {
     let flushed = pass.flushed();
     let now = pass.now_ms;
     let (store, txn) = pass.txn().map_err(|e| {
@@ -164,15 +172,16 @@ fn lookup(m: &MetaRequest<'_>, pass: &mut Pass<'_>) -> Result<Option<MetaItem>, 
             if meta.kind != Kind::String {
                 return Err(WRONGTYPE);
             }
-            Ok(Some(MetaItem {
+            let item = MetaItem {
                 flags: meta.flags,
                 cas: meta.cas,
-                expire_at: ttl_secs(meta.expire_at, now) as u64,
-                value: value.to_vec(),
+                expire_at: meta.expire_at,
+                value: Vec::new(),
                 stale: meta.stale,
                 won: false,
                 win_was_sent: meta.win_sent,
-            }))
+            };
+            Ok(Some((item, value)))
         }
         Ok(_) => Ok(None),
         Err(e) => {
@@ -190,17 +199,15 @@ pub fn complete(out: &mut Vec<u8>, echoes: &mut EchoQueue, outcome: Outcome, now
     };
     match outcome {
         Outcome::Meta(m) => {
-            let item = m.item.map(|mut item| {
-                item.expire_at = ttl_secs(item.expire_at, now_ms) as u64;
-                item
-            });
+            let item = m.item.as_ref().map(|i| (i, i.value.as_slice()));
             reply(
                 out,
                 echo.cmd,
                 &echo.raw_key,
                 &echo.flag_text,
                 m.code,
-                item.as_ref(),
+                item,
+                now_ms,
             );
         }
         Outcome::WrongType => line(out, WRONGTYPE),
@@ -220,15 +227,15 @@ pub fn complete(out: &mut Vec<u8>, echoes: &mut EchoQueue, outcome: Outcome, now
     }
 }
 
-/// Writes a meta reply. `item.expire_at` is the TTL in seconds (-1 for none), as a u64 bit
-/// pattern.
+/// Writes a meta reply; `item` is the item the reply reports on, with its value.
 fn reply(
     out: &mut Vec<u8>,
     cmd: MetaCmd,
     raw_key: &[u8],
     flag_text: &[u8],
     code: MetaCode,
-    item: Option<&MetaItem>,
+    item: Option<(&MetaItem, &[u8])>,
+    now_ms: u64,
 ) {
     let has = |c: u8| flag_tokens(flag_text).any(|t| t[0] == c);
     let quiet = has(b'q');
@@ -245,7 +252,7 @@ fn reply(
         MetaCode::NotFound => b"NF",
     };
     out.extend_from_slice(head);
-    let value = item.filter(|_| head == b"VA").map(|i| i.value.as_slice());
+    let value = item.filter(|_| head == b"VA").map(|(_, v)| v);
     if let Some(v) = value {
         out.push(b' ');
         number(out, v.len());
@@ -264,21 +271,21 @@ fn reply(
                     out.extend_from_slice(b" b");
                 }
             }
-            (b'c', Some(i)) if cmd != MetaCmd::Delete => {
+            (b'c', Some((i, _))) if cmd != MetaCmd::Delete => {
                 out.extend_from_slice(b" c");
                 number(out, i.cas);
             }
-            (b't', Some(i)) if matches!(cmd, MetaCmd::Get | MetaCmd::Arith) => {
+            (b't', Some((i, _))) if matches!(cmd, MetaCmd::Get | MetaCmd::Arith) => {
                 out.extend_from_slice(b" t");
-                number(out, i.expire_at as i64);
+                number(out, ttl_secs(i.expire_at, now_ms));
             }
-            (b'f', Some(i)) if cmd == MetaCmd::Get => {
+            (b'f', Some((i, _))) if cmd == MetaCmd::Get => {
                 out.extend_from_slice(b" f");
                 number(out, i.flags);
             }
-            (b's', Some(i)) if cmd == MetaCmd::Get => {
+            (b's', Some((_, v))) if cmd == MetaCmd::Get => {
                 out.extend_from_slice(b" s");
-                number(out, i.value.len());
+                number(out, v.len());
             }
             // memkeep keeps no access history: never fetched before, last access now.
             (b'h', Some(_)) if cmd == MetaCmd::Get => out.extend_from_slice(b" h0"),
@@ -286,7 +293,7 @@ fn reply(
             _ => {}
         }
     }
-    if let (MetaCmd::Get, Some(i)) = (cmd, item) {
+    if let (MetaCmd::Get, Some((i, _))) = (cmd, item) {
         if i.win_was_sent {
             out.extend_from_slice(b" Z");
         }

@@ -202,24 +202,7 @@ pub fn apply(w: &mut LmdbWrite<'_, '_>, op: &HashOp, now: u64) -> Result<Outcome
                 Outcome::Int(added as i64)
             })
         }
-        HashOp::Del { key, fields } => {
-            let (meta, mut coll) = match tx.find(key, Kind::Hash)? {
-                Found::WrongType => return Ok(Outcome::WrongType),
-                Found::Missing => return Ok(Outcome::Int(0)),
-                Found::Coll(m, c) => (m, c),
-            };
-            let mut removed = 0;
-            for f in fields {
-                if f.len() <= MAX_SUB && tx.elem_del(coll.id, f)? {
-                    removed += 1;
-                }
-            }
-            if removed > 0 {
-                coll.len -= removed;
-                tx.save(key, &meta, &coll)?;
-            }
-            Ok(Outcome::Int(removed as i64))
-        }
+        HashOp::Del { key, fields } => tx.remove_subs(key, Kind::Hash, fields),
         HashOp::IncrBy { key, field, delta } => {
             let (meta, mut coll) = match tx.find(key, Kind::Hash)? {
                 Found::WrongType => return Ok(Outcome::WrongType),

@@ -189,6 +189,32 @@ impl<'e> Tx<'_, '_, 'e> {
         Ok(store.elems.delete(txn, &elem_key(id, sub))?)
     }
 
+    /// HDEL/SREM: removes these sub-keys from the `kind` collection under `key`; how many were
+    /// there, as `Int`.
+    pub fn remove_subs(
+        &mut self,
+        key: &[u8],
+        kind: Kind,
+        subs: &[Vec<u8>],
+    ) -> Result<Outcome, StoreError> {
+        let (meta, mut coll) = match self.find(key, kind)? {
+            Found::WrongType => return Ok(Outcome::WrongType),
+            Found::Missing => return Ok(Outcome::Int(0)),
+            Found::Coll(m, c) => (m, c),
+        };
+        let mut removed = 0;
+        for sub in subs {
+            if sub.len() <= MAX_SUB && self.elem_del(coll.id, sub)? {
+                removed += 1;
+            }
+        }
+        if removed > 0 {
+            coll.len -= removed;
+            self.save(key, &meta, &coll)?;
+        }
+        Ok(Outcome::Int(removed as i64))
+    }
+
     /// Every (sub-key, value) of collection `id`, in order.
     pub fn elems_all(&mut self, id: u64) -> Result<Elems, StoreError> {
         let (store, txn) = self.store_txn();

@@ -290,24 +290,7 @@ pub fn apply(w: &mut LmdbWrite<'_, '_>, op: &SetOp, now: u64) -> Result<Outcome,
             }
             Ok(Outcome::Int(added as i64))
         }
-        SetOp::Rem { key, members } => {
-            let (meta, mut coll) = match tx.find(key, Kind::Set)? {
-                Found::WrongType => return Ok(Outcome::WrongType),
-                Found::Missing => return Ok(Outcome::Int(0)),
-                Found::Coll(m, c) => (m, c),
-            };
-            let mut removed = 0;
-            for m in members {
-                if m.len() <= MAX_SUB && tx.elem_del(coll.id, m)? {
-                    removed += 1;
-                }
-            }
-            if removed > 0 {
-                coll.len -= removed;
-                tx.save(key, &meta, &coll)?;
-            }
-            Ok(Outcome::Int(removed as i64))
-        }
+        SetOp::Rem { key, members } => tx.remove_subs(key, Kind::Set, members),
         SetOp::Pop { key, count } => {
             let (meta, mut coll) = match tx.find(key, Kind::Set)? {
                 Found::WrongType => return Ok(Outcome::WrongType),
