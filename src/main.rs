@@ -122,13 +122,24 @@ fn raise_open_files_limit(max_connections: usize) {
 
 /// Runs `memkeep backup|export|import` against the configured data directory or server.
 fn run_action(action: &Action, config: &Config) -> Result<(), String> {
-    let open = || {
+    // A store a server holds is read as it is (through the page cache it is whole); any other
+    // is recovered first, as a server would, so a power cut's leftovers are never read.
+    let mut recovered = None;
+    let mut open = || {
         if !config.data_dir.join("data.mdb").exists() {
             return Err(format!("no data in {}", config.data_dir.display()));
         }
-        memkeep::storage::lmdb::LmdbStore::open(&config.data_dir, config.map_size, config.sync, 126)
-            .map(|(store, _)| store)
-            .map_err(|e| e.0)
+        if memkeep::storage::durable::in_use(&config.data_dir) {
+            memkeep::storage::lmdb::LmdbStore::open(&config.data_dir, config.map_size, 126)
+                .map(|(store, _)| store)
+                .map_err(|e| e.0)
+        } else {
+            let d = memkeep::storage::durable::open(&config.data_dir, config.map_size, 126)
+                .map_err(|e| e.0)?;
+            let store = d.store.clone();
+            recovered = Some(d);
+            Ok(store)
+        }
     };
     let now_ms = memkeep::clock::Clock::System.now_ms();
     match action {

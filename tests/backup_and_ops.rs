@@ -97,8 +97,15 @@ fn server_on(data: &Path) -> Server {
     let dir = s.data_dir().to_path_buf();
     let mut s = s;
     s.stop();
+    // A restore replaces the store whole: data file, checkpoint and log (README, "Backup").
+    for entry in std::fs::read_dir(&dir).expect("read data dir") {
+        let path = entry.expect("dir entry").path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if name == "checkpoint" || name.starts_with("wal-") || name == "lock.mdb" {
+            std::fs::remove_file(&path).expect("remove");
+        }
+    }
     std::fs::copy(data.join("data.mdb"), dir.join("data.mdb")).expect("copy backup in");
-    let _ = std::fs::remove_file(dir.join("lock.mdb"));
     s.relaunch();
     s
 }

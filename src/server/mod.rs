@@ -26,7 +26,7 @@ use self::stats::{Counters, Gauges};
 use self::worker::{WAKER, Worker, WorkerHandle};
 use crate::clock::Clock;
 use crate::config::Config;
-use crate::storage::lmdb::{LmdbStore, Persisted};
+use crate::storage::lmdb::LmdbStore;
 use crate::storage::writer::{FlushAt, Mailbox, Writer, WriterConfig};
 
 /// State every thread reads.
@@ -142,10 +142,10 @@ fn is_loopback(listen: &str) -> bool {
 /// Opens the store, binds the ports and serves until SIGINT or SIGTERM.
 pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
     let threads = config.worker_threads();
-    let (store, persisted): (LmdbStore, Persisted) = LmdbStore::open(
+    let durable = crate::storage::durable::open(
         &config.data_dir,
         config.map_size,
-        config.sync,
+        // Worker passes, the checkpoint pins (two while one is replaced), backups.
         (threads as u32 + 8).max(126),
     )
     .map_err(|e| ServerError(e.0))?;
@@ -186,7 +186,7 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
     };
     let shared = Arc::new(Shared {
         clock: Arc::new(clock),
-        store: store.clone(),
+        store: durable.store.clone(),
         flush_at: Arc::new(AtomicU64::new(0)),
         counters: (0..threads).map(|_| Counters::default()).collect(),
         gauges: Gauges::default(),
@@ -224,8 +224,7 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
 
     let (tx, rx) = mpsc::channel();
     let writer = Writer::new(
-        store,
-        persisted,
+        durable,
         shared.clock.clone(),
         WriterConfig {
             sync: cfg.sync,

@@ -18,7 +18,7 @@ use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use heed::{RoTxn, WithTls};
+use heed::{RoTxn, WithoutTls};
 use log::{debug, error};
 use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
@@ -81,12 +81,12 @@ pub struct Pass<'a> {
     flush_at: u64,
     pub pending: &'a mut Vec<WriteRequest<Tag>>,
     store: &'a LmdbStore,
-    txn: Option<RoTxn<'a, WithTls>>,
+    txn: Option<RoTxn<'a, WithoutTls>>,
 }
 
 impl<'a> Pass<'a> {
     /// The pass's read transaction, opened on first use.
-    pub fn txn(&mut self) -> Result<(&'a LmdbStore, &RoTxn<'a, WithTls>), StoreError> {
+    pub fn txn(&mut self) -> Result<(&'a LmdbStore, &RoTxn<'a, WithoutTls>), StoreError> {
         if self.txn.is_none() {
             self.txn = Some(self.store.read_txn()?);
         }

@@ -5,9 +5,11 @@
 //! counter that only grows (persisted with every batch); expiry is absolute unix milliseconds,
 //! 0 meaning never.
 
+pub mod durable;
 pub mod item;
 pub mod lmdb;
 pub mod model;
+pub mod wal;
 pub mod writer;
 
 use std::fmt;

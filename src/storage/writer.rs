@@ -1,27 +1,32 @@
 //! The group-commit writer: the only thread that writes to LMDB.
 //!
 //! Workers send `Submission`s (every write a worker parsed in one event-loop pass). The writer
-//! takes everything waiting, up to `max_batch` writes, applies it in one transaction, commits
-//! once (fsyncing per the sync mode), and only then hands each write's `Outcome` back to its
-//! worker's `Mailbox` and wakes that worker. So nothing is acknowledged before it is committed,
-//! and one fsync covers every write of the batch.
+//! takes everything waiting, up to `max_batch` writes, applies it in one transaction, appends
+//! the transaction's physical changes to the write-ahead log as one batch, commits LMDB without
+//! syncing, fdatasyncs the log (in `always`), and only then hands each write's `Outcome` back
+//! to its worker's `Mailbox` and wakes that worker. So nothing is acknowledged before it is
+//! durable per the sync mode, and one sequential fsync covers every write of the batch.
+//!
+//! Between batches the writer starts checkpoints (`durable.rs`) once enough log has built up,
+//! or the log has been idle a moment: the log's length bounds what a recovery replays.
 //!
 //! A write that fails (the map is full) must not fail its batch-mates: the batch is then
 //! aborted and replayed one transaction per write, so each write gets its own outcome.
 //!
 //! Housekeeping happens here too, between batches: a delayed `flush_all` that has come due,
-//! the expiry sweep, and the periodic fsync.
+//! the expiry sweep, and the periodic fsync of the log.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use heed::RwTxn;
 use log::{debug, error, warn};
 
 use super::StoreError;
-use super::lmdb::{LmdbStore, LmdbWrite, Persisted};
+use super::durable::{Checkpointer, Durable};
+use super::lmdb::{LmdbStore, LmdbWrite, LogTxn};
+use super::wal::{LogBuf, Wal};
 use crate::clock::Clock;
 use crate::command::{Outcome, WriteOp};
 use crate::config::SyncMode;
@@ -110,6 +115,12 @@ const GATHER_MAX: Duration = Duration::from_micros(200);
 /// Most elements of deleted collections reclaimed per batch.
 const GC_CHUNK: usize = 1000;
 
+/// A checkpoint starts once this much log has been written since the last one began, or once
+/// the log has anything and the last checkpoint is `CHECKPOINT_EVERY` old: what recovery
+/// replays after a crash is bounded by both.
+const CHECKPOINT_BYTES: u64 = 32 << 20;
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(1000);
+
 /// Time between expiry sweeps, and the most items one sweep deletes.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 const SWEEP_LIMIT: usize = 1000;
@@ -120,6 +131,14 @@ pub type FlushAt = Arc<AtomicU64>;
 
 pub struct Writer<T> {
     store: LmdbStore,
+    wal: Wal,
+    checkpointer: Checkpointer,
+    last_checkpoint: Instant,
+    /// The batch's log records, kept between batches for its buffer.
+    log: LogBuf,
+    /// Set when the log could not be written or synced: durability is unknown from then on, so
+    /// every later write is refused (reads go on) until a restart recovers.
+    broken: Option<String>,
     clock: Arc<Clock>,
     cfg: WriterConfig,
     cas: u64,
@@ -132,17 +151,28 @@ pub struct Writer<T> {
 
 impl<T: Send> Writer<T> {
     pub fn new(
-        store: LmdbStore,
-        persisted: Persisted,
+        durable: Durable,
         clock: Arc<Clock>,
         cfg: WriterConfig,
         flush_at: FlushAt,
         mailboxes: Vec<Arc<Mailbox<T>>>,
     ) -> Writer<T> {
+        let Durable {
+            store,
+            persisted,
+            wal,
+            checkpointer,
+            ..
+        } = durable;
         flush_at.store(persisted.flush_at.unwrap_or(0), Ordering::Release);
         let outboxes = mailboxes.iter().map(|_| Vec::new()).collect();
         Writer {
             store,
+            wal,
+            checkpointer,
+            last_checkpoint: Instant::now(),
+            log: LogBuf::default(),
+            broken: None,
             clock,
             cfg,
             cas: persisted.cas,
@@ -153,18 +183,22 @@ impl<T: Send> Writer<T> {
         }
     }
 
-    /// Runs until every sender is gone, then syncs and returns.
+    /// Runs until every sender is gone, then checkpoints and returns.
     pub fn run(mut self, rx: Receiver<Submission<T>>) {
         let mut batch: Vec<Submission<T>> = Vec::new();
         let mut next_sweep = Instant::now();
         let mut next_sync = Instant::now() + self.cfg.sync_interval;
-        let mut unsynced = false;
         let mut last_batch = 0usize;
         loop {
             let now = Instant::now();
             let mut wait = next_sweep.saturating_duration_since(now);
-            if self.cfg.sync == SyncMode::Periodic && unsynced {
+            if self.cfg.sync == SyncMode::Periodic && self.wal.unsynced() {
                 wait = wait.min(next_sync.saturating_duration_since(now));
+            }
+            if self.wal.since_checkpoint > 0 {
+                wait = wait.min(
+                    (self.last_checkpoint + CHECKPOINT_EVERY).saturating_duration_since(now),
+                );
             }
             if self.gc_more {
                 // Deleted collections still hold elements: keep reclaiming between batches.
@@ -206,7 +240,6 @@ impl<T: Send> Writer<T> {
             let sweep = Instant::now() >= next_sweep;
             if count > 0 || sweep || self.flush_due() || self.gc_more {
                 let swept = self.commit(&mut batch, sweep);
-                unsynced = true;
                 if sweep {
                     // A full sweep means more are due: come back soon rather than in a second.
                     next_sweep = Instant::now()
@@ -217,16 +250,45 @@ impl<T: Send> Writer<T> {
                         };
                 }
             }
-            if self.cfg.sync == SyncMode::Periodic && unsynced && Instant::now() >= next_sync {
-                self.sync();
-                unsynced = false;
+            if self.cfg.sync == SyncMode::Periodic
+                && self.wal.unsynced()
+                && Instant::now() >= next_sync
+            {
+                self.sync_log();
                 next_sync = Instant::now() + self.cfg.sync_interval;
             }
             if disconnected {
                 break;
             }
+            self.maybe_checkpoint(false);
         }
-        self.sync();
+        self.sync_log();
+        // A clean stop leaves nothing to replay: the last checkpoint covers every batch.
+        if self.wal.since_checkpoint > 0 {
+            while self.checkpointer.busy() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            self.maybe_checkpoint(true);
+        }
+        self.checkpointer.finish();
+    }
+
+    /// Starts a checkpoint when one is due (or, with `now`, whenever the log holds anything)
+    /// and none is running.
+    fn maybe_checkpoint(&mut self, now: bool) {
+        if self.checkpointer.busy() || self.wal.since_checkpoint == 0 || self.broken.is_some() {
+            return;
+        }
+        let due = now
+            || self.wal.since_checkpoint >= CHECKPOINT_BYTES
+            || self.last_checkpoint.elapsed() >= CHECKPOINT_EVERY;
+        if !due {
+            return;
+        }
+        self.last_checkpoint = Instant::now();
+        if let Err(e) = self.checkpointer.begin(&self.store, &mut self.wal) {
+            error!("cannot start a checkpoint: {e}");
+        }
     }
 
     fn flush_due(&self) -> bool {
@@ -234,10 +296,59 @@ impl<T: Send> Writer<T> {
         at != 0 && at <= self.clock.now_ms()
     }
 
-    fn sync(&self) {
-        if let Err(e) = self.store.env().force_sync() {
-            error!("fsync of the data file failed: {e}");
+    /// Makes the log durable; a failure breaks the writer (see `broken`).
+    fn sync_log(&mut self) -> bool {
+        if self.broken.is_some() {
+            return false;
         }
+        match self.wal.sync() {
+            Ok(()) => true,
+            Err(e) => {
+                self.break_log(format!("fdatasync of the write-ahead log failed: {e}"));
+                false
+            }
+        }
+    }
+
+    fn break_log(&mut self, why: String) {
+        error!("{why}; refusing writes until memkeep is restarted");
+        self.broken = Some(why);
+    }
+
+    /// Logs and commits a transaction the batch has filled: the log append first (so no
+    /// committed change is missing from it), then LMDB's commit (no sync). On error nothing
+    /// of the transaction is kept, in LMDB or in the log.
+    fn log_and_commit(&mut self, txn: LogTxn<'_>) -> Result<(), StoreError> {
+        let (txn, mut log) = txn.into_parts();
+        let result = if log.is_empty() {
+            // Nothing changed: no batch, no LMDB transaction id.
+            drop(txn);
+            Ok(())
+        } else {
+            let (pos, seq) = (self.wal.position(), self.wal.last_seq() + 1);
+            match self.wal.append(&mut log) {
+                Err(e) => {
+                    drop(txn);
+                    let why = format!("cannot append to the write-ahead log: {e}");
+                    self.break_log(why.clone());
+                    Err(StoreError::Backend(why))
+                }
+                Ok(_) => match txn.commit() {
+                    Ok(()) => Ok(()),
+                    Err(e) => {
+                        if let Err(u) = self.wal.undo(pos, seq) {
+                            self.break_log(format!(
+                                "cannot take back a log batch whose commit failed: {u}"
+                            ));
+                        }
+                        Err(e.into())
+                    }
+                },
+            }
+        };
+        log.reset();
+        self.log = log;
+        result
     }
 
     /// Applies and commits `batch` (emptying it), then delivers the outcomes. Returns how many
@@ -252,45 +363,69 @@ impl<T: Send> Writer<T> {
         let mut swept = 0;
         let mut ran_due = false;
         let mut gc_more = self.gc_more;
-        let result = (|| -> Result<(), StoreError> {
-            let mut txn = self.store.write_txn()?;
-            ran_due = self.housekeeping(&mut txn, ctx.now_ms, sweep, &mut swept)?;
-            let mut cas = self.cas;
-            for sub in batch.iter() {
-                for req in &sub.reqs {
-                    let mut w = self.store.writer(&mut txn, &mut cas);
-                    outcomes.push(apply(&mut w, &req.op, ctx)?);
+        let result = if self.broken.is_some() {
+            Err(StoreError::Backend("the write-ahead log is broken".into()))
+        } else {
+            let store = self.store.clone();
+            let log = std::mem::take(&mut self.log);
+            (|| -> Result<(), StoreError> {
+                let mut txn = store.write_txn_with(log)?;
+                ran_due = self.housekeeping(&store, &mut txn, ctx.now_ms, sweep, &mut swept)?;
+                let mut cas = self.cas;
+                for sub in batch.iter() {
+                    for req in &sub.reqs {
+                        let mut w = store.writer(&mut txn, &mut cas);
+                        outcomes.push(apply(&mut w, &req.op, ctx)?);
+                    }
                 }
-            }
-            if cas != self.cas {
-                self.store.put_cas(&mut txn, cas)?;
-            }
-            if self.store.gc_pending(&txn)? {
-                self.store.collect_garbage(&mut txn, GC_CHUNK)?;
-                gc_more = self.store.gc_pending(&txn)?;
-            } else {
-                gc_more = false;
-            }
-            txn.commit()?;
-            self.cas = cas;
-            Ok(())
-        })();
+                if cas != self.cas {
+                    store.put_cas(&mut txn, cas)?;
+                }
+                if store.gc_pending(&txn)? {
+                    store.collect_garbage(&mut txn, GC_CHUNK)?;
+                    gc_more = store.gc_pending(&txn)?;
+                } else {
+                    gc_more = false;
+                }
+                self.log_and_commit(txn)?;
+                self.cas = cas;
+                Ok(())
+            })()
+        };
         self.gc_more = gc_more;
         match result {
             Ok(()) => {
-                let ops = batch.iter().flat_map(|s| s.reqs.iter().map(|r| &r.op));
-                self.publish_flush(ran_due, ops, ctx.now_ms);
+                let durable = self.cfg.sync != SyncMode::Always || self.sync_log();
+                if durable {
+                    let ops = batch.iter().flat_map(|s| s.reqs.iter().map(|r| &r.op));
+                    self.publish_flush(ran_due, ops, ctx.now_ms);
+                } else {
+                    // Committed but not known durable: no write of the batch is acknowledged.
+                    outcomes.iter_mut().for_each(|o| *o = Outcome::Failed);
+                }
             }
             Err(e) => {
-                if !matches!(e, StoreError::Full) {
-                    error!("batch commit failed, retrying each write alone: {e}");
-                } else {
-                    debug!("store full: retrying the batch one write at a time");
-                }
                 outcomes.clear();
-                for sub in batch.iter() {
-                    for req in &sub.reqs {
-                        outcomes.push(self.commit_one(&req.op, ctx));
+                if self.broken.is_some() {
+                    outcomes.extend(
+                        batch
+                            .iter()
+                            .flat_map(|s| s.reqs.iter().map(|_| Outcome::Failed)),
+                    );
+                } else {
+                    if !matches!(e, StoreError::Full) {
+                        error!("batch commit failed, retrying each write alone: {e}");
+                    } else {
+                        debug!("store full: retrying the batch one write at a time");
+                    }
+                    for sub in batch.iter() {
+                        for req in &sub.reqs {
+                            let o = self.commit_one(&req.op, ctx);
+                            outcomes.push(o);
+                        }
+                    }
+                    if self.cfg.sync == SyncMode::Always && !self.sync_log() {
+                        outcomes.iter_mut().for_each(|o| *o = Outcome::Failed);
                     }
                 }
             }
@@ -329,27 +464,30 @@ impl<T: Send> Writer<T> {
     /// Runs a due delayed flush (returning true if it ran) and, when asked, the expiry sweep.
     fn housekeeping(
         &self,
-        txn: &mut RwTxn,
+        store: &LmdbStore,
+        txn: &mut LogTxn,
         now: u64,
         sweep: bool,
         swept: &mut usize,
     ) -> Result<bool, StoreError> {
-        let ran = self.flush_due() && self.store.run_due_flush(txn, now)?;
+        let ran = self.flush_due() && store.run_due_flush(txn, now)?;
         if sweep {
-            *swept = self.store.sweep_expired(txn, now, SWEEP_LIMIT)?;
+            *swept = store.sweep_expired(txn, now, SWEEP_LIMIT)?;
         }
         Ok(ran)
     }
 
-    /// One write in its own transaction: the fallback when a batch could not commit.
+    /// One write in its own transaction: the fallback when a batch could not commit. The
+    /// caller syncs the log.
     fn commit_one(&mut self, op: &WriteOp, ctx: Ctx) -> Outcome {
         let mut cas = self.cas;
+        let store = self.store.clone();
         let result = (|| -> Result<Outcome, StoreError> {
-            let mut txn = self.store.write_txn()?;
-            let mut w = self.store.writer(&mut txn, &mut cas);
+            let mut txn = store.write_txn_with(std::mem::take(&mut self.log))?;
+            let mut w = store.writer(&mut txn, &mut cas);
             let outcome = apply(&mut w, op, ctx)?;
-            self.store.put_cas(&mut txn, cas)?;
-            txn.commit()?;
+            store.put_cas(&mut txn, cas)?;
+            self.log_and_commit(txn)?;
             Ok(outcome)
         })();
         // CAS uniques handed out by an aborted write are skipped, never reused.

@@ -776,7 +776,7 @@ fn randfield(args: Args<'_>, cx: &ReadCx<'_, '_>, out: &mut Vec<u8>, v3: bool) {
         Ok(c) => c,
         Err(msg) => return enc::error(out, &msg),
     };
-    let db = cx.store.elems;
+    let db = *cx.store.elems;
     let Some(n) = count else {
         let Some(c) = coll else {
             return enc::null(out, v3);

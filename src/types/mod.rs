@@ -21,7 +21,9 @@ pub mod list;
 pub mod set;
 pub mod zset;
 
-use heed::{RoTxn, RwTxn};
+use heed::RoTxn;
+
+use crate::storage::lmdb::LogTxn;
 
 use crate::command::Outcome;
 use crate::storage::lmdb::{LmdbStore, LmdbWrite};
@@ -128,7 +130,7 @@ pub struct Tx<'a, 'w, 'e> {
 impl<'e> Tx<'_, '_, 'e> {
     /// The store and the transaction, for what the helpers below do not cover (range walks,
     /// the sorted-set score index).
-    pub fn store_txn(&mut self) -> (&LmdbStore, &mut RwTxn<'e>) {
+    pub fn store_txn(&mut self) -> (&LmdbStore, &mut LogTxn<'e>) {
         self.w.parts()
     }
 

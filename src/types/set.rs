@@ -17,7 +17,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use heed::types::Bytes;
-use heed::{Database, PutFlags, RoTxn};
+use heed::{Database, RoTxn};
 
 use super::hash::{
     MAX_REPEAT_PICKS, REPLY_TOO_LARGE, TOO_MANY_PICKS, elements, pick_one, rand_count,
@@ -275,13 +275,8 @@ pub fn apply(w: &mut LmdbWrite<'_, '_>, op: &SetOp, now: u64) -> Result<Outcome,
             let mut added = 0;
             for m in members {
                 let k = elem_key(coll.id, m);
-                match store
-                    .elems
-                    .put_with_flags(txn, PutFlags::NO_OVERWRITE, &k, &[])
-                {
-                    Ok(()) => added += 1,
-                    Err(heed::Error::Mdb(heed::MdbError::KeyExist)) => {}
-                    Err(e) => return Err(e.into()),
+                if store.elems.put_new(txn, &k, &[])? {
+                    added += 1;
                 }
             }
             if added > 0 {
@@ -304,7 +299,7 @@ pub fn apply(w: &mut LmdbWrite<'_, '_>, op: &SetOp, now: u64) -> Result<Outcome,
                 Found::Coll(m, c) => (m, c),
             };
             let (store, txn) = tx.store_txn();
-            let db = store.elems;
+            let db = *store.elems;
             let n = count.unwrap_or(1);
             if n >= coll.len {
                 // Everything: read it, then drop the key (its elements go to the collector).
@@ -370,16 +365,9 @@ pub fn apply(w: &mut LmdbWrite<'_, '_>, op: &SetOp, now: u64) -> Result<Outcome,
             };
             let (store, txn) = tx.store_txn();
             let k = elem_key(dcoll.id, member);
-            match store
-                .elems
-                .put_with_flags(txn, PutFlags::NO_OVERWRITE, &k, &[])
-            {
-                Ok(()) => {
-                    dcoll.len += 1;
-                    tx.save(dst, &dmeta, &dcoll)?;
-                }
-                Err(heed::Error::Mdb(heed::MdbError::KeyExist)) => {}
-                Err(e) => return Err(e.into()),
+            if store.elems.put_new(txn, &k, &[])? {
+                dcoll.len += 1;
+                tx.save(dst, &dmeta, &dcoll)?;
             }
             Ok(Outcome::Int(1))
         }
@@ -393,7 +381,7 @@ pub fn apply(w: &mut LmdbWrite<'_, '_>, op: &SetOp, now: u64) -> Result<Outcome,
                 });
             }
             let (store, txn) = tx.store_txn();
-            let members: Vec<Vec<u8>> = combine(store.elems, txn, *how, &sets, usize::MAX)?
+            let members: Vec<Vec<u8>> = combine(*store.elems, txn, *how, &sets, usize::MAX)?
                 .into_iter()
                 .map(<[u8]>::to_vec)
                 .collect();
@@ -436,7 +424,7 @@ pub fn read(code: u8, args: Args<'_>, cx: &ReadCx<'_, '_>, out: &mut Vec<u8>, v3
     };
     let mut buf = Vec::new();
     let mut has = |m: &[u8]| match coll {
-        Some(c) => contains(cx.store.elems, cx.txn, c.id, m, &mut buf),
+        Some(c) => contains(*cx.store.elems, cx.txn, c.id, m, &mut buf),
         None => Ok(false),
     };
     match code {
@@ -492,7 +480,7 @@ fn combine_reply(how: Combine, args: Args<'_>, cx: &ReadCx<'_, '_>, out: &mut Ve
         Ok(s) => s,
         Err(msg) => return enc::error(out, &msg),
     };
-    match combine(cx.store.elems, cx.txn, how, &sets, usize::MAX) {
+    match combine(*cx.store.elems, cx.txn, how, &sets, usize::MAX) {
         Ok(members) => {
             enc::set(out, members.len(), v3);
             for m in members {
@@ -534,7 +522,7 @@ fn intercard(args: Args<'_>, cx: &ReadCx<'_, '_>, out: &mut Vec<u8>) {
         Ok(s) => s,
         Err(msg) => return enc::error(out, &msg),
     };
-    match combine(cx.store.elems, cx.txn, Combine::Inter, &sets, limit) {
+    match combine(*cx.store.elems, cx.txn, Combine::Inter, &sets, limit) {
         Ok(members) => enc::int(out, members.len() as i64),
         Err(e) => storage_error(out, e),
     }
@@ -557,7 +545,7 @@ fn randmember(args: Args<'_>, cx: &ReadCx<'_, '_>, out: &mut Vec<u8>, v3: bool) 
         Ok(c) => c,
         Err(msg) => return enc::error(out, &msg),
     };
-    let db = cx.store.elems;
+    let db = *cx.store.elems;
     let Some(n) = count else {
         let Some(c) = coll else {
             return enc::null(out, v3);

@@ -18,7 +18,6 @@ use arbitrary::{Arbitrary, Unstructured};
 use memkeep::command::{
     ExpireCond, Expiry, KeyValue, MetaOp, MetaStore, SetCond, StoreMode, WriteOp,
 };
-use memkeep::config::SyncMode;
 use memkeep::protocol::meta::MetaCmd;
 use memkeep::protocol::{binary, memcache as mc, resp};
 use memkeep::semantics::{self, Ctx};
@@ -936,7 +935,7 @@ impl Lmdb {
 
     fn reopen(&mut self) {
         self.store = None;
-        let (store, persisted) = LmdbStore::open(self.dir.path(), MAP_SIZE, SyncMode::Never, 16)
+        let (store, persisted) = LmdbStore::open(self.dir.path(), MAP_SIZE, 16)
             .expect("the store opens");
         assert_eq!(persisted.cas, self.cas, "the CAS counter did not persist");
         self.store = Some(store);
@@ -1023,7 +1022,7 @@ pub fn command_stream(input: &[u8]) {
                     .put_cas(&mut txn, lmdb.cas)
                     .expect("the counter is stored");
             }
-            txn.commit().expect("the batch commits");
+            txn.commit_unlogged().expect("the batch commits");
         }
         drop(store);
         match end {

@@ -1,0 +1,631 @@
+//! Opening a store so that it survives power loss: the data directory's lock, recovery from the
+//! last checkpoint and the write-ahead log, and the checkpointer thread.
+//!
+//! Recovery always takes the same path, after a clean stop, a kill -9 or a power cut alike:
+//! 1. put the checkpoint's meta page back into both of `data.mdb`'s meta slots, so LMDB opens
+//!    at the checkpoint's snapshot (all of whose pages were on disk when the record was written,
+//!    and none of which LMDB has reused since, because a read transaction kept them alive);
+//! 2. open LMDB and at once pin that snapshot with a read transaction (replay will free its
+//!    pages, and until the next checkpoint it is still the one a later crash recovers to);
+//! 3. replay every whole batch after the checkpoint's sequence number, in order, stopping at
+//!    the first torn, damaged or missing one, and cut the log there (durably).
+//!
+//! A checkpoint (`Checkpointer`): the writer, between two batches, ends the log segment,
+//! opens a read transaction on the snapshot it has just committed and copies that snapshot's
+//! meta page; the checkpointer thread then fdatasyncs `data.mdb`, writes the checkpoint record,
+//! swaps the pinned snapshot for the new one and deletes the segments the new one covers.
+
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use heed::{RoTxn, WithoutTls};
+use log::{error, info, warn};
+
+use super::lmdb::{LmdbStore, OpenError, Persisted};
+use super::wal::{self, Checkpoint, SegmentReader, Wal};
+
+/// A read transaction held only to keep a snapshot's pages from being reused.
+pub type Pin = RoTxn<'static, WithoutTls>;
+
+/// Replay commits this much payload per LMDB transaction (bounds its dirty pages).
+const REPLAY_TXN_BYTES: usize = 64 << 20;
+
+/// What recovery found and did.
+#[derive(Debug, Default, Clone)]
+pub struct Recovery {
+    pub checkpoint_seq: u64,
+    pub batches: u64,
+    pub bytes: u64,
+    /// Why the log ended before its files did (a torn tail), if it did.
+    pub cut: Option<String>,
+    pub micros: u64,
+}
+
+/// A store opened for serving: recovered, locked, with its log open for appending.
+pub struct Durable {
+    pub store: LmdbStore,
+    pub persisted: Persisted,
+    pub wal: Wal,
+    pub checkpointer: Checkpointer,
+    pub recovery: Recovery,
+}
+
+fn lock_dir(dir: &Path) -> Result<File, OpenError> {
+    let path = dir.join("memkeep.lock");
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| OpenError(format!("cannot open data directory {}: {e}", dir.display())))?;
+    // Safety: flock on a file descriptor this function owns.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(OpenError(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            format!(
+                "data directory {} is in use by another memkeep process",
+                dir.display()
+            )
+        } else {
+            format!("cannot lock data directory {}: {e}", dir.display())
+        }));
+    }
+    Ok(f)
+}
+
+/// Whether a memkeep server holds `dir` now (tools then read the live store as it is).
+pub fn in_use(dir: &Path) -> bool {
+    let Ok(f) = File::open(dir.join("memkeep.lock")) else {
+        return false;
+    };
+    // Safety: flock on a file descriptor this function owns; released when `f` closes.
+    unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) != 0 }
+}
+
+/// Opens, recovers and locks the store in `dir`.
+pub fn open(dir: &Path, map_size: u64, max_readers: u32) -> Result<Durable, OpenError> {
+    let started = Instant::now();
+    let at = |what: &str, e: &dyn std::fmt::Display| {
+        OpenError(format!("{what} {}: {e}", dir.display()))
+    };
+    if dir.exists() && !dir.is_dir() {
+        return Err(OpenError(format!(
+            "data directory {} is not a directory",
+            dir.display()
+        )));
+    }
+    std::fs::create_dir_all(dir).map_err(|e| at("cannot create data directory", &e))?;
+    let lock = lock_dir(dir)?;
+    let ckpt = wal::read_checkpoint(dir).map_err(OpenError)?;
+    let data_path = dir.join("data.mdb");
+    if let Some(c) = &ckpt {
+        let data = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&data_path)
+            .map_err(|e| {
+                OpenError(format!(
+                    "storage corrupted: {} has a checkpoint but its data file cannot be opened: {e}",
+                    dir.display()
+                ))
+            })?;
+        let same = wal::root_digest(&data, &c.page).is_ok_and(|d| d == c.roots);
+        if !same {
+            return Err(OpenError(format!(
+                "{} is not the file the checkpoint beside it describes (its snapshot's root pages differ): was a backup copied over it? To open it as it is, move {} and the wal-*.log files out of {}",
+                data_path.display(),
+                wal::CHECKPOINT_FILE,
+                dir.display()
+            )));
+        }
+        wal::restore_meta(&data, c).map_err(|e| at("cannot restore the checkpoint in", &e))?;
+    }
+    let (store, _) = LmdbStore::open(dir, map_size, max_readers)?;
+    let pin = store
+        .env()
+        .clone()
+        .static_read_txn()
+        .map_err(|e| at("cannot read", &e))?;
+    let data = store
+        .env()
+        .try_clone_inner_file()
+        .map_err(|e| at("cannot open the data file in", &e))?;
+    let page_size = store.env().stat().page_size as usize;
+    let mut recovery = Recovery::default();
+    let wal = match ckpt {
+        None => {
+            // A new store, or one written before the log existed: make its state the first
+            // checkpoint before anything is logged.
+            if !wal::segments(dir)
+                .map_err(|e| at("cannot list", &e))?
+                .is_empty()
+            {
+                return Err(OpenError(format!(
+                    "storage corrupted: {} has log files but no checkpoint",
+                    dir.display()
+                )));
+            }
+            let txnid = pin.id() as u64;
+            data.sync_data()
+                .map_err(|e| at("cannot sync the data file in", &e))?;
+            let page = wal::read_meta_page(&data, txnid, page_size)
+                .map_err(|e| at("cannot read the meta page in", &e))?;
+            let roots =
+                wal::root_digest(&data, &page).map_err(|e| at("cannot read the roots in", &e))?;
+            wal::write_checkpoint(
+                dir,
+                &Checkpoint {
+                    txnid,
+                    seq: 0,
+                    segment: 1,
+                    page,
+                    roots,
+                },
+            )
+            .map_err(|e| at("cannot write the checkpoint in", &e))?;
+            Wal::resume(dir, 1, 0, 1).map_err(|e| at("cannot create the log in", &e))?
+        }
+        Some(c) => {
+            if pin.id() as u64 != c.txnid {
+                return Err(OpenError(format!(
+                    "storage corrupted: {} opened at transaction {} instead of its checkpoint's {}",
+                    dir.display(),
+                    pin.id(),
+                    c.txnid
+                )));
+            }
+            recovery.checkpoint_seq = c.seq;
+            replay(dir, &store, &c, &mut recovery)?
+        }
+    };
+    let persisted = store.reload_persisted().map_err(|e| at("cannot read", &e))?;
+    recovery.micros = started.elapsed().as_micros() as u64;
+    if recovery.batches > 0 || recovery.cut.is_some() {
+        info!(
+            "recovered {}: checkpoint at batch {}, {} batches ({} bytes) replayed in {} ms{}",
+            dir.display(),
+            recovery.checkpoint_seq,
+            recovery.batches,
+            recovery.bytes,
+            recovery.micros / 1000,
+            recovery
+                .cut
+                .as_ref()
+                .map(|c| format!("; the log ended early: {c}"))
+                .unwrap_or_default()
+        );
+    }
+    let checkpointer = Checkpointer::start(dir, data, page_size, pin, lock)
+        .map_err(|e| at("cannot start the checkpointer for", &e))?;
+    Ok(Durable {
+        store,
+        persisted,
+        wal,
+        checkpointer,
+        recovery,
+    })
+}
+
+/// Replays the log after checkpoint `c`; returns the log, positioned after its last whole batch.
+fn replay(
+    dir: &Path,
+    store: &LmdbStore,
+    c: &Checkpoint,
+    rec: &mut Recovery,
+) -> Result<Wal, OpenError> {
+    let at = |what: &str, e: &dyn std::fmt::Display| {
+        OpenError(format!("{what} {}: {e}", dir.display()))
+    };
+    let segs = wal::segments(dir).map_err(|e| at("cannot list", &e))?;
+    let mut next_seq = c.seq + 1;
+    // Where appending resumes: the last segment read, and its valid length.
+    let mut end = (c.segment, 0u64);
+    let mut txn = store
+        .env()
+        .write_txn()
+        .map_err(|e| at("cannot write to", &e))?;
+    let mut in_txn = 0usize;
+    let mut buf = Vec::new();
+    let mut stopped = false;
+    for (n, path) in &segs {
+        if *n < c.segment {
+            // Covered by the checkpoint: its deletion was interrupted.
+            let _ = std::fs::remove_file(path);
+            continue;
+        }
+        if stopped {
+            warn!(
+                "removing log segment {} that follows the end of the log",
+                path.display()
+            );
+            let _ = std::fs::remove_file(path);
+            continue;
+        }
+        if *n != end.0 && *n != end.0 + 1 {
+            rec.cut = Some(format!("log segment {} is missing", end.0 + 1));
+            stopped = true;
+            let _ = std::fs::remove_file(path);
+            continue;
+        }
+        let mut reader = SegmentReader::open(path).map_err(|e| at("cannot read the log in", &e))?;
+        loop {
+            let Some(seq) = reader
+                .next_batch(&mut buf)
+                .map_err(|e| at("cannot read the log in", &e))?
+            else {
+                break;
+            };
+            if seq < next_seq {
+                continue;
+            }
+            if seq > next_seq {
+                reader.stop = Some(format!("batch {next_seq} is missing (found {seq})"));
+                // Count the found batch out of the valid part again.
+                reader.valid_len -= (wal::HEADER + buf.len()) as u64;
+                break;
+            }
+            for op in wal::ops(&buf) {
+                let op = op.map_err(|e| OpenError(format!("storage corrupted: {e}")))?;
+                store
+                    .replay(&mut txn, op)
+                    .map_err(|e| OpenError(format!("{e} in {}", dir.display())))?;
+            }
+            rec.batches += 1;
+            rec.bytes += buf.len() as u64;
+            in_txn += buf.len();
+            next_seq += 1;
+            if in_txn >= REPLAY_TXN_BYTES {
+                txn.commit().map_err(|e| at("cannot write to", &e))?;
+                txn = store
+                    .env()
+                    .write_txn()
+                    .map_err(|e| at("cannot write to", &e))?;
+                in_txn = 0;
+            }
+        }
+        end = (*n, reader.valid_len);
+        if let Some(why) = reader.stop {
+            rec.cut = Some(format!("{} at byte {}: {why}", path.display(), reader.valid_len));
+            stopped = true;
+        }
+    }
+    txn.commit().map_err(|e| at("cannot write to", &e))?;
+    let mut w = Wal::resume(dir, end.0, end.1, next_seq)
+        .map_err(|e| at("cannot open the log in", &e))?;
+    w.since_checkpoint = rec.bytes;
+    Ok(w)
+}
+
+/// A checkpoint the writer has prepared: the snapshot to pin and the record to write.
+struct Job {
+    pin: Pin,
+    record: Checkpoint,
+}
+
+/// Figures about checkpoints, for `stats`/INFO.
+#[derive(Debug, Default)]
+pub struct CheckpointStats {
+    pub count: AtomicU64,
+    pub failures: AtomicU64,
+    pub last_micros: AtomicU64,
+    pub last_seq: AtomicU64,
+}
+
+/// The checkpointer thread and the writer's handle on it.
+pub struct Checkpointer {
+    tx: Option<mpsc::Sender<Job>>,
+    busy: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    data: File,
+    page_size: usize,
+    pub stats: Arc<CheckpointStats>,
+}
+
+impl Checkpointer {
+    fn start(
+        dir: &Path,
+        data: File,
+        page_size: usize,
+        pin: Pin,
+        lock: File,
+    ) -> std::io::Result<Checkpointer> {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let busy = Arc::new(AtomicBool::new(false));
+        let stats = Arc::new(CheckpointStats::default());
+        let sync_fd = data.try_clone()?;
+        let (b, s, dir) = (busy.clone(), stats.clone(), dir.to_path_buf());
+        let thread = std::thread::Builder::new()
+            .name("memkeep-checkpoint".into())
+            .spawn(move || run(dir, sync_fd, pin, lock, rx, b, s))?;
+        Ok(Checkpointer {
+            tx: Some(tx),
+            busy,
+            thread: Some(thread),
+            data,
+            page_size,
+            stats,
+        })
+    }
+
+    /// Whether a checkpoint is being written now.
+    pub fn busy(&self) -> bool {
+        self.busy.load(Ordering::Acquire)
+    }
+
+    /// Starts a checkpoint of the store as committed now; the writer calls it between batches.
+    /// Ends the log segment first, so the segments after the one this returns hold exactly
+    /// the batches the checkpoint does not.
+    pub fn begin(&mut self, store: &LmdbStore, wal: &mut Wal) -> Result<(), String> {
+        let Some(tx) = &self.tx else {
+            return Err("the checkpointer has stopped".into());
+        };
+        let segment = wal
+            .rotate()
+            .map_err(|e| format!("cannot start a new log segment: {e}"))?;
+        let pin = store
+            .env()
+            .clone()
+            .static_read_txn()
+            .map_err(|e| format!("cannot pin the snapshot: {e}"))?;
+        let txnid = pin.id() as u64;
+        let page = wal::read_meta_page(&self.data, txnid, self.page_size)
+            .map_err(|e| format!("cannot read the meta page: {e}"))?;
+        self.busy.store(true, Ordering::Release);
+        let job = Job {
+            pin,
+            record: Checkpoint {
+                txnid,
+                seq: wal.last_seq(),
+                segment,
+                page,
+                roots: 0,
+            },
+        };
+        tx.send(job).map_err(|_| {
+            self.busy.store(false, Ordering::Release);
+            "the checkpointer has stopped".to_string()
+        })
+    }
+
+    /// Waits for the checkpoint in progress (if any) and stops the thread, releasing the pins.
+    pub fn finish(&mut self) {
+        self.tx = None;
+        if let Some(t) = self.thread.take()
+            && t.join().is_err()
+        {
+            error!("the checkpoint thread panicked");
+        }
+    }
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+fn run(
+    dir: PathBuf,
+    data: File,
+    mut current: Pin,
+    _lock: File,
+    rx: mpsc::Receiver<Job>,
+    busy: Arc<AtomicBool>,
+    stats: Arc<CheckpointStats>,
+) {
+    for mut job in rx {
+        let started = Instant::now();
+        let result = data
+            .sync_data()
+            .map_err(|e| format!("cannot sync the data file: {e}"))
+            .and_then(|()| {
+                job.record.roots = wal::root_digest(&data, &job.record.page)
+                    .map_err(|e| format!("cannot read the snapshot's roots: {e}"))?;
+                wal::write_checkpoint(&dir, &job.record)
+                    .map_err(|e| format!("cannot write the checkpoint record: {e}"))
+            });
+        match result {
+            Ok(()) => {
+                // The new snapshot is the recovery point now: the old one's pages may go.
+                current = job.pin;
+                if let Ok(segs) = wal::segments(&dir) {
+                    for (n, path) in segs {
+                        if n < job.record.segment
+                            && let Err(e) = std::fs::remove_file(&path)
+                        {
+                            warn!("cannot remove {}: {e}", path.display());
+                        }
+                    }
+                }
+                log::debug!(
+                    "checkpoint at batch {} (transaction {}) in {} us",
+                    job.record.seq,
+                    job.record.txnid,
+                    started.elapsed().as_micros()
+                );
+                stats.count.fetch_add(1, Ordering::Relaxed);
+                stats
+                    .last_micros
+                    .store(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+                stats.last_seq.store(job.record.seq, Ordering::Relaxed);
+            }
+            Err(e) => {
+                // The old checkpoint and its pinned snapshot stay the recovery point.
+                error!("checkpoint of {} failed: {e}", dir.display());
+                stats.failures.fetch_add(1, Ordering::Relaxed);
+                drop(job.pin);
+            }
+        }
+        busy.store(false, Ordering::Release);
+    }
+    drop(current);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::wal::segment_name;
+
+    const MAP: u64 = 1 << 26;
+
+    /// Commits one batch the way the writer does: log append, LMDB commit, log fdatasync.
+    fn batch(d: &mut Durable, puts: &[(&[u8], &[u8])], dels: &[&[u8]]) {
+        let store = d.store.clone();
+        let mut txn = store.write_txn().expect("txn");
+        for (k, v) in puts {
+            store.items.put(&mut txn, k, v).expect("put");
+        }
+        for k in dels {
+            store.items.delete(&mut txn, k).expect("delete");
+        }
+        let (txn, mut log) = txn.into_parts();
+        d.wal.append(&mut log).expect("append");
+        txn.commit().expect("commit");
+        d.wal.sync().expect("sync");
+    }
+
+    fn get(d: &Durable, k: &[u8]) -> Option<Vec<u8>> {
+        let txn = d.store.read_txn().expect("txn");
+        d.store.items.get(&txn, k).expect("get").map(<[u8]>::to_vec)
+    }
+
+    fn checkpoint(d: &mut Durable) {
+        let store = d.store.clone();
+        d.checkpointer.begin(&store, &mut d.wal).expect("begin");
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        while d.checkpointer.busy() {
+            assert!(Instant::now() < deadline, "the checkpoint never finished");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(d.checkpointer.stats.failures.load(Ordering::Relaxed), 0);
+    }
+
+    /// What a power cut can leave: LMDB's meta pages on disk name a newer transaction whose
+    /// pages never got there. Here both meta pages point at a root page of zeros.
+    fn wreck_lmdb_meta(dir: &Path) {
+        let data = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(dir.join("data.mdb"))
+            .expect("open data.mdb");
+        let len = data.metadata().expect("stat").len();
+        let psize = 4096u64;
+        // A page of zeros past the end, and both metas pointing their main tree at it.
+        data.set_len(len + psize).expect("extend");
+        let last = len / psize;
+        for slot in 0..2u64 {
+            let mut page = vec![0u8; 4096];
+            data.read_exact_at(&mut page, slot * psize).expect("read meta");
+            page[128..136].copy_from_slice(&last.to_le_bytes()); // main root
+            page[136..144].copy_from_slice(&last.to_le_bytes()); // last page
+            page[144..152].copy_from_slice(&(1000 + slot).to_le_bytes()); // txnid
+            data.write_all_at(&page, slot * psize).expect("write meta");
+        }
+        data.sync_all().expect("sync");
+    }
+
+    use std::os::unix::fs::FileExt;
+
+    #[test]
+    fn recovery_replays_the_log_over_the_checkpoint_whatever_lmdb_meta_pages_say() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let mut d = open(dir.path(), MAP, 16).expect("open");
+            batch(&mut d, &[(b"a", b"1"), (b"b", b"2")], &[]);
+            checkpoint(&mut d);
+            batch(&mut d, &[(b"c", b"3"), (b"a", b"one")], &[b"b"]);
+            batch(&mut d, &[(b"d", b"4")], &[]);
+        }
+        wreck_lmdb_meta(dir.path());
+        let d = open(dir.path(), MAP, 16).expect("reopen");
+        assert_eq!(d.recovery.batches, 2);
+        assert_eq!(get(&d, b"a").as_deref(), Some(&b"one"[..]));
+        assert_eq!(get(&d, b"b"), None);
+        assert_eq!(get(&d, b"c").as_deref(), Some(&b"3"[..]));
+        assert_eq!(get(&d, b"d").as_deref(), Some(&b"4"[..]));
+    }
+
+    #[test]
+    fn a_torn_tail_is_cut_and_appending_goes_on_after_the_cut() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let seg;
+        {
+            let mut d = open(dir.path(), MAP, 16).expect("open");
+            batch(&mut d, &[(b"a", b"1")], &[]);
+            batch(&mut d, &[(b"b", b"2")], &[]);
+            seg = dir.path().join(segment_name(d.wal.segment()));
+        }
+        // The last batch loses its final bytes, as if its last page never reached the disk.
+        let bytes = std::fs::read(&seg).expect("read");
+        std::fs::write(&seg, &bytes[..bytes.len() - 1]).expect("write");
+        {
+            let mut d = open(dir.path(), MAP, 16).expect("reopen");
+            assert!(d.recovery.cut.is_some());
+            assert_eq!(get(&d, b"a").as_deref(), Some(&b"1"[..]));
+            assert_eq!(get(&d, b"b"), None);
+            batch(&mut d, &[(b"c", b"3")], &[]);
+        }
+        wreck_lmdb_meta(dir.path());
+        let d = open(dir.path(), MAP, 16).expect("reopen again");
+        assert!(d.recovery.cut.is_none(), "{:?}", d.recovery.cut);
+        assert_eq!(get(&d, b"a").as_deref(), Some(&b"1"[..]));
+        assert_eq!(get(&d, b"b"), None);
+        assert_eq!(get(&d, b"c").as_deref(), Some(&b"3"[..]));
+    }
+
+    #[test]
+    fn a_checkpoint_removes_the_segments_it_covers_and_keeps_the_rest() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let mut d = open(dir.path(), MAP, 16).expect("open");
+            for i in 0..50u32 {
+                batch(&mut d, &[(&i.to_be_bytes(), &[7u8; 3000])], &[]);
+            }
+            checkpoint(&mut d);
+            let segs = wal::segments(dir.path()).expect("list");
+            assert_eq!(segs.len(), 1, "{segs:?}");
+            assert_eq!(segs[0].0, d.wal.segment());
+            batch(&mut d, &[(b"after", b"x")], &[]);
+        }
+        wreck_lmdb_meta(dir.path());
+        let d = open(dir.path(), MAP, 16).expect("reopen");
+        assert_eq!(d.recovery.batches, 1);
+        for i in 0..50u32 {
+            assert_eq!(get(&d, &i.to_be_bytes()).map(|v| v.len()), Some(3000));
+        }
+        assert_eq!(get(&d, b"after").as_deref(), Some(&b"x"[..]));
+    }
+
+    #[test]
+    fn a_second_open_of_a_held_directory_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let _d = open(dir.path(), MAP, 16).expect("open");
+        assert!(in_use(dir.path()));
+        let err = open(dir.path(), MAP, 16).err().expect("must fail");
+        assert!(err.0.contains("in use"), "{}", err.0);
+    }
+
+    #[test]
+    fn a_data_file_older_than_its_checkpoint_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let old = tempfile::tempdir().expect("tempdir");
+        {
+            let mut d = open(dir.path(), MAP, 16).expect("open");
+            std::fs::copy(dir.path().join("data.mdb"), old.path().join("data.mdb")).expect("copy");
+            for i in 0..5u8 {
+                batch(&mut d, &[(&[i], b"v")], &[]);
+                checkpoint(&mut d);
+            }
+        }
+        std::fs::copy(old.path().join("data.mdb"), dir.path().join("data.mdb")).expect("copy");
+        let err = open(dir.path(), MAP, 16).err().expect("must fail");
+        assert!(err.0.contains("is not the file the checkpoint"), "{}", err.0);
+    }
+}
