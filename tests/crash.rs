@@ -1716,8 +1716,8 @@ fn crash_run(mode: &str, kills: usize) {
 
     // First kill: during the very first start, on an empty data dir.
     run.server.kill9();
-    for f in ["data.mdb", "lock.mdb"] {
-        let _ = std::fs::remove_file(run.server.data_dir().join(f));
+    for entry in std::fs::read_dir(run.server.data_dir()).expect("read the data dir") {
+        let _ = std::fs::remove_file(entry.expect("dir entry").path());
     }
     run.startup_kill();
     while run.t.kills < kills {

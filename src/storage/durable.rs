@@ -92,9 +92,8 @@ pub fn in_use(dir: &Path) -> bool {
 /// Opens, recovers and locks the store in `dir`.
 pub fn open(dir: &Path, map_size: u64, max_readers: u32) -> Result<Durable, OpenError> {
     let started = Instant::now();
-    let at = |what: &str, e: &dyn std::fmt::Display| {
-        OpenError(format!("{what} {}: {e}", dir.display()))
-    };
+    let at =
+        |what: &str, e: &dyn std::fmt::Display| OpenError(format!("{what} {}: {e}", dir.display()));
     if dir.exists() && !dir.is_dir() {
         return Err(OpenError(format!(
             "data directory {} is not a directory",
@@ -116,6 +115,14 @@ pub fn open(dir: &Path, map_size: u64, max_readers: u32) -> Result<Durable, Open
                     dir.display()
                 ))
             })?;
+        let len = data.metadata().map_or(0, |m| m.len());
+        let need = wal::meta_needs(&c.page);
+        if len < need {
+            return Err(OpenError(format!(
+                "{} is truncated: {len} bytes, but the store it describes needs {need}; restore it from a backup",
+                data_path.display()
+            )));
+        }
         let same = wal::root_digest(&data, &c.page).is_ok_and(|d| d == c.roots);
         if !same {
             return Err(OpenError(format!(
@@ -185,7 +192,9 @@ pub fn open(dir: &Path, map_size: u64, max_readers: u32) -> Result<Durable, Open
             replay(dir, &store, &c, &mut recovery)?
         }
     };
-    let persisted = store.reload_persisted().map_err(|e| at("cannot read", &e))?;
+    let persisted = store
+        .reload_persisted()
+        .map_err(|e| at("cannot read", &e))?;
     recovery.micros = started.elapsed().as_micros() as u64;
     if recovery.batches > 0 || recovery.cut.is_some() {
         info!(
@@ -220,9 +229,8 @@ fn replay(
     c: &Checkpoint,
     rec: &mut Recovery,
 ) -> Result<Wal, OpenError> {
-    let at = |what: &str, e: &dyn std::fmt::Display| {
-        OpenError(format!("{what} {}: {e}", dir.display()))
-    };
+    let at =
+        |what: &str, e: &dyn std::fmt::Display| OpenError(format!("{what} {}: {e}", dir.display()));
     let segs = wal::segments(dir).map_err(|e| at("cannot list", &e))?;
     let mut next_seq = c.seq + 1;
     // Where appending resumes: the last segment read, and its valid length.
@@ -255,13 +263,10 @@ fn replay(
             continue;
         }
         let mut reader = SegmentReader::open(path).map_err(|e| at("cannot read the log in", &e))?;
-        loop {
-            let Some(seq) = reader
-                .next_batch(&mut buf)
-                .map_err(|e| at("cannot read the log in", &e))?
-            else {
-                break;
-            };
+        while let Some(seq) = reader
+            .next_batch(&mut buf)
+            .map_err(|e| at("cannot read the log in", &e))?
+        {
             if seq < next_seq {
                 continue;
             }
@@ -292,13 +297,17 @@ fn replay(
         }
         end = (*n, reader.valid_len);
         if let Some(why) = reader.stop {
-            rec.cut = Some(format!("{} at byte {}: {why}", path.display(), reader.valid_len));
+            rec.cut = Some(format!(
+                "{} at byte {}: {why}",
+                path.display(),
+                reader.valid_len
+            ));
             stopped = true;
         }
     }
     txn.commit().map_err(|e| at("cannot write to", &e))?;
-    let mut w = Wal::resume(dir, end.0, end.1, next_seq)
-        .map_err(|e| at("cannot open the log in", &e))?;
+    let mut w =
+        Wal::resume(dir, end.0, end.1, next_seq).map_err(|e| at("cannot open the log in", &e))?;
     w.since_checkpoint = rec.bytes;
     Ok(w)
 }
@@ -522,7 +531,8 @@ mod tests {
         let last = len / psize;
         for slot in 0..2u64 {
             let mut page = vec![0u8; 4096];
-            data.read_exact_at(&mut page, slot * psize).expect("read meta");
+            data.read_exact_at(&mut page, slot * psize)
+                .expect("read meta");
             page[128..136].copy_from_slice(&last.to_le_bytes()); // main root
             page[136..144].copy_from_slice(&last.to_le_bytes()); // last page
             page[144..152].copy_from_slice(&(1000 + slot).to_le_bytes()); // txnid
@@ -626,6 +636,10 @@ mod tests {
         }
         std::fs::copy(old.path().join("data.mdb"), dir.path().join("data.mdb")).expect("copy");
         let err = open(dir.path(), MAP, 16).err().expect("must fail");
-        assert!(err.0.contains("is not the file the checkpoint"), "{}", err.0);
+        assert!(
+            err.0.contains("is not the file the checkpoint"),
+            "{}",
+            err.0
+        );
     }
 }

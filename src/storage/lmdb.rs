@@ -398,7 +398,11 @@ impl LmdbStore {
     }
 
     /// Opens a write view on `txn` that hands out CAS uniques from `cas`.
-    pub fn writer<'t, 'e>(&'t self, txn: &'t mut LogTxn<'e>, cas: &'t mut u64) -> LmdbWrite<'t, 'e> {
+    pub fn writer<'t, 'e>(
+        &'t self,
+        txn: &'t mut LogTxn<'e>,
+        cas: &'t mut u64,
+    ) -> LmdbWrite<'t, 'e> {
         LmdbWrite {
             store: self,
             txn,
@@ -672,8 +676,7 @@ mod tests {
     fn items_and_cas_counter_survive_reopen() {
         let dir = tempfile::tempdir().expect("tempdir");
         {
-            let (store, p) =
-                LmdbStore::open(dir.path(), 1 << 24, 16).expect("open");
+            let (store, p) = LmdbStore::open(dir.path(), 1 << 24, 16).expect("open");
             assert_eq!(p.cas, 0);
             let mut txn = store.write_txn().expect("txn");
             let mut cas = p.cas;
@@ -683,8 +686,7 @@ mod tests {
             store.put_cas(&mut txn, cas).expect("cas");
             txn.commit_unlogged().expect("commit");
         }
-        let (store, p) =
-            LmdbStore::open(dir.path(), 1 << 24, 16).expect("reopen");
+        let (store, p) = LmdbStore::open(dir.path(), 1 << 24, 16).expect("reopen");
         assert_eq!(p.cas, 1);
         let txn = store.read_txn().expect("txn");
         let item = store.get(&txn, b"k").expect("get").expect("present");

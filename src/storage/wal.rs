@@ -47,6 +47,7 @@ const META_TXNID_AT: usize = 144;
 const META_END: usize = 152;
 const META_FREE_ROOT_AT: usize = 80;
 const META_MAIN_ROOT_AT: usize = 128;
+const META_LAST_PG_AT: usize = 136;
 const LMDB_MAGIC: u32 = 0xBEEF_C0DE;
 
 /// One batch's records as the writer builds them. The header's room is reserved at the front
@@ -91,7 +92,8 @@ impl LogBuf {
         self.buf.reserve(8 + key.len() + len);
         self.buf.push(OP_PUT);
         self.buf.push(db);
-        self.buf.extend_from_slice(&(key.len() as u16).to_le_bytes());
+        self.buf
+            .extend_from_slice(&(key.len() as u16).to_le_bytes());
         self.buf.extend_from_slice(&(len as u32).to_le_bytes());
         self.buf.extend_from_slice(key);
         for p in parts {
@@ -102,7 +104,8 @@ impl LogBuf {
     pub fn del(&mut self, db: u8, key: &[u8]) {
         self.buf.push(OP_DEL);
         self.buf.push(db);
-        self.buf.extend_from_slice(&(key.len() as u16).to_le_bytes());
+        self.buf
+            .extend_from_slice(&(key.len() as u16).to_le_bytes());
         self.buf.extend_from_slice(key);
     }
 
@@ -135,9 +138,18 @@ fn batch_crc(len_seq: &[u8], payload: &[u8]) -> u32 {
 /// One physical record of a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op<'a> {
-    Put { db: u8, key: &'a [u8], value: &'a [u8] },
-    Del { db: u8, key: &'a [u8] },
-    Clear { db: u8 },
+    Put {
+        db: u8,
+        key: &'a [u8],
+        value: &'a [u8],
+    },
+    Del {
+        db: u8,
+        key: &'a [u8],
+    },
+    Clear {
+        db: u8,
+    },
 }
 
 /// The records of a batch's payload, in order; an error if the payload does not parse (which,
@@ -477,12 +489,18 @@ impl Checkpoint {
 
 /// The transaction id an LMDB meta page records, if `page` is one.
 pub fn meta_txnid(page: &[u8]) -> Option<u64> {
-    let magic = u32::from_le_bytes(page.get(META_MAGIC_AT..META_MAGIC_AT + 4)?.try_into().ok()?);
+    let magic = u32::from_le_bytes(
+        page.get(META_MAGIC_AT..META_MAGIC_AT + 4)?
+            .try_into()
+            .ok()?,
+    );
     if magic != LMDB_MAGIC {
         return None;
     }
     Some(u64::from_le_bytes(
-        page.get(META_TXNID_AT..META_TXNID_AT + 8)?.try_into().ok()?,
+        page.get(META_TXNID_AT..META_TXNID_AT + 8)?
+            .try_into()
+            .ok()?,
     ))
 }
 
@@ -505,6 +523,16 @@ pub fn root_digest(data: &File, meta: &[u8]) -> io::Result<u32> {
         h.update(&page);
     }
     Ok(h.finalize())
+}
+
+/// Bytes of data file the snapshot that meta page `meta` describes needs.
+pub fn meta_needs(meta: &[u8]) -> u64 {
+    let last = u64::from_le_bytes(
+        meta[META_LAST_PG_AT..META_LAST_PG_AT + 8]
+            .try_into()
+            .unwrap_or([0; 8]),
+    );
+    last.saturating_add(1).saturating_mul(meta.len() as u64)
 }
 
 /// The last checkpoint in `dir`, if one was ever written.
@@ -582,7 +610,10 @@ mod tests {
                     key: b"key",
                     value: b"hello"
                 },
-                Op::Del { db: 0, key: b"gone" },
+                Op::Del {
+                    db: 0,
+                    key: b"gone"
+                },
                 Op::Clear { db: 5 },
                 Op::Put {
                     db: 1,
@@ -640,7 +671,7 @@ mod tests {
         assert_eq!(seqs, vec![1]);
         // Zeros where a batch should start (a page that never reached the disk).
         let mut zeroed = full.clone();
-        let first_len = (HEADER + 8 + 1 + 3) as usize;
+        let first_len = HEADER + 8 + 1 + 3;
         zeroed[first_len..first_len + HEADER].fill(0);
         fs::write(&path, &zeroed).expect("write");
         let (seqs, _) = read_all(&path);

@@ -120,6 +120,10 @@ const GC_CHUNK: usize = 1000;
 /// replays after a crash is bounded by both.
 const CHECKPOINT_BYTES: u64 = 32 << 20;
 const CHECKPOINT_EVERY: Duration = Duration::from_millis(1000);
+/// Pages freed after the pinned snapshot cannot be reused until the next checkpoint moves the
+/// pin, so every batch until then takes fresh pages: a checkpoint also starts once the data
+/// file has grown this much since the last one began, which bounds that growth.
+const CHECKPOINT_GROWTH: u64 = 16 << 20;
 
 /// Time between expiry sweeps, and the most items one sweep deletes.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
@@ -134,6 +138,8 @@ pub struct Writer<T> {
     wal: Wal,
     checkpointer: Checkpointer,
     last_checkpoint: Instant,
+    /// The data file's last page when the last checkpoint began.
+    checkpoint_pgno: u64,
     /// The batch's log records, kept between batches for its buffer.
     log: LogBuf,
     /// Set when the log could not be written or synced: durability is unknown from then on, so
@@ -165,12 +171,14 @@ impl<T: Send> Writer<T> {
             ..
         } = durable;
         flush_at.store(persisted.flush_at.unwrap_or(0), Ordering::Release);
+        let checkpoint_pgno = store.env().info().last_page_number as u64;
         let outboxes = mailboxes.iter().map(|_| Vec::new()).collect();
         Writer {
             store,
             wal,
             checkpointer,
             last_checkpoint: Instant::now(),
+            checkpoint_pgno,
             log: LogBuf::default(),
             broken: None,
             clock,
@@ -196,9 +204,8 @@ impl<T: Send> Writer<T> {
                 wait = wait.min(next_sync.saturating_duration_since(now));
             }
             if self.wal.since_checkpoint > 0 {
-                wait = wait.min(
-                    (self.last_checkpoint + CHECKPOINT_EVERY).saturating_duration_since(now),
-                );
+                wait = wait
+                    .min((self.last_checkpoint + CHECKPOINT_EVERY).saturating_duration_since(now));
             }
             if self.gc_more {
                 // Deleted collections still hold elements: keep reclaiming between batches.
@@ -264,12 +271,7 @@ impl<T: Send> Writer<T> {
         }
         self.sync_log();
         // A clean stop leaves nothing to replay: the last checkpoint covers every batch.
-        if self.wal.since_checkpoint > 0 {
-            while self.checkpointer.busy() {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            self.maybe_checkpoint(true);
-        }
+        self.checkpoint_now();
         self.checkpointer.finish();
     }
 
@@ -279,16 +281,34 @@ impl<T: Send> Writer<T> {
         if self.checkpointer.busy() || self.wal.since_checkpoint == 0 || self.broken.is_some() {
             return;
         }
+        let pgno = self.store.env().info().last_page_number as u64;
+        let page = self.store.env().stat().page_size as u64;
         let due = now
             || self.wal.since_checkpoint >= CHECKPOINT_BYTES
+            || pgno.saturating_sub(self.checkpoint_pgno) * page >= CHECKPOINT_GROWTH
             || self.last_checkpoint.elapsed() >= CHECKPOINT_EVERY;
         if !due {
             return;
         }
         self.last_checkpoint = Instant::now();
+        self.checkpoint_pgno = pgno;
         if let Err(e) = self.checkpointer.begin(&self.store, &mut self.wal) {
             error!("cannot start a checkpoint: {e}");
         }
+    }
+
+    /// Waits for a running checkpoint, then takes one of the store as it is and waits for it
+    /// too: the map is full, and the pages freed since the pinned snapshot are reusable only
+    /// once the pin has moved to the latest one.
+    fn checkpoint_now(&mut self) {
+        let wait = |c: &Checkpointer| {
+            while c.busy() {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        };
+        wait(&self.checkpointer);
+        self.maybe_checkpoint(true);
+        wait(&self.checkpointer);
     }
 
     fn flush_due(&self) -> bool {
@@ -416,7 +436,8 @@ impl<T: Send> Writer<T> {
                     if !matches!(e, StoreError::Full) {
                         error!("batch commit failed, retrying each write alone: {e}");
                     } else {
-                        debug!("store full: retrying the batch one write at a time");
+                        debug!("store full: checkpointing, then retrying one write at a time");
+                        self.checkpoint_now();
                     }
                     for sub in batch.iter() {
                         for req in &sub.reqs {

@@ -935,8 +935,8 @@ impl Lmdb {
 
     fn reopen(&mut self) {
         self.store = None;
-        let (store, persisted) = LmdbStore::open(self.dir.path(), MAP_SIZE, 16)
-            .expect("the store opens");
+        let (store, persisted) =
+            LmdbStore::open(self.dir.path(), MAP_SIZE, 16).expect("the store opens");
         assert_eq!(persisted.cas, self.cas, "the CAS counter did not persist");
         self.store = Some(store);
     }
