@@ -634,7 +634,16 @@ mod tests {
                 checkpoint(&mut d);
             }
         }
+        let len = std::fs::metadata(dir.path().join("data.mdb"))
+            .expect("stat")
+            .len();
         std::fs::copy(old.path().join("data.mdb"), dir.path().join("data.mdb")).expect("copy");
+        // As long as the file it replaces, so only its contents can tell.
+        File::options()
+            .write(true)
+            .open(dir.path().join("data.mdb"))
+            .and_then(|f| f.set_len(len))
+            .expect("extend");
         let err = open(dir.path(), MAP, 16).err().expect("must fail");
         assert!(
             err.0.contains("is not the file the checkpoint"),
