@@ -13,7 +13,7 @@ pub mod worker;
 use std::io::{self, Write};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -222,7 +222,6 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         polls.push(poll);
     }
 
-    let (tx, rx) = mpsc::channel();
     let writer = Writer::new(
         durable,
         shared.clock.clone(),
@@ -235,13 +234,12 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         shared.flush_at.clone(),
         handles.iter().map(|h| h.mailbox.clone()).collect(),
     );
-    let writer_thread = thread::Builder::new()
-        .name("memkeep-writer".into())
-        .spawn(move || writer.run(rx))
+    let (gate, writer_thread) = writer
+        .start()
         .map_err(|e| ServerError(format!("cannot start writer thread: {e}")))?;
     let mut worker_threads = Vec::new();
     for (id, poll) in polls.into_iter().enumerate() {
-        let w = Worker::new(id, poll, shared.clone(), handles[id].clone(), tx.clone());
+        let w = Worker::new(id, poll, shared.clone(), handles[id].clone(), gate.clone());
         worker_threads.push(
             thread::Builder::new()
                 .name(format!("memkeep-worker-{id}"))
@@ -249,7 +247,7 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
                 .map_err(|e| ServerError(format!("cannot start worker thread: {e}")))?,
         );
     }
-    drop(tx);
+    drop(gate);
 
     let stop = Arc::new(AtomicBool::new(false));
     let mut signals = signal_hook::iterator::Signals::new([

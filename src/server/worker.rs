@@ -14,7 +14,6 @@
 
 use std::io;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -30,7 +29,7 @@ use super::stats::Counters;
 use crate::protocol::memcache::Limits;
 use crate::storage::StoreError;
 use crate::storage::lmdb::LmdbStore;
-use crate::storage::writer::{Completion, Mailbox, Submission, WriteRequest};
+use crate::storage::writer::{Completion, Gate, Mailbox, Submission, WriteRequest};
 
 pub const WAKER: Token = Token(usize::MAX);
 /// Requests one connection may run per pass before others get their turn.
@@ -108,7 +107,7 @@ pub struct Worker {
     conns: Slab<Conn>,
     shared: Arc<Shared>,
     handle: Arc<WorkerHandle>,
-    tx: Sender<Submission<Tag>>,
+    gate: Gate<Tag>,
     pending: Vec<WriteRequest<Tag>>,
     completions: Vec<Completion<Tag>>,
     dirty: Vec<usize>,
@@ -127,7 +126,7 @@ impl Worker {
         poll: Poll,
         shared: Arc<Shared>,
         handle: Arc<WorkerHandle>,
-        tx: Sender<Submission<Tag>>,
+        gate: Gate<Tag>,
     ) -> Worker {
         let item_max = shared.config.max_item_size as usize;
         let limits = Limits {
@@ -144,7 +143,7 @@ impl Worker {
             conns: Slab::new(),
             shared,
             handle,
-            tx,
+            gate,
             pending: Vec::new(),
             completions: Vec::new(),
             dirty: Vec::new(),
@@ -404,14 +403,10 @@ impl Worker {
         drop(pass);
         if !self.pending.is_empty() {
             let reqs = std::mem::take(&mut self.pending);
-            if self
-                .tx
-                .send(Submission {
-                    worker: self.id,
-                    reqs,
-                })
-                .is_err()
-            {
+            if !self.gate.submit(Submission {
+                worker: self.id,
+                reqs,
+            }) {
                 error!(
                     "worker {}: the writer is gone; writes cannot be applied",
                     self.id

@@ -16,7 +16,7 @@
 //! Housekeeping happens here too, between batches: a delayed `flush_all` that has come due,
 //! the expiry sweep, and the periodic fsync of the log.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -191,88 +191,22 @@ impl<T: Send> Writer<T> {
         }
     }
 
-    /// Runs until every sender is gone, then checkpoints and returns.
-    pub fn run(mut self, rx: Receiver<Submission<T>>) {
-        let mut batch: Vec<Submission<T>> = Vec::new();
-        let mut next_sweep = Instant::now();
-        let mut next_sync = Instant::now() + self.cfg.sync_interval;
-        let mut last_batch = 0usize;
-        loop {
-            let now = Instant::now();
-            let mut wait = next_sweep.saturating_duration_since(now);
-            if self.cfg.sync == SyncMode::Periodic && self.wal.unsynced() {
-                wait = wait.min(next_sync.saturating_duration_since(now));
-            }
-            if self.wal.since_checkpoint > 0 {
-                wait = wait
-                    .min((self.last_checkpoint + CHECKPOINT_EVERY).saturating_duration_since(now));
-            }
-            if self.gc_more {
-                // Deleted collections still hold elements: keep reclaiming between batches.
-                wait = Duration::ZERO;
-            }
-            let mut disconnected = false;
-            match rx.recv_timeout(wait) {
-                Ok(sub) => batch.push(sub),
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => disconnected = true,
-            }
-            let mut count: usize = batch.iter().map(|s| s.reqs.len()).sum();
-            // With fsync per commit, a commit costs far more than a short wait: when fewer
-            // writes are in hand than the last batch carried, give their writers' next
-            // requests a moment to arrive, so one fsync covers them all.
-            let gather = self.cfg.sync == SyncMode::Always && count > 0 && count < last_batch;
-            let deadline = Instant::now() + GATHER_MAX;
-            while count < self.cfg.max_batch {
-                let next = if gather && count < last_batch {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        break;
-                    }
-                    rx.recv_timeout(left.min(GATHER_GAP)).map_err(|_| ())
-                } else {
-                    rx.try_recv().map_err(|_| ())
-                };
-                match next {
-                    Ok(sub) => {
-                        count += sub.reqs.len();
-                        batch.push(sub);
-                    }
-                    Err(()) => break,
-                }
-            }
-            if count > 0 {
-                last_batch = count;
-            }
-            let sweep = Instant::now() >= next_sweep;
-            if count > 0 || sweep || self.flush_due() || self.gc_more {
-                let swept = self.commit(&mut batch, sweep);
-                if sweep {
-                    // A full sweep means more are due: come back soon rather than in a second.
-                    next_sweep = Instant::now()
-                        + if swept >= SWEEP_LIMIT {
-                            Duration::ZERO
-                        } else {
-                            SWEEP_EVERY
-                        };
-                }
-            }
-            if self.cfg.sync == SyncMode::Periodic
-                && self.wal.unsynced()
-                && Instant::now() >= next_sync
-            {
-                self.sync_log();
-                next_sync = Instant::now() + self.cfg.sync_interval;
-            }
-            if disconnected {
-                break;
-            }
-            self.maybe_checkpoint(false);
-        }
-        self.sync_log();
-        // A clean stop leaves nothing to replay: the last checkpoint covers every batch.
-        self.checkpoint_now();
-        self.checkpointer.finish();
+    /// Starts the writer thread; workers submit through the returned gate (and its clones).
+    pub fn start(self) -> std::io::Result<(Gate<T>, std::thread::JoinHandle<()>)>
+    where
+        T: 'static,
+    {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let gate = Gate {
+            core: Arc::new(Mutex::new(self)),
+            tx,
+            queued: Arc::new(AtomicUsize::new(0)),
+        };
+        let (core, queued) = (gate.core.clone(), gate.queued.clone());
+        let thread = std::thread::Builder::new()
+            .name("memkeep-writer".into())
+            .spawn(move || run(core, rx, queued))?;
+        Ok((gate, thread))
     }
 
     /// Starts a checkpoint when one is due (or, with `now`, whenever the log holds anything)
@@ -524,5 +458,150 @@ impl<T: Send> Writer<T> {
                 Outcome::Failed
             }
         }
+    }
+}
+
+fn lock<T>(core: &Mutex<Writer<T>>) -> std::sync::MutexGuard<'_, Writer<T>> {
+    core.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The writer thread: takes what workers could not commit themselves (another commit was
+/// running, or submissions were already queued), gathers it into batches, and does the
+/// housekeeping. Runs until every gate is gone, then checkpoints and returns.
+fn run<T: Send>(
+    core: Arc<Mutex<Writer<T>>>,
+    rx: Receiver<Submission<T>>,
+    queued: Arc<AtomicUsize>,
+) {
+    let mut batch: Vec<Submission<T>> = Vec::new();
+    let mut next_sweep = Instant::now();
+    let (sync, sync_interval, max_batch) = {
+        let w = lock(&core);
+        (w.cfg.sync, w.cfg.sync_interval, w.cfg.max_batch)
+    };
+    let mut next_sync = Instant::now() + sync_interval;
+    let mut last_batch = 0usize;
+    loop {
+        let now = Instant::now();
+        // Workers commit while this thread sleeps, so it wakes in time for whatever their
+        // commits may have made due: the periodic sync and a checkpoint.
+        let mut wait = next_sweep
+            .saturating_duration_since(now)
+            .min(CHECKPOINT_EVERY);
+        if sync == SyncMode::Periodic {
+            wait = wait.min(next_sync.saturating_duration_since(now));
+        }
+        if lock(&core).gc_more {
+            // Deleted collections still hold elements: keep reclaiming between batches.
+            wait = Duration::ZERO;
+        }
+        let mut disconnected = false;
+        match rx.recv_timeout(wait) {
+            Ok(sub) => batch.push(sub),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => disconnected = true,
+        }
+        let mut count: usize = batch.iter().map(|s| s.reqs.len()).sum();
+        // With fsync per commit, a commit costs far more than a short wait: when fewer
+        // writes are in hand than the last batch carried, give their writers' next
+        // requests a moment to arrive, so one fsync covers them all.
+        let gather = sync == SyncMode::Always && count > 0 && count < last_batch;
+        let deadline = Instant::now() + GATHER_MAX;
+        while count < max_batch {
+            let next = if gather && count < last_batch {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                rx.recv_timeout(left.min(GATHER_GAP)).map_err(|_| ())
+            } else {
+                rx.try_recv().map_err(|_| ())
+            };
+            match next {
+                Ok(sub) => {
+                    count += sub.reqs.len();
+                    batch.push(sub);
+                }
+                Err(()) => break,
+            }
+        }
+        if count > 0 {
+            last_batch = count;
+        }
+        let subs = batch.len();
+        let mut w = lock(&core);
+        let sweep = Instant::now() >= next_sweep;
+        if count > 0 || sweep || w.flush_due() || w.gc_more {
+            let swept = w.commit(&mut batch, sweep);
+            if sweep {
+                // A full sweep means more are due: come back soon rather than in a second.
+                next_sweep = Instant::now()
+                    + if swept >= SWEEP_LIMIT {
+                        Duration::ZERO
+                    } else {
+                        SWEEP_EVERY
+                    };
+            }
+        }
+        // Only now may a worker commit by itself again: nothing it submitted is still queued.
+        queued.fetch_sub(subs, Ordering::AcqRel);
+        if sync == SyncMode::Periodic && Instant::now() >= next_sync {
+            if w.wal.unsynced() {
+                w.sync_log();
+            }
+            next_sync = Instant::now() + sync_interval;
+        }
+        if disconnected {
+            break;
+        }
+        w.maybe_checkpoint(false);
+    }
+    let mut w = lock(&core);
+    w.sync_log();
+    // A clean stop leaves nothing to replay: the last checkpoint covers every batch.
+    w.checkpoint_now();
+    w.checkpointer.finish();
+}
+
+/// How workers hand their writes to the writer. When no commit is running and nothing is
+/// queued, the worker commits its own submission at once, on its own thread (RocksDB's
+/// leader writer, with one member): no wake-up of the writer thread and none back, which is
+/// what a lone client waits for. Otherwise the submission is queued for the writer thread,
+/// which commits it with whatever else has gathered meanwhile (group commit under load).
+/// Either way the outcomes arrive in the worker's mailbox, in commit order.
+pub struct Gate<T> {
+    core: Arc<Mutex<Writer<T>>>,
+    tx: std::sync::mpsc::Sender<Submission<T>>,
+    /// Submissions queued and not yet committed. A worker commits by itself only at 0, so a
+    /// connection's writes never overtake its own earlier ones still in the queue.
+    queued: Arc<AtomicUsize>,
+}
+
+impl<T> Clone for Gate<T> {
+    fn clone(&self) -> Self {
+        Gate {
+            core: self.core.clone(),
+            tx: self.tx.clone(),
+            queued: self.queued.clone(),
+        }
+    }
+}
+
+impl<T: Send> Gate<T> {
+    /// Commits or queues `sub`; false if the writer has stopped.
+    pub fn submit(&self, sub: Submission<T>) -> bool {
+        if self.queued.load(Ordering::Acquire) == 0
+            && let Ok(mut w) = self.core.try_lock()
+        {
+            let mut batch = vec![sub];
+            w.commit(&mut batch, false);
+            return true;
+        }
+        self.queued.fetch_add(1, Ordering::AcqRel);
+        if self.tx.send(sub).is_err() {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+            return false;
+        }
+        true
     }
 }
