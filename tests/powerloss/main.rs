@@ -1,0 +1,687 @@
+//! Power loss: a real memkeep keeps its data directory on cutfs (`cutfs.rs`), a FUSE file
+//! system that holds every unsynced write in memory, and the test cuts the power under load:
+//! it freezes the file system (dropping all unsynced writes, persisting a random subset of
+//! them, or doing that inside the next fsync), kills memkeep with SIGKILL, unmounts, mounts a
+//! fresh cutfs on the same backing directory (the reboot: the old page cache is gone),
+//! restarts memkeep and reads every key back through both protocols.
+//!
+//! The load: memcached-text and RESP connections at once, each owning its keys, each writing
+//! successive versions (values of 10 B to 20 KiB that name their key and version, see
+//! `model.rs`) and some deletes, one request at a time, recording when each reply came. What
+//! each mode must show after every cut:
+//! - every mode: memkeep starts, no read fails, every value is exactly one version written for
+//!   its key (or the key is absent as some state of it allows) -- else the store is damaged;
+//! - `always`: nothing acknowledged before the cut is lost;
+//! - `periodic` (`--sync-interval-ms 200`): the oldest lost acknowledged write is reported, and
+//!   must be younger than the interval plus 2 s of slack for a loaded machine;
+//! - `never`: only the first rule.
+//!
+//! The test fails if any store is damaged, if `always` loses anything acknowledged, or if
+//! `periodic` loses more than its window. It prints a table per mode and cut kind.
+//!
+//! Environment: `MEMKEEP_POWERLOSS_CUTS` cuts per mode (default 6, spread over the three cut
+//! kinds; `make powerloss` runs 50), `MEMKEEP_POWERLOSS_MODES` (default
+//! `always,periodic,never`), `MEMKEEP_POWERLOSS_SEED` to replay the random choices (the cut
+//! moments still depend on timing). Without /dev/fuse or fusermount3 the tests print SKIPPED
+//! and why.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod client;
+mod cutfs;
+mod model;
+mod toy;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use client::{LoadLog, Proto};
+use common::{Options, Server};
+use cutfs::{Cut, Mounted};
+use model::{History, Read, Rng, judge};
+use tempfile::TempDir;
+
+const BIN: &str = env!("CARGO_BIN_EXE_memkeep");
+const MC_CONNS: usize = 3;
+const RESP_CONNS: usize = 3;
+const KEYS_PER_CONN: usize = 12;
+/// `periodic` mode's fsync interval, and the slack its loss window gets.
+const SYNC_INTERVAL_MS: u64 = 200;
+const PERIODIC_SLACK: Duration = Duration::from_secs(2);
+/// When the cut comes, after the load starts.
+const CUT_AFTER_MS: (u64, u64) = (250, 1250);
+/// How long an armed in-fsync cut may wait for an fsync before it becomes a random-subset
+/// cut (`never` mode does not fsync).
+const FSYNC_WAIT: Duration = Duration::from_secs(1);
+const DEFAULT_CUTS: usize = 6;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Mode {
+    Always,
+    Periodic,
+    Never,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Always => "always",
+            Mode::Periodic => "periodic",
+            Mode::Never => "never",
+        }
+    }
+
+    fn args(self) -> Vec<String> {
+        let mut a = vec!["--sync".to_string(), self.name().to_string()];
+        if self == Mode::Periodic {
+            a.extend(["--sync-interval-ms".into(), SYNC_INTERVAL_MS.to_string()]);
+        }
+        a.extend(["--map-size".into(), "1g".into()]);
+        a
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    DropAll,
+    RandomSubset,
+    InNextFsync,
+}
+
+impl Kind {
+    const ALL: [Kind; 3] = [Kind::DropAll, Kind::RandomSubset, Kind::InNextFsync];
+
+    fn name(self) -> &'static str {
+        match self {
+            Kind::DropAll => "drop-all",
+            Kind::RandomSubset => "random-subset",
+            Kind::InNextFsync => "in-fsync",
+        }
+    }
+}
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    match std::env::var(name) {
+        Ok(v) => v
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v:?} is not a valid value")),
+        Err(_) => default,
+    }
+}
+
+fn modes() -> Vec<Mode> {
+    let spec =
+        std::env::var("MEMKEEP_POWERLOSS_MODES").unwrap_or_else(|_| "always,periodic,never".into());
+    spec.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| match s {
+            "always" => Mode::Always,
+            "periodic" => Mode::Periodic,
+            "never" => Mode::Never,
+            other => {
+                panic!("MEMKEEP_POWERLOSS_MODES: unknown mode {other:?} (always, periodic, never)")
+            }
+        })
+        .collect()
+}
+
+fn base_seed() -> u64 {
+    match std::env::var("MEMKEEP_POWERLOSS_SEED") {
+        Ok(v) => {
+            let v = v.trim();
+            let parsed = match v.strip_prefix("0x") {
+                Some(hex) => u64::from_str_radix(hex, 16).ok(),
+                None => v.parse().ok(),
+            };
+            parsed.unwrap_or_else(|| panic!("MEMKEEP_POWERLOSS_SEED={v:?} is not a number"))
+        }
+        Err(_) => SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64),
+    }
+}
+
+/// Why power-loss tests cannot run here, if they cannot: no FUSE device or helper, or no
+/// permission to mount (checked by mounting a cutfs once).
+fn skip_reason() -> Option<String> {
+    if let Some(why) = cutfs::unavailable() {
+        return Some(why);
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("memkeep-powerloss-probe-")
+        .tempdir()
+        .expect("create a temp dir");
+    let (backing, mnt) = (dir.path().join("backing"), dir.path().join("mnt"));
+    std::fs::create_dir(&backing).expect("mkdir backing");
+    std::fs::create_dir(&mnt).expect("mkdir mnt");
+    match Mounted::mount(&backing, &mnt) {
+        Ok(mut m) => {
+            m.unmount().expect("unmount the probe mount");
+            None
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => Some(format!(
+            "mounting a FUSE file system is not permitted here ({e})"
+        )),
+        Err(e) => panic!("mounting cutfs failed: {e}"),
+    }
+}
+
+fn skipped(test: &str) -> bool {
+    match skip_reason() {
+        Some(why) => {
+            println!("SKIPPED: {test}: the power-loss test needs FUSE, because {why}");
+            true
+        }
+        None => false,
+    }
+}
+
+/// A temporary directory with a backing dir and a mount point in it, and what runs on them.
+/// Fields drop in order: the server dies before the unmount, the unmount comes before the
+/// directories go.
+struct Rig {
+    server: Option<Server>,
+    mount: Option<Mounted>,
+    backing: PathBuf,
+    mnt: PathBuf,
+    _dir: TempDir,
+}
+
+impl Rig {
+    fn new() -> Rig {
+        let dir = tempfile::Builder::new()
+            .prefix("memkeep-powerloss-")
+            .tempdir()
+            .expect("create a temp dir");
+        let (backing, mnt) = (dir.path().join("backing"), dir.path().join("mnt"));
+        std::fs::create_dir(&backing).expect("mkdir backing");
+        std::fs::create_dir(&mnt).expect("mkdir mnt");
+        Rig {
+            server: None,
+            mount: None,
+            backing,
+            mnt,
+            _dir: dir,
+        }
+    }
+
+    fn mount(&mut self) -> &Mounted {
+        let m = Mounted::mount(&self.backing, &self.mnt)
+            .unwrap_or_else(|e| panic!("mount cutfs on {}: {e}", self.mnt.display()));
+        self.mount.insert(m)
+    }
+
+    fn mounted(&self) -> &Mounted {
+        self.mount.as_ref().expect("mounted")
+    }
+
+    fn unmount(&mut self) {
+        if let Some(mut m) = self.mount.take() {
+            m.unmount().unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+
+    /// Freezes the file system with `kind`'s cut; for an in-fsync cut, waits (bounded) for the
+    /// fsync that fires it. Returns the cut's moment and whether an in-fsync cut fired.
+    fn cut(&self, kind: Kind, seed: u64) -> (Instant, bool) {
+        let m = self.mounted();
+        match kind {
+            Kind::DropAll => m.cut(Cut::DropAll),
+            Kind::RandomSubset => m.cut(Cut::RandomSubset(seed)),
+            Kind::InNextFsync => {
+                m.cut(Cut::InNextFsync(seed));
+                let deadline = Instant::now() + FSYNC_WAIT;
+                while m.cut_at().is_none() && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                if m.cut_at().is_none() {
+                    m.cut(Cut::RandomSubset(seed));
+                    return (m.cut_at().expect("frozen"), false);
+                }
+            }
+        }
+        (m.cut_at().expect("frozen"), true)
+    }
+}
+
+/// One connection's keys.
+fn conn_keys(proto: Proto, conn: usize) -> Vec<String> {
+    let p = match proto {
+        Proto::Mc => "mc",
+        Proto::Resp => "resp",
+    };
+    (0..KEYS_PER_CONN)
+        .map(|k| format!("pl-{p}{conn}-k{k}"))
+        .collect()
+}
+
+/// The kernel's flusher, sped up: every 50 to 150 ms, writes the mount's dirty page-cache pages
+/// (memkeep's writable map in `periodic` and `never`) back to cutfs, where they are unsynced
+/// writes like any other (syncfs on FUSE sends no fsync); runs until `stop`.
+fn flusher(mnt: PathBuf, seed: u64, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        use std::os::fd::AsRawFd;
+        let Ok(dir) = std::fs::File::open(&mnt) else {
+            return;
+        };
+        let mut rng = Rng(seed);
+        while !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(rng.range(50, 150)));
+            // Safety: an open descriptor. Errors (a frozen mount) do not matter.
+            unsafe { libc::syncfs(dir.as_raw_fd()) };
+        }
+    })
+}
+
+/// Runs the load against `addr` from one thread per connection (and the flusher on `mnt`)
+/// until `cut` returns (it makes the cut and kills the server); returns the histories and
+/// refusals.
+fn load_until(
+    addr: std::net::SocketAddr,
+    resp_addr: Option<std::net::SocketAddr>,
+    mnt: &Path,
+    rng: &mut Rng,
+    clock: cutfs::CutClock,
+    cut: impl FnOnce(),
+) -> (Vec<History>, Vec<String>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let flush = flusher(mnt.to_path_buf(), rng.next(), stop.clone());
+    let mut conns: Vec<(std::net::SocketAddr, Proto, usize)> =
+        (0..MC_CONNS).map(|c| (addr, Proto::Mc, c)).collect();
+    if let Some(r) = resp_addr {
+        conns.extend((0..RESP_CONNS).map(|c| (r, Proto::Resp, c)));
+    }
+    let threads: Vec<_> = conns
+        .into_iter()
+        .map(|(a, proto, c)| {
+            let (stop, clock, seed) = (stop.clone(), clock.clone(), rng.next());
+            std::thread::spawn(move || {
+                client::load(a, proto, conn_keys(proto, c), seed, &stop, &|| {
+                    clock.cut_at()
+                })
+            })
+        })
+        .collect();
+    cut();
+    stop.store(true, Ordering::Relaxed);
+    flush.join().expect("flusher thread panicked");
+    let mut histories = Vec::new();
+    let mut early = Vec::new();
+    for t in threads {
+        let LoadLog {
+            histories: h,
+            early_refusals,
+            ..
+        } = t.join().expect("load thread panicked");
+        histories.extend(h);
+        early.extend(early_refusals);
+    }
+    (histories, early)
+}
+
+/// What one cut showed.
+#[derive(Debug, Default)]
+struct Outcome {
+    acked: usize,
+    lost: usize,
+    oldest_lost: Option<Duration>,
+    /// Why the store counts as damaged, if it does.
+    damaged: Option<String>,
+    /// An in-fsync cut that found no fsync and cut as random-subset instead.
+    fell_back: bool,
+    early_refusals: Vec<String>,
+}
+
+/// Judges the reads of every key through both protocols.
+fn judge_all(
+    histories: &[History],
+    reads: &[Vec<Read>],
+    cut_at: Instant,
+    out: &mut Outcome,
+) -> Vec<String> {
+    let mut wrong = Vec::new();
+    for (i, h) in histories.iter().enumerate() {
+        let verdicts: Vec<_> = reads.iter().map(|r| judge(h, &r[i], cut_at)).collect();
+        out.acked += verdicts[0].acked;
+        let lost = verdicts.iter().map(|v| v.lost).max().unwrap_or(0);
+        out.lost += lost;
+        for v in &verdicts {
+            if let Some(age) = v.oldest_lost {
+                out.oldest_lost = Some(out.oldest_lost.map_or(age, |a| a.max(age)));
+            }
+        }
+        wrong.extend(verdicts.iter().filter_map(|v| v.wrong.clone()));
+        let fine: Vec<&Read> = reads
+            .iter()
+            .map(|r| &r[i])
+            .filter(|r| !matches!(r, Read::Failed(_)))
+            .collect();
+        if fine.windows(2).any(|w| w[0] != w[1]) {
+            wrong.push(format!(
+                "{}: the two protocols read different states",
+                h.key
+            ));
+        }
+    }
+    wrong
+}
+
+fn run_cut(mode: Mode, kind: Kind, seed: u64, label: &str) -> Outcome {
+    let mut rng = Rng(seed);
+    let mut rig = Rig::new();
+    rig.mount();
+    let data_dir = rig.mnt.join("data");
+    let server = Server::start_with(
+        BIN,
+        Options {
+            args: mode.args(),
+            resp: true,
+            data_dir: Some(data_dir),
+            ..Options::default()
+        },
+    );
+    let (addr, resp_addr) = (server.addr(), server.resp_addr());
+    rig.server = Some(server);
+    let cut_after = Duration::from_millis(rng.range(CUT_AFTER_MS.0, CUT_AFTER_MS.1));
+    let cut_seed = rng.next();
+    let started = Instant::now();
+    let mut cut_at = None;
+    let mut fired = true;
+    let clock = rig.mounted().cut_clock();
+    let mnt = rig.mnt.clone();
+    let (histories, early) = load_until(addr, resp_addr, &mnt, &mut rng, clock, || {
+        std::thread::sleep(cut_after);
+        let (at, f) = rig.cut(kind, cut_seed);
+        (cut_at, fired) = (Some(at), f);
+        if let Some(s) = rig.server.as_mut() {
+            s.kill9();
+        }
+    });
+    let cut_at = cut_at.expect("the cut was made");
+    let stats = rig.mounted().stats();
+    rig.unmount();
+    rig.mount();
+    let mut out = Outcome {
+        fell_back: !fired,
+        early_refusals: early,
+        ..Outcome::default()
+    };
+    let server = rig.server.as_mut().expect("server");
+    let keys: Vec<&str> = histories.iter().map(|h| h.key.as_str()).collect();
+    match server.try_relaunch() {
+        Err(e) => {
+            out.acked = histories.iter().map(|h| h.acked_before(cut_at)).sum();
+            // The reason, and the last thing memkeep said.
+            let first = e.lines().next().unwrap_or_default();
+            let last = e
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or_default();
+            out.damaged = Some(format!(
+                "memkeep did not start after the cut: {first} / {last}"
+            ));
+        }
+        Ok(()) => {
+            let reads = vec![
+                client::read_back(server.addr(), Proto::Mc, &keys),
+                client::read_back(server.resp_addr().expect("resp port"), Proto::Resp, &keys),
+            ];
+            let wrong = judge_all(&histories, &reads, cut_at, &mut out);
+            if !wrong.is_empty() {
+                let mut msg = format!("{} bad reads, e.g.:", wrong.len());
+                for w in wrong.iter().take(4) {
+                    let _ = write!(msg, "\n    {w}");
+                }
+                let tail = server.stderr_tail(400);
+                let _ = write!(msg, "\n  memkeep stderr (tail):\n{tail}");
+                out.damaged = Some(msg);
+            }
+        }
+    }
+    server.kill9();
+    rig.server = None;
+    rig.unmount();
+    let verdict = match &out.damaged {
+        None => "ok".to_string(),
+        Some(d) => format!("DAMAGED: {d}"),
+    };
+    println!(
+        "[{label}] seed {seed:#x}: cut at +{} ms{}: {} acked, {} lost{}; cutfs saw {} writes ({} O_DSYNC), {} fsyncs; dirty pages at the cut: {} persisted, {} dropped; {verdict}",
+        cut_at.duration_since(started).as_millis(),
+        if out.fell_back {
+            " (no fsync came: cut as random-subset)"
+        } else {
+            ""
+        },
+        out.acked,
+        out.lost,
+        out.oldest_lost.map_or(String::new(), |a| format!(
+            " (oldest {} ms before the cut)",
+            a.as_millis()
+        )),
+        stats.writes,
+        stats.sync_writes,
+        stats.fsyncs,
+        stats.cut_persisted,
+        stats.cut_dropped,
+    );
+    out
+}
+
+/// Per mode and cut kind.
+#[derive(Default)]
+struct Row {
+    cuts: usize,
+    acked: usize,
+    lost: usize,
+    damaged: usize,
+    oldest_lost: Option<Duration>,
+    fell_back: usize,
+}
+
+fn table(rows: &BTreeMap<(Mode, Kind), Row>) -> String {
+    let mut t = format!(
+        "{:<9} {:<14} {:>5} {:>9} {:>7} {:>8} {:>15}  notes\n",
+        "mode", "cut", "cuts", "acked", "lost", "damaged", "oldest lost ms"
+    );
+    for ((mode, kind), r) in rows {
+        let _ = writeln!(
+            t,
+            "{:<9} {:<14} {:>5} {:>9} {:>7} {:>8} {:>15}  {}",
+            mode.name(),
+            kind.name(),
+            r.cuts,
+            r.acked,
+            r.lost,
+            r.damaged,
+            r.oldest_lost
+                .map_or("-".to_string(), |a| a.as_millis().to_string()),
+            if r.fell_back > 0 {
+                format!(
+                    "{} of {} found no fsync and cut as random-subset",
+                    r.fell_back, r.cuts
+                )
+            } else {
+                String::new()
+            }
+        );
+    }
+    t
+}
+
+#[test]
+fn power_cuts_never_damage_a_store_and_always_mode_loses_nothing_acknowledged() {
+    if skipped("power_cuts_never_damage_a_store_and_always_mode_loses_nothing_acknowledged") {
+        return;
+    }
+    let cuts: usize = env_or("MEMKEEP_POWERLOSS_CUTS", DEFAULT_CUTS);
+    let seed = base_seed();
+    let modes = modes();
+    println!(
+        "power-loss: {cuts} cuts per mode for {:?}, MEMKEEP_POWERLOSS_SEED={seed:#x}",
+        modes.iter().map(|m| m.name()).collect::<Vec<_>>()
+    );
+    let mut seeds = Rng(seed);
+    let mut rows: BTreeMap<(Mode, Kind), Row> = BTreeMap::new();
+    let mut failures = Vec::new();
+    let started = Instant::now();
+    for &mode in &modes {
+        for i in 0..cuts {
+            let kind = Kind::ALL[i % Kind::ALL.len()];
+            let label = format!(
+                "{} {} #{}",
+                mode.name(),
+                kind.name(),
+                i / Kind::ALL.len() + 1
+            );
+            let out = run_cut(mode, kind, seeds.next(), &label);
+            let row = rows.entry((mode, kind)).or_default();
+            row.cuts += 1;
+            row.acked += out.acked;
+            row.lost += out.lost;
+            row.fell_back += out.fell_back as usize;
+            if let Some(age) = out.oldest_lost {
+                row.oldest_lost = Some(row.oldest_lost.map_or(age, |a| a.max(age)));
+            }
+            if let Some(d) = &out.damaged {
+                row.damaged += 1;
+                failures.push(format!("[{label}] damaged store: {d}"));
+            }
+            if !out.early_refusals.is_empty() {
+                failures.push(format!(
+                    "[{label}] memkeep refused writes before the cut: {:?}",
+                    out.early_refusals
+                ));
+            }
+            if mode == Mode::Always && out.lost > 0 {
+                failures.push(format!(
+                    "[{label}] sync always lost {} acknowledged writes",
+                    out.lost
+                ));
+            }
+            let window = Duration::from_millis(SYNC_INTERVAL_MS) + PERIODIC_SLACK;
+            if mode == Mode::Periodic
+                && let Some(age) = out.oldest_lost.filter(|a| *a > window)
+            {
+                failures.push(format!(
+                    "[{label}] sync periodic lost a write acknowledged {} ms before the cut (window {} ms)",
+                    age.as_millis(),
+                    window.as_millis()
+                ));
+            }
+        }
+    }
+    println!(
+        "\npower-loss results (MEMKEEP_POWERLOSS_SEED={seed:#x}, {:.1} s):\n{}",
+        started.elapsed().as_secs_f64(),
+        table(&rows)
+    );
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+/// Loads the toy store through memcached text for a moment, cuts with `DropAll`, reboots it
+/// and judges it by `always`'s rule: it acknowledges writes it never syncs, so the judge must
+/// find acknowledged writes lost.
+#[test]
+fn the_harness_catches_a_store_that_acknowledges_unsynced_writes() {
+    if skipped("the_harness_catches_a_store_that_acknowledges_unsynced_writes") {
+        return;
+    }
+    let mut rig = Rig::new();
+    rig.mount();
+    let dir: PathBuf = rig.mnt.join("toy");
+    std::fs::create_dir(&dir).expect("mkdir on cutfs");
+    let mut toy = toy::Toy::start(&dir, 0).expect("start the toy store");
+    let addr = toy.addr();
+    let mut rng = Rng(base_seed());
+    let clock = rig.mounted().cut_clock();
+    let mut cut_at = None;
+    let mnt = rig.mnt.clone();
+    let (histories, early) = load_until(addr, None, &mnt, &mut rng, clock, || {
+        std::thread::sleep(Duration::from_millis(400));
+        cut_at = Some(rig.cut(Kind::DropAll, 0).0);
+        toy.kill();
+    });
+    drop(toy);
+    let cut_at = cut_at.expect("the cut was made");
+    assert!(early.is_empty(), "the toy refused writes: {early:?}");
+    rig.unmount();
+    rig.mount();
+    let toy = toy::Toy::start(&dir, addr.port()).expect("restart the toy store");
+    let keys: Vec<&str> = histories.iter().map(|h| h.key.as_str()).collect();
+    let reads = vec![client::read_back(toy.addr(), Proto::Mc, &keys)];
+    drop(toy);
+    let mut out = Outcome::default();
+    let wrong = judge_all(&histories, &reads, cut_at, &mut out);
+    rig.unmount();
+    println!(
+        "toy store after a drop-all cut: {} acked, {} lost, {} wrong",
+        out.acked,
+        out.lost,
+        wrong.len()
+    );
+    assert!(
+        out.acked > 0,
+        "the load got no acknowledgement from the toy"
+    );
+    assert!(wrong.is_empty(), "the toy's reads judged wrong: {wrong:?}");
+    assert!(
+        out.lost > 0,
+        "the judge found no lost write, though the toy never syncs"
+    );
+}
+
+/// cutfs itself: a file written and fdatasynced, then written more (inside and past its end):
+/// a drop-all cut freezes the mount, and after the reboot only the synced state is there.
+#[test]
+fn cutfs_keeps_synced_data_and_forgets_the_rest() {
+    if skipped("cutfs_keeps_synced_data_and_forgets_the_rest") {
+        return;
+    }
+    let mut rig = Rig::new();
+    rig.mount();
+    let f = rig.mnt.join("f");
+    let write = |p: &Path, data: &[u8], off: u64, sync: bool| {
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(p)
+            .expect("open on cutfs");
+        file.write_all_at(data, off).expect("write on cutfs");
+        if sync {
+            file.sync_data().expect("fdatasync on cutfs");
+        }
+    };
+    write(&f, &[1u8; 10_000], 0, true);
+    write(&f, &[2u8; 100], 5000, false);
+    write(&f, &[3u8; 100], 20_000, false);
+    let mut seen = std::fs::read(&f).expect("read on cutfs");
+    assert_eq!(seen.len(), 20_100, "the unsynced extension is visible");
+    assert_eq!((seen[4999], seen[5000], seen[10_001]), (1, 2, 0));
+    rig.mounted().cut(Cut::DropAll);
+    assert!(
+        std::fs::read(&f).is_err(),
+        "a frozen file system answers EIO"
+    );
+    rig.unmount();
+    rig.mount();
+    seen = std::fs::read(&f).expect("read after the reboot");
+    assert_eq!(seen, vec![1u8; 10_000], "only the synced state survives");
+    drop(rig);
+}
