@@ -13,7 +13,7 @@ const IO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most operations one load connection sends (the stop flag normally ends it first).
 const MAX_OPS: usize = 200_000;
 /// Share of the load's operations that are deletes, in percent.
-const DELETE_PCT: u64 = 12;
+const DELETE_PCT: u64 = 8;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Proto {

@@ -173,10 +173,16 @@ fn skip_reason() -> Option<String> {
     }
 }
 
+/// Prints SKIPPED and why, straight to stderr (so the test harness does not capture it),
+/// where FUSE is not to be had.
 fn skipped(test: &str) -> bool {
+    use std::io::Write as _;
     match skip_reason() {
         Some(why) => {
-            println!("SKIPPED: {test}: the power-loss test needs FUSE, because {why}");
+            let _ = writeln!(
+                std::io::stderr().lock(),
+                "SKIPPED: {test}: the power-loss test needs FUSE, because {why}"
+            );
             true
         }
         None => false,
@@ -292,6 +298,14 @@ fn load_until(
     cut: impl FnOnce(),
 ) -> (Vec<History>, Vec<String>) {
     let stop = Arc::new(AtomicBool::new(false));
+    // Stops the load and the flusher (which holds the mount open) also when `cut` panics.
+    struct StopOnDrop(Arc<AtomicBool>);
+    impl Drop for StopOnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+    let _guard = StopOnDrop(stop.clone());
     let flush = flusher(mnt.to_path_buf(), rng.next(), stop.clone());
     let mut conns: Vec<(std::net::SocketAddr, Proto, usize)> =
         (0..MC_CONNS).map(|c| (addr, Proto::Mc, c)).collect();
@@ -684,4 +698,205 @@ fn cutfs_keeps_synced_data_and_forgets_the_rest() {
     seen = std::fs::read(&f).expect("read after the reboot");
     assert_eq!(seen, vec![1u8; 10_000], "only the synced state survives");
     drop(rig);
+}
+
+/// A fresh cutfs to test the file system itself, or None (after SKIPPED) without FUSE.
+fn cutfs_rig(test: &str) -> Option<Rig> {
+    if skipped(test) {
+        return None;
+    }
+    let mut rig = Rig::new();
+    rig.mount();
+    Some(rig)
+}
+
+fn open_rw(p: &Path, custom_flags: i32) -> std::fs::File {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .custom_flags(custom_flags)
+        .open(p)
+        .expect("open on cutfs")
+}
+
+/// Reboots the rig: unmount, mount a fresh cutfs on the same backing directory.
+fn reboot(rig: &mut Rig) {
+    rig.unmount();
+    rig.mount();
+}
+
+#[test]
+fn cutfs_random_subset_keeps_whole_pages_of_either_state() {
+    use std::os::unix::fs::FileExt;
+    let Some(mut rig) = cutfs_rig("cutfs_random_subset_keeps_whole_pages_of_either_state") else {
+        return;
+    };
+    let pages = 16usize;
+    let page = cutfs::PAGE as usize;
+    let f = rig.mnt.join("f");
+    let file = open_rw(&f, 0);
+    file.write_all_at(&vec![b'a'; pages * page], 0)
+        .expect("write");
+    file.sync_data().expect("fdatasync");
+    // Unaligned, so most pages mix old and new bytes in the overlay.
+    file.write_all_at(&vec![b'b'; pages * page - page], (page / 2) as u64)
+        .expect("write");
+    drop(file);
+    rig.mounted().cut(Cut::RandomSubset(7));
+    reboot(&mut rig);
+    let got = std::fs::read(&f).expect("read after the reboot");
+    assert_eq!(got.len(), pages * page);
+    let (mut old, mut new) = (0, 0);
+    for (i, p) in got.chunks(page).enumerate() {
+        let mut want_new = vec![b'b'; page];
+        if i == 0 {
+            want_new[..page / 2].fill(b'a');
+        }
+        if i == pages - 1 {
+            want_new[page / 2..].fill(b'a');
+        }
+        if p == vec![b'a'; page].as_slice() {
+            old += 1;
+        } else if p == want_new.as_slice() {
+            new += 1;
+        } else {
+            panic!("page {i} is neither its synced nor its unsynced state");
+        }
+    }
+    assert!(old > 0 && new > 0, "seed 7 keeps {new} of {pages} pages");
+}
+
+#[test]
+fn cutfs_o_dsync_writes_are_synced_at_once() {
+    use std::os::unix::fs::FileExt;
+    let Some(mut rig) = cutfs_rig("cutfs_o_dsync_writes_are_synced_at_once") else {
+        return;
+    };
+    let f = rig.mnt.join("f");
+    let plain = open_rw(&f, 0);
+    plain.write_all_at(b"unsynced", 100).expect("write");
+    let dsync = open_rw(&f, libc::O_DSYNC);
+    dsync.write_all_at(b"synced", 0).expect("write O_DSYNC");
+    drop((plain, dsync));
+    rig.mounted().cut(Cut::DropAll);
+    reboot(&mut rig);
+    // The O_DSYNC write's data and the size it needs; not the other handle's write.
+    assert_eq!(std::fs::read(&f).expect("read"), b"synced");
+    // An fsync through an O_DSYNC handle still syncs the whole file.
+    let plain = open_rw(&f, 0);
+    plain.write_all_at(b"later", 100).expect("write");
+    let dsync = open_rw(&f, libc::O_DSYNC);
+    dsync.write_all_at(b"SYNCED", 0).expect("write O_DSYNC");
+    dsync.sync_data().expect("fdatasync");
+    drop((plain, dsync));
+    rig.mounted().cut(Cut::DropAll);
+    reboot(&mut rig);
+    let got = std::fs::read(&f).expect("read");
+    assert_eq!((&got[..6], &got[100..]), (&b"SYNCED"[..], &b"later"[..]));
+}
+
+#[test]
+fn cutfs_in_fsync_cut_fails_that_fsync_and_freezes_the_mount() {
+    use std::os::unix::fs::FileExt;
+    let Some(mut rig) = cutfs_rig("cutfs_in_fsync_cut_fails_that_fsync_and_freezes_the_mount")
+    else {
+        return;
+    };
+    let page = cutfs::PAGE as usize;
+    let (f, g) = (rig.mnt.join("f"), rig.mnt.join("g"));
+    let file = open_rw(&f, 0);
+    file.write_all_at(&vec![b'a'; 8 * page], 0).expect("write");
+    std::fs::write(&g, b"other file, never synced").expect("write g");
+    rig.mounted().cut(Cut::InNextFsync(3));
+    assert!(rig.mounted().cut_at().is_none(), "armed, not cut yet");
+    let err = file.sync_data().expect_err("the fsync that cuts fails");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO));
+    assert!(rig.mounted().cut_at().is_some());
+    assert!(file.write_all_at(b"x", 0).is_err(), "frozen");
+    drop(file);
+    reboot(&mut rig);
+    // The file's size persisted or not, and some of its pages.
+    let got = std::fs::read(&f).expect("read f");
+    assert!(
+        got.len() == 8 * page || got.is_empty(),
+        "{} bytes",
+        got.len()
+    );
+    assert!(got.iter().all(|&b| b == b'a' || b == 0));
+    assert_eq!(std::fs::read(&g).expect("read g"), b"", "g's data is lost");
+}
+
+#[test]
+fn cutfs_size_changes_follow_the_sync_model() {
+    let Some(mut rig) = cutfs_rig("cutfs_size_changes_follow_the_sync_model") else {
+        return;
+    };
+    let (f, g) = (rig.mnt.join("f"), rig.mnt.join("g"));
+    std::fs::write(&f, vec![b'a'; 10_000]).expect("write f");
+    open_rw(&f, 0).sync_all().expect("fsync f");
+    std::fs::write(&g, vec![b'b'; 3000]).expect("write g");
+    open_rw(&g, 0).sync_all().expect("fsync g");
+    // f shrinks and grows back (the gap must read as zeros), unsynced; g shrinks, synced.
+    let file = open_rw(&f, 0);
+    file.set_len(100).expect("ftruncate f");
+    file.set_len(5000).expect("ftruncate f");
+    let now = std::fs::read(&f).expect("read f");
+    assert_eq!(now.len(), 5000);
+    assert!(now[..100].iter().all(|&b| b == b'a') && now[100..].iter().all(|&b| b == 0));
+    drop(file);
+    let gf = open_rw(&g, 0);
+    gf.set_len(10).expect("ftruncate g");
+    gf.sync_all().expect("fsync g");
+    drop(gf);
+    rig.mounted().cut(Cut::DropAll);
+    reboot(&mut rig);
+    assert_eq!(std::fs::read(&f).expect("read f"), vec![b'a'; 10_000]);
+    assert_eq!(std::fs::read(&g).expect("read g"), vec![b'b'; 10]);
+}
+
+#[test]
+fn cutfs_shared_writable_maps_write_back_and_sync_through_msync() {
+    let Some(mut rig) = cutfs_rig("cutfs_shared_writable_maps_write_back_and_sync_through_msync")
+    else {
+        return;
+    };
+    use std::os::fd::AsRawFd;
+    let len = 4 * cutfs::PAGE as usize;
+    let f = rig.mnt.join("f");
+    let file = open_rw(&f, 0);
+    file.set_len(len as u64).expect("ftruncate");
+    // Safety: a shared mapping of `len` bytes of a file that long, unmapped below.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(map, libc::MAP_FAILED, "mmap on cutfs");
+    let bytes = unsafe { std::slice::from_raw_parts_mut(map as *mut u8, len) };
+    bytes.fill(b'a');
+    assert_eq!(unsafe { libc::msync(map, len, libc::MS_SYNC) }, 0, "msync");
+    bytes.fill(b'b');
+    // Written back (as by the kernel's flusher: syncfs sends FUSE no fsync), never synced.
+    let before = rig.mounted().stats();
+    assert_eq!(unsafe { libc::syncfs(file.as_raw_fd()) }, 0, "syncfs");
+    let after = rig.mounted().stats();
+    assert!(
+        after.writes > before.writes,
+        "the dirty pages reached cutfs"
+    );
+    assert_eq!(after.fsyncs, before.fsyncs, "syncfs is no fsync on FUSE");
+    assert_eq!(unsafe { libc::munmap(map, len) }, 0);
+    drop(file);
+    assert_eq!(std::fs::read(&f).expect("read"), vec![b'b'; len]);
+    rig.mounted().cut(Cut::DropAll);
+    reboot(&mut rig);
+    assert_eq!(std::fs::read(&f).expect("read"), vec![b'a'; len]);
 }
