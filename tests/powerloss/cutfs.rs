@@ -35,8 +35,9 @@
 //!   right after each change; only file contents and sizes follow the unsynced model;
 //! - fcntl locks are the kernel's (cutfs does not ask for FUSE_POSIX_LOCKS, so the kernel keeps
 //!   them locally), and extended attributes are not supported;
-//! - fallocate supports mode 0 and FALLOC_FL_KEEP_SIZE (no data changes either way); the
-//!   other modes answer EOPNOTSUPP.
+//! - fallocate: mode 0 and FALLOC_FL_KEEP_SIZE change no data (only the size, for mode 0
+//!   past the end); FALLOC_FL_ZERO_RANGE and FALLOC_FL_PUNCH_HOLE are unsynced writes of zeros;
+//!   the other modes answer EOPNOTSUPP.
 //!
 //! The kernel sees the backing files' real inode numbers (the backing root's is FUSE's root,
 //! 1). There is no direct I/O: the page cache is in use, so shared mappings work (LMDB maps
@@ -195,6 +196,26 @@ impl Unsynced {
             pos = pend;
         }
         self.size = self.size.max(end);
+        Ok(())
+    }
+
+    /// Zeros [off, end) as an unsynced write (and grows the size to `end`), keeping no
+    /// overlay page for whole pages that read as zeros already.
+    fn zero(&mut self, off: u64, end: u64) -> io::Result<()> {
+        let zeros = [0u8; PAGE as usize];
+        let mut pos = off;
+        while pos < end {
+            let idx = pos / PAGE;
+            let pstart = idx * PAGE;
+            let pend = (pstart + PAGE).min(end);
+            let whole = pos == pstart && pend == pstart + PAGE;
+            if whole && !self.pages.contains_key(&idx) && pstart >= self.backing_valid {
+                self.size = self.size.max(pend);
+            } else {
+                self.write(pos, &zeros[..(pend - pos) as usize])?;
+            }
+            pos = pend;
+        }
         Ok(())
     }
 
@@ -695,15 +716,22 @@ impl State {
 
     fn fallocate(&mut self, ino: u64, fh: FileHandle, off: u64, len: u64, mode: i32) -> Res<()> {
         self.check()?;
-        if mode & !libc::FALLOC_FL_KEEP_SIZE != 0 {
-            return Err(Errno::from_i32(libc::EOPNOTSUPP));
+        let keep = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
+        let zero = match mode & !libc::FALLOC_FL_KEEP_SIZE {
+            0 => false,
+            libc::FALLOC_FL_ZERO_RANGE => true,
+            libc::FALLOC_FL_PUNCH_HOLE if keep => true,
+            _ => return Err(Errno::from_i32(libc::EOPNOTSUPP)),
+        };
+        let u = self.unsynced(ino, Some(fh))?;
+        let end = off.saturating_add(len);
+        if zero {
+            // Zeros are an unsynced write of zeros, within the size (or up to `end`).
+            u.zero(off, if keep { end.min(u.size) } else { end })
+                .map_err(errno)?;
         }
-        if mode & libc::FALLOC_FL_KEEP_SIZE == 0 {
-            let u = self.unsynced(ino, Some(fh))?;
-            let end = off.saturating_add(len);
-            if end > u.size {
-                u.set_size(end);
-            }
+        if !keep && end > u.size {
+            u.set_size(end);
         }
         Ok(())
     }

@@ -851,10 +851,44 @@ fn cutfs_size_changes_follow_the_sync_model() {
     gf.set_len(10).expect("ftruncate g");
     gf.sync_all().expect("fsync g");
     drop(gf);
+    // h: fallocate extends (synced) and punches a hole (unsynced).
+    let h = rig.mnt.join("h");
+    let hf = open_rw(&h, 0);
+    std::fs::write(&h, vec![b'c'; 8192]).expect("write h");
+    use std::os::fd::AsRawFd;
+    let fd = hf.as_raw_fd();
+    // Safety: an open descriptor.
+    assert_eq!(unsafe { libc::fallocate(fd, 0, 0, 12_288) }, 0, "fallocate");
+    hf.sync_all().expect("fsync h");
+    let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    assert_eq!(unsafe { libc::fallocate(fd, punch, 100, 5000) }, 0, "punch");
+    let now = std::fs::read(&h).expect("read h");
+    assert!(now[100..5100].iter().all(|&b| b == 0) && now[5100..8192].iter().all(|&b| b == b'c'));
+    drop(hf);
     rig.mounted().cut(Cut::DropAll);
     reboot(&mut rig);
     assert_eq!(std::fs::read(&f).expect("read f"), vec![b'a'; 10_000]);
     assert_eq!(std::fs::read(&g).expect("read g"), vec![b'b'; 10]);
+    let mut want = vec![b'c'; 8192];
+    want.resize(12_288, 0);
+    assert_eq!(std::fs::read(&h).expect("read h"), want);
+}
+
+/// A shared mapping, unmapped on drop (before the mount goes, even when a check fails).
+struct Map(*mut libc::c_void, usize);
+
+impl Map {
+    fn bytes(&mut self) -> &mut [u8] {
+        // Safety: the mapping is `self.1` bytes long and lives as long as `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.0 as *mut u8, self.1) }
+    }
+}
+
+impl Drop for Map {
+    fn drop(&mut self) {
+        // Safety: a mapping made by mmap, unmapped once.
+        unsafe { libc::munmap(self.0, self.1) };
+    }
 }
 
 #[test]
@@ -868,8 +902,8 @@ fn cutfs_shared_writable_maps_write_back_and_sync_through_msync() {
     let f = rig.mnt.join("f");
     let file = open_rw(&f, 0);
     file.set_len(len as u64).expect("ftruncate");
-    // Safety: a shared mapping of `len` bytes of a file that long, unmapped below.
-    let map = unsafe {
+    // Safety: a shared mapping of `len` bytes of a file that long.
+    let ptr = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
             len,
@@ -879,21 +913,26 @@ fn cutfs_shared_writable_maps_write_back_and_sync_through_msync() {
             0,
         )
     };
-    assert_ne!(map, libc::MAP_FAILED, "mmap on cutfs");
-    let bytes = unsafe { std::slice::from_raw_parts_mut(map as *mut u8, len) };
-    bytes.fill(b'a');
-    assert_eq!(unsafe { libc::msync(map, len, libc::MS_SYNC) }, 0, "msync");
-    bytes.fill(b'b');
-    // Written back (as by the kernel's flusher: syncfs sends FUSE no fsync), never synced.
+    assert_ne!(ptr, libc::MAP_FAILED, "mmap on cutfs");
+    let mut map = Map(ptr, len);
+    map.bytes().fill(b'a');
+    assert_eq!(unsafe { libc::msync(ptr, len, libc::MS_SYNC) }, 0, "msync");
+    map.bytes().fill(b'b');
+    // Written back as by the kernel's flusher (syncfs sends FUSE no fsync; the write requests
+    // may arrive after it returns), never synced.
     let before = rig.mounted().stats();
-    assert_eq!(unsafe { libc::syncfs(file.as_raw_fd()) }, 0, "syncfs");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while rig.mounted().stats().writes == before.writes && Instant::now() < deadline {
+        assert_eq!(unsafe { libc::syncfs(file.as_raw_fd()) }, 0, "syncfs");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let after = rig.mounted().stats();
     assert!(
         after.writes > before.writes,
         "the dirty pages reached cutfs"
     );
     assert_eq!(after.fsyncs, before.fsyncs, "syncfs is no fsync on FUSE");
-    assert_eq!(unsafe { libc::munmap(map, len) }, 0);
+    drop(map);
     drop(file);
     assert_eq!(std::fs::read(&f).expect("read"), vec![b'b'; len]);
     rig.mounted().cut(Cut::DropAll);
