@@ -348,6 +348,11 @@ struct Outcome {
     oldest_lost: Option<Duration>,
     /// Why the store counts as damaged, if it does.
     damaged: Option<String>,
+    /// memkeep did not start after the cut.
+    not_started: bool,
+    /// Reads that failed, and reads that gave a state the key never had.
+    failed_reads: usize,
+    wrong_values: usize,
     /// An in-fsync cut that found no fsync and cut as random-subset instead.
     fell_back: bool,
     early_refusals: Vec<String>,
@@ -371,13 +376,22 @@ fn judge_all(
                 out.oldest_lost = Some(out.oldest_lost.map_or(age, |a| a.max(age)));
             }
         }
-        wrong.extend(verdicts.iter().filter_map(|v| v.wrong.clone()));
+        for (r, v) in reads.iter().zip(&verdicts) {
+            if let Some(w) = &v.wrong {
+                match r[i] {
+                    Read::Failed(_) => out.failed_reads += 1,
+                    _ => out.wrong_values += 1,
+                }
+                wrong.push(w.clone());
+            }
+        }
         let fine: Vec<&Read> = reads
             .iter()
             .map(|r| &r[i])
             .filter(|r| !matches!(r, Read::Failed(_)))
             .collect();
         if fine.windows(2).any(|w| w[0] != w[1]) {
+            out.wrong_values += 1;
             wrong.push(format!(
                 "{}: the two protocols read different states",
                 h.key
@@ -442,6 +456,7 @@ fn run_cut(mode: Mode, kind: Kind, seed: u64, label: &str) -> Outcome {
             out.damaged = Some(format!(
                 "memkeep did not start after the cut: {first} / {last}"
             ));
+            out.not_started = true;
         }
         Ok(()) => {
             let reads = vec![
@@ -450,7 +465,10 @@ fn run_cut(mode: Mode, kind: Kind, seed: u64, label: &str) -> Outcome {
             ];
             let wrong = judge_all(&histories, &reads, cut_at, &mut out);
             if !wrong.is_empty() {
-                let mut msg = format!("{} bad reads, e.g.:", wrong.len());
+                let mut msg = format!(
+                    "{} reads failed, {} gave a state the key never had, e.g.:",
+                    out.failed_reads, out.wrong_values
+                );
                 for w in wrong.iter().take(4) {
                     let _ = write!(msg, "\n    {w}");
                 }
@@ -497,8 +515,30 @@ struct Row {
     acked: usize,
     lost: usize,
     damaged: usize,
+    /// Of the damaged: did not start, served at least one wrong value, only answered errors.
+    not_started: usize,
+    wrong_values: usize,
     oldest_lost: Option<Duration>,
     fell_back: usize,
+}
+
+fn notes(r: &Row) -> String {
+    let mut n = Vec::new();
+    if r.damaged > 0 {
+        n.push(format!(
+            "damaged: {} did not start, {} served wrong values, {} answered errors",
+            r.not_started,
+            r.wrong_values,
+            r.damaged - r.not_started - r.wrong_values
+        ));
+    }
+    if r.fell_back > 0 {
+        n.push(format!(
+            "{} of {} in-fsync cuts found no fsync and cut as random-subset",
+            r.fell_back, r.cuts
+        ));
+    }
+    n.join("; ")
 }
 
 fn table(rows: &BTreeMap<(Mode, Kind), Row>) -> String {
@@ -518,14 +558,7 @@ fn table(rows: &BTreeMap<(Mode, Kind), Row>) -> String {
             r.damaged,
             r.oldest_lost
                 .map_or("-".to_string(), |a| a.as_millis().to_string()),
-            if r.fell_back > 0 {
-                format!(
-                    "{} of {} found no fsync and cut as random-subset",
-                    r.fell_back, r.cuts
-                )
-            } else {
-                String::new()
-            }
+            notes(r)
         );
     }
     t
@@ -567,6 +600,8 @@ fn power_cuts_never_damage_a_store_and_always_mode_loses_nothing_acknowledged() 
             }
             if let Some(d) = &out.damaged {
                 row.damaged += 1;
+                row.not_started += out.not_started as usize;
+                row.wrong_values += (out.wrong_values > 0) as usize;
                 failures.push(format!("[{label}] damaged store: {d}"));
             }
             if !out.early_refusals.is_empty() {

@@ -164,11 +164,13 @@ pub fn judge(h: &History, read: &Read, cut_at: Instant) -> Verdict {
                     let want = value(&h.key, h.ops[i].version);
                     let at = v.iter().zip(&want).position(|(a, b)| a != b);
                     out.wrong = Some(format!(
-                        "{}: damaged value of version {}: {} instead of {} bytes, first difference at {at:?}",
+                        "{}: value {} starts as version {} but is not it (torn, or another key's): {} bytes instead of {}, first difference at byte {}",
                         h.key,
+                        describe(v),
                         h.ops[i].version,
                         v.len(),
-                        want.len()
+                        want.len(),
+                        at.map_or("-".into(), |a| a.to_string())
                     ));
                     return out;
                 }
