@@ -64,6 +64,15 @@ soak:
 crash:
 	MEMKEEP_CRASH_KILLS=60 $(CARGO) test --release --test crash -- --nocapture
 
+# Power loss, long form: 50 cuts per sync mode on cutfs (tests/powerloss/: a FUSE file system
+# that forgets unsynced writes), each store read back through both protocols; prints the table.
+# MEMKEEP_POWERLOSS_MODES=always,periodic,never picks modes, MEMKEEP_POWERLOSS_SEED replays.
+# Needs /dev/fuse and fusermount3 (`make deps` installs fuse3).
+POWERLOSS_CUTS ?= 50
+.PHONY: powerloss
+powerloss: deps
+	MEMKEEP_POWERLOSS_CUTS=$(POWERLOSS_CUTS) $(CARGO) test --release --test powerloss -- --nocapture
+
 # Fuzzing (tests/fuzz/README.md): each cargo-fuzz target for FUZZ_SECS seconds on the committed
 # corpus, new finds in $(FUZZ_SCRATCH); installs cargo-fuzz if missing, needs a nightly toolchain.
 FUZZ_SECS ?= 60

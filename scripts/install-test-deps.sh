@@ -6,7 +6,9 @@
 #   redis-server (RESP conformance), redis-tools (redis-cli, redis-benchmark), nutcracker
 #   (twemproxy, tests/twemproxy.rs), libspymemcached-java and a JDK (javac) for the spymemcached
 #   client test (tests/memcached_clients.rs), sasl2-bin (saslpasswd2, so `make conformance` can
-#   replay proto/binary/sasl.txt against memcached -S).
+#   replay proto/binary/sasl.txt against memcached -S), strace (tests/fsync_order.rs), fuse3
+#   (fusermount3, for the power-loss test's FUSE file system in tests/powerloss/; the fuser
+#   crate mounts without libfuse, so no -dev package is needed).
 # - a Python virtualenv at ./.venv (repo root, .gitignored) with the client libraries the client
 #   tests drive: redis (redis-py), pymemcache, python-memcached, meta-memcache, from PyPI.
 set -euo pipefail
@@ -41,6 +43,8 @@ command -v nutcracker >/dev/null 2>&1 || need+=(nutcracker)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
 # tests/fsync_order.rs watches memkeep's system calls.
 command -v strace >/dev/null 2>&1 || need+=(strace)
+# tests/powerloss/ mounts a FUSE file system (it needs /dev/fuse too, which no package brings).
+command -v fusermount3 >/dev/null 2>&1 || need+=(fuse3)
 if [ ${#need[@]} -gt 0 ]; then
   apt_install "${need[@]}"
 fi

@@ -44,6 +44,9 @@ pub struct Options {
     pub resp: bool,
     /// Extra environment variables for the server process.
     pub env: Vec<(String, String)>,
+    /// memkeep's data directory (`-H`), instead of the server's own temporary directory (which
+    /// still holds the logs); e.g. a directory on a test file system.
+    pub data_dir: Option<PathBuf>,
 }
 
 pub struct Server {
@@ -222,7 +225,7 @@ impl Server {
                     "127.0.0.1",
                     "-H",
                 ])
-                .arg(self.dir.path());
+                .arg(self.data_dir());
                 // clap refuses a repeated `--sync`, so the default applies only when the test's
                 // own args do not choose a sync mode.
                 let picks_sync = self
@@ -356,8 +359,9 @@ impl Server {
             .map(|p| SocketAddr::from(([127, 0, 0, 1], p)))
     }
 
+    /// memkeep's data directory: `Options::data_dir` if given, else the server's temporary dir.
     pub fn data_dir(&self) -> &Path {
-        self.dir.path()
+        self.opts.data_dir.as_deref().unwrap_or(self.dir.path())
     }
 
     /// A fresh client connection to `addr` with Nagle off and 2 s read/write timeouts.
@@ -434,18 +438,26 @@ impl Server {
 
     /// Start again after `stop` or `kill9`, same port, data dir and clock.
     pub fn relaunch(&mut self) {
+        if let Err(e) = self.try_relaunch() {
+            panic!("{e}");
+        }
+    }
+
+    /// `relaunch` that reports a server that would not start (it exited early or never
+    /// accepted connections, after a few attempts) as Err with the reason and stderr's tail.
+    pub fn try_relaunch(&mut self) -> Result<(), String> {
         let mut last_err = String::new();
         for _ in 0..START_ATTEMPTS {
             match self.launch() {
-                Ok(()) => return,
+                Ok(()) => return Ok(()),
                 Err(e) => last_err = e,
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        panic!(
+        Err(format!(
             "{:?} server did not restart on port {}: {last_err}",
             self.kind, self.port
-        );
+        ))
     }
 
     /// Graceful stop: SIGTERM and wait up to 10 s, then SIGKILL.
