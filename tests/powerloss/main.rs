@@ -53,8 +53,9 @@ const KEYS_PER_CONN: usize = 12;
 /// `periodic` mode's fsync interval, and the slack its loss window gets.
 const SYNC_INTERVAL_MS: u64 = 200;
 const PERIODIC_SLACK: Duration = Duration::from_secs(2);
-/// When the cut comes, after the load starts.
-const CUT_AFTER_MS: (u64, u64) = (250, 1250);
+/// When the cut comes, after the load starts: long enough for several checkpoints (one a
+/// second, or sooner on growth) to have run or to be running.
+const CUT_AFTER_MS: (u64, u64) = (250, 3000);
 /// How long an armed in-fsync cut may wait for an fsync before it becomes a random-subset
 /// cut (`never` mode does not fsync).
 const FSYNC_WAIT: Duration = Duration::from_secs(1);
