@@ -35,6 +35,8 @@ pub struct Shared {
     pub clock: Arc<Clock>,
     pub store: LmdbStore,
     pub flush_at: FlushAt,
+    /// Checkpoint figures, and where `db_checkpoint` asks for one.
+    pub checkpoints: Arc<crate::storage::durable::CheckpointStats>,
     /// One per worker.
     pub counters: Vec<Counters>,
     pub gauges: Gauges,
@@ -188,6 +190,7 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         clock: Arc::new(clock),
         store: durable.store.clone(),
         flush_at: Arc::new(AtomicU64::new(0)),
+        checkpoints: durable.checkpointer.stats.clone(),
         counters: (0..threads).map(|_| Counters::default()).collect(),
         gauges: Gauges::default(),
         started: Instant::now(),

@@ -318,9 +318,11 @@ struct Job {
     record: Checkpoint,
 }
 
-/// Figures about checkpoints, for `stats`/INFO.
+/// Figures about checkpoints, for `stats`/INFO, and the request a client can make for one.
 #[derive(Debug, Default)]
 pub struct CheckpointStats {
+    /// Set by `db_checkpoint`: the writer starts a checkpoint at its next turn.
+    pub requested: AtomicBool,
     pub count: AtomicU64,
     pub failures: AtomicU64,
     pub last_micros: AtomicU64,

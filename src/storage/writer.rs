@@ -212,7 +212,16 @@ impl<T: Send> Writer<T> {
     /// Starts a checkpoint when one is due (or, with `now`, whenever the log holds anything)
     /// and none is running.
     fn maybe_checkpoint(&mut self, now: bool) {
-        if self.checkpointer.busy() || self.wal.since_checkpoint == 0 || self.broken.is_some() {
+        if self.checkpointer.busy() || self.broken.is_some() {
+            return;
+        }
+        let now = now
+            || self
+                .checkpointer
+                .stats
+                .requested
+                .swap(false, Ordering::AcqRel);
+        if self.wal.since_checkpoint == 0 {
             return;
         }
         let pgno = self.store.env().info().last_page_number as u64;
