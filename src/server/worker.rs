@@ -29,7 +29,7 @@ use super::stats::Counters;
 use crate::protocol::memcache::Limits;
 use crate::storage::StoreError;
 use crate::storage::lmdb::LmdbStore;
-use crate::storage::writer::{Completion, Gate, Mailbox, Submission, WriteRequest};
+use crate::storage::writer::{Completion, Gate, Mailbox, Submission, Submitted, WriteRequest};
 
 pub const WAKER: Token = Token(usize::MAX);
 /// Requests one connection may run per pass before others get their turn.
@@ -108,6 +108,8 @@ pub struct Worker {
     shared: Arc<Shared>,
     handle: Arc<WorkerHandle>,
     gate: Gate<Tag>,
+    /// The last pass committed its own writes: their outcomes wait in the mailbox.
+    completed_here: bool,
     pending: Vec<WriteRequest<Tag>>,
     completions: Vec<Completion<Tag>>,
     dirty: Vec<usize>,
@@ -144,6 +146,7 @@ impl Worker {
             shared,
             handle,
             gate,
+            completed_here: false,
             pending: Vec::new(),
             completions: Vec::new(),
             dirty: Vec::new(),
@@ -169,7 +172,7 @@ impl Worker {
                     break;
                 }
             }
-            let timeout = if !self.next.is_empty() {
+            let timeout = if !self.next.is_empty() || self.completed_here {
                 Some(Duration::ZERO)
             } else if stopping {
                 Some(Duration::from_millis(10))
@@ -261,6 +264,7 @@ impl Worker {
             self.add_conn(stream, proto);
         }
         // Write completions, in commit order.
+        self.completed_here = false;
         self.handle.mailbox.drain_into(&mut self.completions);
         for Completion { tag, outcome } in self.completions.drain(..) {
             let key = tag.slot as usize;
@@ -403,10 +407,13 @@ impl Worker {
         drop(pass);
         if !self.pending.is_empty() {
             let reqs = std::mem::take(&mut self.pending);
-            if !self.gate.submit(Submission {
+            let submitted = self.gate.submit(Submission {
                 worker: self.id,
                 reqs,
-            }) {
+            });
+            // Committed here: the replies are in the mailbox, and no wake-up will say so.
+            self.completed_here = submitted == Submitted::Committed;
+            if submitted == Submitted::Refused {
                 error!(
                     "worker {}: the writer is gone; writes cannot be applied",
                     self.id

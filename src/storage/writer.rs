@@ -69,7 +69,7 @@ impl<T> Mailbox<T> {
         out.append(&mut q);
     }
 
-    fn deliver(&self, items: &mut Vec<Completion<T>>) {
+    fn deliver(&self, items: &mut Vec<Completion<T>>, wake: bool) {
         if items.is_empty() {
             return;
         }
@@ -77,7 +77,7 @@ impl<T> Mailbox<T> {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .append(items);
-        if let Err(e) = self.waker.wake() {
+        if wake && let Err(e) = self.waker.wake() {
             error!("cannot wake worker: {e}");
         }
     }
@@ -123,7 +123,7 @@ const CHECKPOINT_EVERY: Duration = Duration::from_millis(1000);
 /// Pages freed after the pinned snapshot cannot be reused until the next checkpoint moves the
 /// pin, so every batch until then takes fresh pages: a checkpoint also starts once the data
 /// file has grown this much since the last one began, which bounds that growth.
-const CHECKPOINT_GROWTH: u64 = 16 << 20;
+const CHECKPOINT_GROWTH: u64 = 4 << 20;
 
 /// Time between expiry sweeps, and the most items one sweep deletes.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
@@ -314,9 +314,15 @@ impl<T: Send> Writer<T> {
         result
     }
 
-    /// Applies and commits `batch` (emptying it), then delivers the outcomes. Returns how many
-    /// expired items the sweep removed.
-    fn commit(&mut self, batch: &mut Vec<Submission<T>>, sweep: bool) -> usize {
+    /// Applies and commits `batch` (emptying it), then delivers the outcomes, waking each
+    /// worker but `awake` (the one committing, which looks at its mailbox next anyway). Returns
+    /// how many expired items the sweep removed.
+    fn commit(
+        &mut self,
+        batch: &mut Vec<Submission<T>>,
+        sweep: bool,
+        awake: Option<usize>,
+    ) -> usize {
         let ctx = Ctx {
             now_ms: self.clock.now_ms(),
             item_size_max: self.cfg.item_size_max,
@@ -405,8 +411,13 @@ impl<T: Send> Writer<T> {
                 });
             }
         }
-        for (mailbox, outbox) in self.mailboxes.iter().zip(self.outboxes.iter_mut()) {
-            mailbox.deliver(outbox);
+        for (i, (mailbox, outbox)) in self
+            .mailboxes
+            .iter()
+            .zip(self.outboxes.iter_mut())
+            .enumerate()
+        {
+            mailbox.deliver(outbox, awake != Some(i));
         }
         swept
     }
@@ -541,7 +552,7 @@ fn run<T: Send>(
         let mut w = lock(&core);
         let sweep = Instant::now() >= next_sweep;
         if count > 0 || sweep || w.flush_due() || w.gc_more {
-            let swept = w.commit(&mut batch, sweep);
+            let swept = w.commit(&mut batch, sweep, None);
             if sweep {
                 // A full sweep means more are due: come back soon rather than in a second.
                 next_sweep = Instant::now()
@@ -596,21 +607,34 @@ impl<T> Clone for Gate<T> {
     }
 }
 
+/// What became of a submission.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Submitted {
+    /// Committed on the caller's thread: its outcomes are in the caller's mailbox already, and
+    /// no wake-up comes for them.
+    Committed,
+    /// Queued for the writer thread, which wakes the worker when the outcomes are in.
+    Queued,
+    /// The writer has stopped.
+    Refused,
+}
+
 impl<T: Send> Gate<T> {
-    /// Commits or queues `sub`; false if the writer has stopped.
-    pub fn submit(&self, sub: Submission<T>) -> bool {
+    /// Commits or queues `sub`.
+    pub fn submit(&self, sub: Submission<T>) -> Submitted {
         if self.queued.load(Ordering::Acquire) == 0
             && let Ok(mut w) = self.core.try_lock()
         {
+            let worker = sub.worker;
             let mut batch = vec![sub];
-            w.commit(&mut batch, false);
-            return true;
+            w.commit(&mut batch, false, Some(worker));
+            return Submitted::Committed;
         }
         self.queued.fetch_add(1, Ordering::AcqRel);
         if self.tx.send(sub).is_err() {
             self.queued.fetch_sub(1, Ordering::AcqRel);
-            return false;
+            return Submitted::Refused;
         }
-        true
+        Submitted::Queued
     }
 }
