@@ -124,6 +124,13 @@ const CHECKPOINT_EVERY: Duration = Duration::from_millis(1000);
 /// pin, so every batch until then takes fresh pages: a checkpoint also starts once the data
 /// file has grown this much since the last one began, which bounds that growth.
 const CHECKPOINT_GROWTH: u64 = 4 << 20;
+/// Backpressure: every commit takes fresh pages while a snapshot is pinned (about 16-24 KiB
+/// each, written out by the next checkpoint), so a high rate of small commits can produce
+/// pages faster than checkpoints write them, and the file grows without bound. Once the data
+/// file has grown this much since the last checkpoint began, commits are paced: workers queue
+/// instead of committing by themselves, and the writer gathers for `PACED_GATHER` per commit.
+const PRESSURE_GROWTH: u64 = 32 << 20;
+const PACED_GATHER: Duration = Duration::from_micros(1000);
 
 /// Time between expiry sweeps, and the most items one sweep deletes.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
@@ -140,6 +147,8 @@ pub struct Writer<T> {
     last_checkpoint: Instant,
     /// The data file's last page when the last checkpoint began.
     checkpoint_pgno: u64,
+    /// Set while commits are paced (see `PRESSURE_GROWTH`); read by workers without the lock.
+    paced: Arc<std::sync::atomic::AtomicBool>,
     /// The batch's log records, kept between batches for its buffer.
     log: LogBuf,
     /// Set when the log could not be written or synced: durability is unknown from then on, so
@@ -179,6 +188,7 @@ impl<T: Send> Writer<T> {
             checkpointer,
             last_checkpoint: Instant::now(),
             checkpoint_pgno,
+            paced: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             log: LogBuf::default(),
             broken: None,
             clock,
@@ -197,7 +207,9 @@ impl<T: Send> Writer<T> {
         T: 'static,
     {
         let (tx, rx) = std::sync::mpsc::channel();
+        let paced = self.paced.clone();
         let gate = Gate {
+            paced,
             core: Arc::new(Mutex::new(self)),
             tx,
             queued: Arc::new(AtomicUsize::new(0)),
@@ -207,6 +219,18 @@ impl<T: Send> Writer<T> {
             .name("memkeep-writer".into())
             .spawn(move || run(core, rx, queued))?;
         Ok((gate, thread))
+    }
+
+    /// Whether the file has grown far past the pinned snapshot: commits are paced until a
+    /// checkpoint catches up.
+    fn update_pressure(&self) {
+        let pgno = self.store.env().info().last_page_number as u64;
+        let page = self.store.env().stat().page_size as u64;
+        let paced = pgno.saturating_sub(self.checkpoint_pgno) * page >= PRESSURE_GROWTH;
+        if paced != self.paced.load(Ordering::Relaxed) {
+            debug!("commit pacing {}", if paced { "on" } else { "off" });
+            self.paced.store(paced, Ordering::Release);
+        }
     }
 
     /// Starts a checkpoint when one is due (or, with `now`, whenever the log holds anything)
@@ -525,10 +549,11 @@ fn run<T: Send>(
         // With fsync per commit, a commit costs far more than a short wait: when fewer
         // writes are in hand than the last batch carried, give their writers' next
         // requests a moment to arrive, so one fsync covers them all.
-        let gather = sync == SyncMode::Always && count > 0 && count < last_batch;
-        let deadline = Instant::now() + GATHER_MAX;
+        let paced = count > 0 && lock(&core).paced.load(Ordering::Acquire);
+        let gather = paced || (sync == SyncMode::Always && count > 0 && count < last_batch);
+        let deadline = Instant::now() + if paced { PACED_GATHER } else { GATHER_MAX };
         while count < max_batch {
-            let next = if gather && count < last_batch {
+            let next = if gather && (paced || count < last_batch) {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
                     break;
@@ -575,6 +600,7 @@ fn run<T: Send>(
             break;
         }
         w.maybe_checkpoint(false);
+        w.update_pressure();
     }
     let mut w = lock(&core);
     w.sync_log();
@@ -591,6 +617,8 @@ fn run<T: Send>(
 /// Either way the outcomes arrive in the worker's mailbox, in commit order.
 pub struct Gate<T> {
     core: Arc<Mutex<Writer<T>>>,
+    /// Commits are paced (the writer's `paced`): queue, never commit alone.
+    paced: Arc<std::sync::atomic::AtomicBool>,
     tx: std::sync::mpsc::Sender<Submission<T>>,
     /// Submissions queued and not yet committed. A worker commits by itself only at 0, so a
     /// connection's writes never overtake its own earlier ones still in the queue.
@@ -601,6 +629,7 @@ impl<T> Clone for Gate<T> {
     fn clone(&self) -> Self {
         Gate {
             core: self.core.clone(),
+            paced: self.paced.clone(),
             tx: self.tx.clone(),
             queued: self.queued.clone(),
         }
@@ -623,11 +652,13 @@ impl<T: Send> Gate<T> {
     /// Commits or queues `sub`.
     pub fn submit(&self, sub: Submission<T>) -> Submitted {
         if self.queued.load(Ordering::Acquire) == 0
+            && !self.paced.load(Ordering::Acquire)
             && let Ok(mut w) = self.core.try_lock()
         {
             let worker = sub.worker;
             let mut batch = vec![sub];
             w.commit(&mut batch, false, Some(worker));
+            w.update_pressure();
             return Submitted::Committed;
         }
         self.queued.fetch_add(1, Ordering::AcqRel);
