@@ -11,7 +11,8 @@
 //! (a Feistel network, so still every key exactly once and nothing stored per key). The `mixed`
 //! phase makes `--requests` requests on keys drawn with replacement (`--key-dist uniform` or
 //! `zipf`), each a GET with probability `--get-fraction` and otherwise a SET of the key's
-//! value, so GETs stay verifiable; its JSON splits gets/sets/hits and their latencies. With
+//! value, so GETs stay verifiable; its JSON splits gets/sets/hits and their latencies
+//! (`--set-on-miss` makes it a cache-aside client that SETs each key whose GET missed). With
 //! `--duration-limit` a phase ends at the deadline and reports the rate over what it did; the
 //! sequential set phase then tells, as `prefix_done`, the K such that keys 1..=K all got a
 //! reply, for a following get phase to use as `--keys`.
@@ -216,6 +217,10 @@ struct Args {
     /// Seed of the random order, the key draws and the GET/SET choice of the mixed phase
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Mixed phase as a cache-aside client: a GET that misses is followed by a SET of that key
+    /// (counted in `sets`, not in --requests)
+    #[arg(long)]
+    set_on_miss: bool,
     /// Stop each phase after this many seconds (a safety cap; the phase is then reported as
     /// incomplete, which alone does not fail the run)
     #[arg(long, value_name = "SECS")]
@@ -1037,6 +1042,7 @@ struct ConnConfig {
     /// Scatters zipf ranks over the keys.
     scatter: Arc<Permutation>,
     seed: u64,
+    set_on_miss: bool,
 }
 
 impl ConnConfig {
@@ -1055,6 +1061,7 @@ impl ConnConfig {
             zipf: None,
             scatter: Arc::new(Permutation::new(keys, 1)),
             seed: 1,
+            set_on_miss: false,
         }
     }
 
@@ -1147,6 +1154,8 @@ fn run_connection<S: Read + Write>(
     let deadline = cfg.duration_limit.map(|d| begin + d);
     let mut source = cfg.source(idx, wl.keys);
     let mut pending = source.next();
+    // Keys whose GET missed, to be SET next (--set-on-miss).
+    let mut refill: Vec<u64> = Vec::new();
     let mut wbuf = Vec::new();
     let mut key = Vec::new();
     let mut value = Vec::new();
@@ -1155,13 +1164,20 @@ fn run_connection<S: Read + Write>(
 
     'batches: loop {
         if deadline.is_some_and(|d| Instant::now() >= d) {
-            res.stopped_early = pending.is_some();
+            res.stopped_early = pending.is_some() || !refill.is_empty();
             break;
         }
         inflight.clear();
         wbuf.clear();
         while (inflight.len() as u64) < cfg.pipeline {
-            let Some((op, id)) = pending else { break };
+            let (op, id) = if let Some(id) = refill.pop() {
+                (Op::Set, id)
+            } else if let Some(next) = pending {
+                pending = source.next();
+                next
+            } else {
+                break;
+            };
             wl.key(id, &mut key);
             match op {
                 Op::Set => {
@@ -1171,7 +1187,6 @@ fn run_connection<S: Read + Write>(
                 Op::Get => encode_get(cfg.proto, &key, &mut wbuf),
             }
             inflight.push((op, id));
-            pending = source.next();
         }
         if inflight.is_empty() {
             break;
@@ -1214,6 +1229,9 @@ fn run_connection<S: Read + Write>(
                 &mut value,
                 &mut res,
             );
+            if cfg.set_on_miss && op == Op::Get && reply == Reply::Miss {
+                refill.push(id);
+            }
             rbuf.consume(used);
         }
         progress.fetch_add(inflight.len() as u64, Ordering::Relaxed);
@@ -1402,6 +1420,7 @@ fn run_phase(
             .then(|| Arc::new(Zipf::new(wl.keys, args.zipf_exponent))),
         scatter: Arc::new(Permutation::new(wl.keys.max(1), args.seed)),
         seed: args.seed,
+        set_on_miss: args.set_on_miss && phase == Phase::Mixed,
     });
     let progress = Arc::new(AtomicU64::new(0));
     let barrier = Arc::new(Barrier::new(streams.len()));
@@ -2129,6 +2148,46 @@ mod tests {
         let mut sorted = counts[1..].to_vec();
         sorted.sort_unstable();
         assert!(sorted[sorted.len() - 1] > 10 * sorted[sorted.len() / 2].max(1));
+    }
+
+    #[test]
+    fn set_on_miss_refills_the_missed_key() {
+        let wl = Workload::new(4, None, 4, 4);
+        let mut cfg = ConnConfig::plain(Protocol::Resp, Phase::Mixed, 1, 1, 4);
+        cfg.requests = 2;
+        cfg.get_fraction = 1.0;
+        cfg.set_on_miss = true;
+        // GET misses, the SET of the same key is stored, the second GET misses too and
+        // its SET is stored.
+        let mut fake = Fake {
+            replies: io::Cursor::new(b"$-1\r\n+OK\r\n$-1\r\n+OK\r\n".to_vec()),
+            sent: Vec::new(),
+        };
+        let r = run_connection(
+            &mut fake,
+            0,
+            &cfg,
+            &wl,
+            &AtomicU64::new(0),
+            &Barrier::new(1),
+        );
+        assert_eq!((r.ops, r.gets, r.sets, r.misses, r.errors), (4, 2, 2, 2, 0));
+        let sent = String::from_utf8_lossy(&fake.sent).to_string();
+        let cmds: Vec<&str> = sent
+            .matches("$3\r\nGET")
+            .chain(sent.matches("$3\r\nSET"))
+            .collect();
+        assert_eq!(cmds.len(), 4, "{sent}");
+        let first_get_key = sent.split("\r\n").nth(4).unwrap().to_string();
+        let first_set_key = sent
+            .split("*3\r\n")
+            .nth(1)
+            .unwrap()
+            .split("\r\n")
+            .nth(3)
+            .unwrap()
+            .to_string();
+        assert_eq!(first_get_key, first_set_key, "{sent}");
     }
 
     /// `write!` into a byte vector.
