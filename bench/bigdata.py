@@ -984,6 +984,11 @@ def main(argv=None) -> int:
     rc = 0
     try:
         host = CgroupHost(args.cgroup_mode)
+        if not host.systemd:
+            try:  # fail now, not after the build, when no cgroup can be made here
+                host.make("memkeep-bench-probe", args.cap).remove()
+            except OSError as e:
+                raise BenchError(f"cannot make a memory cgroup ({host.describe()}): {e}") from e
         if not args.no_build:
             log("cargo build --release")
             p = subprocess.run(["cargo", "build", "--release"], cwd=REPO, timeout=1800, stdin=subprocess.DEVNULL)
@@ -1015,7 +1020,7 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         log("interrupted: stopping servers")
         rc = 130
-    except BenchError as e:
+    except (BenchError, OSError) as e:
         log(f"error: {e}")
         rc = 1
     finally:

@@ -1136,7 +1136,7 @@ class Report:
         w(f"Each point is a fresh server that gets SETs of keys 1, 2, 3, ... from C connections, one request in "
           f"flight each, for about {secs:.0f} s (`--scaling-secs`); the rate is taken over the keys written in "
           "that time. memkeep speaks the memcached protocol, redis RESP. One short sample per point on a "
-          "shared 2-core machine (the client takes one of the cores): differences under ~20% are noise, "
+          "shared 2-core machine (the load generator runs on the same cores): differences under ~20% are noise, "
           "and the `always` rows follow the disk's fsync latency of the moment.\n")
         w("### Ratios (ops/s of the first server / ops/s of the second)\n")
         w("| pair | compares | " + " | ".join(f"{c} conns" for c in conns) + " |")
