@@ -713,8 +713,9 @@ def render(records: list[dict]) -> str:
     w(f"| page cache | dropped before each server and each fio job: "
       f"{'yes' if all(r.get('caches_dropped', True) for r in list(inst.values()) + list(fio.values())) else 'NOT everywhere (see JSON)'} |")
     big_b = (a.get("big_keys") or 0) * (a.get("value_size") or 0)
-    w(f"| big | {a.get('big_keys', 0):,} values of {a.get('value_size')} B = {fmt_bytes(big_b)} "
-      f"({big_b / max(1, a.get('cap') or 1):.1f}x the cap) |")
+    w(f"| big | {a.get('big_keys', 0):,} values of {a.get('value_size')} B = {big_b / 1e9:.2f} GB = "
+      f"{fmt_bytes(big_b)} of values ({big_b / max(1, a.get('cap') or 1):.2f}x the cap; on disk more, see "
+      "*disk* below) |")
     w(f"| small | {a.get('small_keys', 0):,} values of {a.get('small_value_size')} B (keys `1`..`N`) |")
     w(f"| connections | {a.get('connections')}, one request in flight each |")
     w(f"| phase limit | {a.get('max_secs')} s: a phase still running then is stopped and its rate taken over "
@@ -765,7 +766,8 @@ def render(records: list[dict]) -> str:
     def ratio(x, y):
         return None if x is None or not y else x / y
 
-    for wl, title in (("big", f"big: {a.get('value_size')}-byte values, {fmt_bytes(big_b)}"),
+    for wl, title in (("big", f"big: {a.get('big_keys', 0):,} values of {a.get('value_size')} bytes, "
+                              f"{big_b / 1e9:.2f} GB"),
                       ("small", f"small: {a.get('small_value_size')}-byte values, {a.get('small_keys', 0):,} keys")):
         rows = [r for r in phases if r["workload"] == wl]
         if not rows:
