@@ -480,11 +480,22 @@ class Runner:
         rnd = ["--name=randread", f"--filename={f}", "--rw=randread", f"--bs={a.value_size // 1024}k",
                f"--size={size}", "--numjobs=16", "--ioengine=psync", "--randrepeat=0", "--time_based",
                f"--runtime={a.fio_secs:g}", "--group_reporting", "--output-format=json"]
+        # The same reads through a memory map, as an mmap-based store (LMDB) does them: with
+        # madvise(MADV_RANDOM) (fio --fadvise_hint=1 on a random job), and with the kernel's
+        # default fault read-around (--fadvise_hint=0). For reference; ratios use the psync row.
+        base = [x for x in rnd if not x.startswith("--name=")]
+        mm_rnd = ["--name=randread-mmap-madv-random", *base, "--ioengine=mmap", "--fadvise_hint=1"]
+        mm_ra = ["--name=randread-mmap-readaround", *base, "--ioengine=mmap", "--fadvise_hint=0"]
+        mm_rnd.remove("--ioengine=psync")
+        mm_ra.remove("--ioengine=psync")
         tmpl = lambda argv: show(["fio"] + [x.replace(str(f), "$DIR/fio.dat") for x in argv])  # noqa: E731
         self.commands["fio sequential write (in the cgroup)"] = tmpl(seq)
         self.commands["fio random read (in the cgroup)"] = tmpl(rnd)
+        self.commands["fio random read through mmap, MADV_RANDOM (in the cgroup)"] = tmpl(mm_rnd)
+        self.commands["fio random read through mmap, default read-around (in the cgroup)"] = tmpl(mm_ra)
         try:
-            for kind, argv in (("seqwrite", seq), ("randread", rnd)):
+            for kind, argv in (("seqwrite", seq), ("randread", rnd), ("randread-mmap-random", mm_rnd),
+                               ("randread-mmap-readaround", mm_ra)):
                 dropped = drop_caches()
                 cg = self.host.make(f"memkeep-bench-fio-{kind}", a.cap)
                 rec = {"type": "fio", "kind": kind, "size": size, "caches_dropped": dropped}
@@ -731,9 +742,13 @@ def render(records: list[dict]) -> str:
     w("### Physical reference: fio on the data directories' file system\n")
     w("| job | size | MB/s | IOPS | p50 ms | p99 ms | cgroup peak |")
     w("|---|---|---|---|---|---|---|")
+    kib = (a.get('value_size') or 0) // 1024
     for kind, label in (("seqwrite", "sequential write, 1 MiB blocks, fsync at end"),
-                        ("randread", f"random read, {(a.get('value_size') or 0) // 1024} KiB blocks, 16 jobs, "
-                                     "psync, buffered")):
+                        ("randread", f"random read, {kib} KiB blocks, 16 jobs, psync, buffered"),
+                        ("randread-mmap-random", f"for reference: the same {kib} KiB random reads through mmap "
+                                                 "with madvise(MADV_RANDOM)"),
+                        ("randread-mmap-readaround", f"for reference: the same through mmap with the kernel's "
+                                                     "default fault read-around (no madvise)")):
         r = fio.get(kind)
         if not r:
             continue
@@ -744,6 +759,11 @@ def render(records: list[dict]) -> str:
           f"{fmt_ms(r.get('p50_ms'))} | {fmt_ms(r.get('p99_ms'))} | "
           f"{fmt_bytes((r.get('cgroup') or {}).get('peak_bytes'))} |")
     w("")
+    if "randread-mmap-readaround" in fio:
+        w("The ratios below divide by the first two rows (the issue's references). The mmap rows are the same "
+          "random reads as an mmap-based store makes them, once with `madvise(MADV_RANDOM)` and once with the "
+          "kernel's default read-around (each fault reads a window of pages around it, which under a memory "
+          "cap evicts what the next reads need).\n")
     fio_iops = (fio.get("randread") or {}).get("iops")
     fio_mbs = (fio.get("seqwrite") or {}).get("bw_mb_s")
 
