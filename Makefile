@@ -38,7 +38,9 @@ clean:
 	$(CARGO) clean
 
 # Benchmarks against memcached and Redis (bench/run.py; installs what it needs through
-# bench/deps.sh): writes BENCHMARKS.md and bench/throughput.svg; 8-16 minutes on 2 cores.
+# bench/deps.sh): writes BENCHMARKS.md (keeping its `## Data larger than memory` section) and
+# bench/throughput.svg; 8-16 minutes on 2 cores. `bench/run.py --only scaling` runs the
+# connection sweep alone.
 # `make bench-quick` is a smoke run at 5% of the sizes, written to $(BENCH_QUICK_OUT).
 BENCH_QUICK_OUT ?= /tmp/memkeep-bench-quick
 .PHONY: bench bench-quick
@@ -50,6 +52,29 @@ bench-quick:
 	./bench/deps.sh
 	.venv/bin/python bench/run.py --scale 0.05 --out $(BENCH_QUICK_OUT)/BENCHMARKS.md \
 		--chart $(BENCH_QUICK_OUT)/throughput.svg --keep-json $(BENCH_QUICK_OUT)/results.jsonl
+
+# Data larger than memory (bench/bigdata.py; needs root for the cgroups and drop_caches, so it
+# runs through sudo otherwise): memkeep in each sync mode, redis (AOF everysec) and memcached,
+# each alone in a memory-capped cgroup (default 1 GiB; 3 GB of 20 KiB values, 5M 100-byte
+# values, a mixed 90/10 phase, a zipfian cache phase), against fio on the same file system.
+# Rewrites only the `## Data larger than memory` section of BENCHMARKS.md. Up to about an hour
+# (every phase stops after 120 s); BIGDATA_ARGS adds flags (bench/bigdata.py --help).
+# `make bench-bigdata-quick` is a 256 MiB-cap smoke run written to $(BENCH_QUICK_OUT).
+BIGDATA_ARGS ?=
+AS_ROOT := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
+.PHONY: bench-bigdata bench-bigdata-quick
+bench-bigdata:
+	./bench/deps.sh
+	$(CARGO) build --release
+	$(AS_ROOT) .venv/bin/python bench/bigdata.py --no-build --out BENCHMARKS.md $(BIGDATA_ARGS)
+
+bench-bigdata-quick:
+	./bench/deps.sh
+	$(CARGO) build --release
+	mkdir -p $(BENCH_QUICK_OUT)
+	$(AS_ROOT) .venv/bin/python bench/bigdata.py --no-build --cap 256m --big-keys 40000 --small-keys 500000 \
+		--max-secs 20 --fio-secs 10 --out $(BENCH_QUICK_OUT)/BENCHMARKS.md \
+		--keep-json $(BENCH_QUICK_OUT)/bigdata.jsonl $(BIGDATA_ARGS)
 
 # Soak test: 5 minutes of mixed memcached + RESP load with graceful and kill -9 restarts every
 # 30 s, every reply checked against a client-side model, server RssAnon checked flat. `make

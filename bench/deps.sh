@@ -4,6 +4,7 @@
 # - memcached, redis-server, redis-tools (redis-cli, redis-benchmark): through
 #   scripts/install-test-deps.sh, which installs them for the test suite already (and stops the
 #   daemons the Debian packages start); apt-get directly if that script is missing or fails.
+# - fio (apt), the disk reference of `make bench-bigdata` (bench/bigdata.py).
 # - matplotlib (for bench/throughput.svg) in the repo's ./.venv (.gitignored).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,6 +37,13 @@ if ! have_tools; then
     done
   fi
   have_tools || { echo "bench/deps.sh: memcached/redis-server/redis-benchmark still missing" >&2; exit 1; }
+fi
+
+if ! command -v fio >/dev/null 2>&1; then
+  echo "installing (apt): fio"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq fio >/dev/null
+  command -v fio >/dev/null 2>&1 || { echo "bench/deps.sh: fio still missing" >&2; exit 1; }
 fi
 
 VENV=.venv

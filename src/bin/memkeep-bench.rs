@@ -7,6 +7,16 @@
 //! repeats. Values are a pure function of the key (length and bytes, and the memcached flags),
 //! so every GET is checked byte for byte without keeping anything in memory.
 //!
+//! `--order random` visits the keys of the set and get phases in a pseudo-random permutation
+//! (a Feistel network, so still every key exactly once and nothing stored per key). The `mixed`
+//! phase makes `--requests` requests on keys drawn with replacement (`--key-dist uniform` or
+//! `zipf`), each a GET with probability `--get-fraction` and otherwise a SET of the key's
+//! value, so GETs stay verifiable; its JSON splits gets/sets/hits and their latencies
+//! (`--set-on-miss` makes it a cache-aside client that SETs each key whose GET missed). With
+//! `--duration-limit` a phase ends at the deadline and reports the rate over what it did; the
+//! sequential set phase then tells, as `prefix_done`, the K such that keys 1..=K all got a
+//! reply, for a following get phase to use as `--keys`.
+//!
 //! Latency: for each request, the time from the moment its batch starts being written to the
 //! moment its reply has been completely read and parsed. With `--pipeline 1` that is the plain
 //! round trip; with deeper pipelines, later requests of a batch include the time the server
@@ -67,13 +77,16 @@ impl Protocol {
     }
 }
 
-/// One pass over all keys.
+/// One phase of the run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Phase {
-    /// store every key's value
+    /// store every key's value (once each, in --order)
     Set,
-    /// read every key back and verify it
+    /// read every key back once (in --order) and verify it
     Get,
+    /// --requests requests on keys drawn from --key-dist: GETs (verified) with probability
+    /// --get-fraction, SETs of the key's value otherwise
+    Mixed,
 }
 
 impl Phase {
@@ -81,6 +94,60 @@ impl Phase {
         match self {
             Phase::Set => "set",
             Phase::Get => "get",
+            Phase::Mixed => "mixed",
+        }
+    }
+}
+
+/// The kind of one request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Op {
+    Set,
+    Get,
+}
+
+impl Op {
+    fn name(self) -> &'static str {
+        match self {
+            Op::Set => "set",
+            Op::Get => "get",
+        }
+    }
+}
+
+/// The order in which the set and get phases visit keys 1..=N.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Order {
+    /// 1, 2, 3, ... (connection i, counted from 0, does the (i+1)-th, (i+1+C)-th, ... key)
+    Sequential,
+    /// a pseudo-random permutation of 1..=N fixed by --seed: every key still exactly once
+    Random,
+}
+
+impl Order {
+    fn name(self) -> &'static str {
+        match self {
+            Order::Sequential => "sequential",
+            Order::Random => "random",
+        }
+    }
+}
+
+/// How the mixed phase picks each request's key (with replacement).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum KeyDist {
+    /// every key of 1..=N equally likely
+    Uniform,
+    /// key of rank k has weight 1/k^s (s = --zipf-exponent); ranks are scattered over 1..=N by
+    /// the --seed permutation, so the hot keys are not just the first ones written
+    Zipf,
+}
+
+impl KeyDist {
+    fn name(self) -> &'static str {
+        match self {
+            KeyDist::Uniform => "uniform",
+            KeyDist::Zipf => "zipf",
         }
     }
 }
@@ -132,6 +199,28 @@ struct Args {
     /// Print one JSON object per phase on stdout instead of the human-readable lines
     #[arg(long)]
     json: bool,
+    /// Order of the keys in the set and get phases
+    #[arg(long, value_enum, default_value_t = Order::Sequential)]
+    order: Order,
+    /// Requests of the mixed phase [default: --keys]
+    #[arg(long)]
+    requests: Option<u64>,
+    /// Share of GETs in the mixed phase (the rest are SETs), 0..=1
+    #[arg(long, default_value_t = 0.9)]
+    get_fraction: f64,
+    /// Key distribution of the mixed phase
+    #[arg(long, value_enum, default_value_t = KeyDist::Uniform)]
+    key_dist: KeyDist,
+    /// Exponent s of --key-dist zipf (weight of rank k is 1/k^s), > 0
+    #[arg(long, default_value_t = 0.99)]
+    zipf_exponent: f64,
+    /// Seed of the random order, the key draws and the GET/SET choice of the mixed phase
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Mixed phase as a cache-aside client: a GET that misses is followed by a SET of that key
+    /// (counted in `sets`, not in --requests)
+    #[arg(long)]
+    set_on_miss: bool,
     /// Stop each phase after this many seconds (a safety cap; the phase is then reported as
     /// incomplete, which alone does not fail the run)
     #[arg(long, value_name = "SECS")]
@@ -243,6 +332,217 @@ impl Workload {
         let off = (mix(id ^ SALT_VALUE_OFF) % PATTERN_OFFSETS as u64) as usize;
         let rest = len - out.len();
         out.extend_from_slice(&self.pattern[off..off + rest]);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Key orders and key draws
+// ---------------------------------------------------------------------------------------------
+
+/// A pseudo-random permutation of 0..n: a 4-round Feistel network on the smallest even number
+/// of bits that covers n, cycle-walked until the result falls below n (each walk step stays a
+/// bijection of the larger domain, so the composite is a bijection of 0..n). The domain is at
+/// most 4n, so a walk takes under 4 steps on average. Nothing is stored per key.
+struct Permutation {
+    n: u64,
+    half_bits: u32,
+    keys: [u64; 4],
+}
+
+impl Permutation {
+    fn new(n: u64, seed: u64) -> Self {
+        let bits = (64 - n.saturating_sub(1).leading_zeros()).max(2);
+        let half_bits = bits.div_ceil(2);
+        let mut keys = [0; 4];
+        for (i, k) in keys.iter_mut().enumerate() {
+            *k = mix(seed ^ (0x7065_726d_0000 + i as u64));
+        }
+        Permutation { n, half_bits, keys }
+    }
+
+    fn round(&self, x: u64) -> u64 {
+        let half_mask = (1u64 << self.half_bits) - 1;
+        let (mut l, mut r) = (x >> self.half_bits, x & half_mask);
+        for k in self.keys {
+            let f = mix(r ^ k) & half_mask;
+            (l, r) = (r, l ^ f);
+        }
+        (l << self.half_bits) | r
+    }
+
+    /// The image of `i` (< n).
+    fn at(&self, i: u64) -> u64 {
+        debug_assert!(i < self.n);
+        let mut x = self.round(i);
+        while x >= self.n {
+            x = self.round(x);
+        }
+        x
+    }
+}
+
+/// splitmix64 as a stream: small, fast, and good enough for picking keys.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64, stream: u64) -> Self {
+        Rng(mix(seed ^ mix(stream ^ 0x7374_7265_616d)))
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        mix(self.0)
+    }
+
+    /// Uniform in [0, 1).
+    fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+
+    /// Uniform in 0..n (n > 0); the bias of the multiply-shift is below n / 2^64.
+    fn below(&mut self, n: u64) -> u64 {
+        ((self.next_u64() as u128 * n as u128) >> 64) as u64
+    }
+}
+
+/// Zipf ranks 1..=n with P(k) proportional to k^-s, by rejection-inversion (Hörmann and
+/// Derflinger, "Rejection-inversion to generate variates from monotone discrete
+/// distributions", 1996): invert the integral H of the continuous hat x^-s, round to the
+/// nearest rank, and accept unless the point falls outside the rank's own bar. O(1) memory and
+/// time per draw for any n; s = 1 is handled by the limits of the helpers below.
+struct Zipf {
+    n: f64,
+    s: f64,
+    h_x1: f64,
+    h_n: f64,
+    squeeze: f64,
+}
+
+impl Zipf {
+    fn new(n: u64, s: f64) -> Self {
+        let mut z = Zipf {
+            n: n as f64,
+            s,
+            h_x1: 0.0,
+            h_n: 0.0,
+            squeeze: 0.0,
+        };
+        z.h_x1 = z.big_h(1.5) - 1.0;
+        z.h_n = z.big_h(z.n + 0.5);
+        z.squeeze = 2.0 - z.big_h_inv(z.big_h(2.5) - z.h(2.0));
+        z
+    }
+
+    fn h(&self, x: f64) -> f64 {
+        (-self.s * x.ln()).exp()
+    }
+
+    /// An antiderivative of h: (x^(1-s) - 1) / (1-s), and ln x at s = 1.
+    fn big_h(&self, x: f64) -> f64 {
+        let lx = x.ln();
+        expm1_over((1.0 - self.s) * lx) * lx
+    }
+
+    fn big_h_inv(&self, y: f64) -> f64 {
+        let t = (y * (1.0 - self.s)).max(-1.0);
+        (ln1p_over(t) * y).exp()
+    }
+
+    fn sample(&self, rng: &mut Rng) -> u64 {
+        loop {
+            let u = self.h_n + rng.unit() * (self.h_x1 - self.h_n);
+            let x = self.big_h_inv(u);
+            let k = x.round().clamp(1.0, self.n);
+            if k - x <= self.squeeze || u >= self.big_h(k + 0.5) - self.h(k) {
+                return k as u64;
+            }
+        }
+    }
+}
+
+/// (e^y - 1) / y, continuous at 0.
+fn expm1_over(y: f64) -> f64 {
+    if y.abs() > 1e-8 {
+        y.exp_m1() / y
+    } else {
+        1.0 + y / 2.0 + y * y / 6.0
+    }
+}
+
+/// ln(1 + t) / t, continuous at 0.
+fn ln1p_over(t: f64) -> f64 {
+    if t.abs() > 1e-8 {
+        t.ln_1p() / t
+    } else {
+        1.0 - t / 2.0 + t * t / 3.0
+    }
+}
+
+/// Where one connection's requests come from.
+enum KeySource {
+    /// Positions idx, idx+C, ... < keys of the key sequence (in order, or through the
+    /// permutation), all of one kind.
+    Pass {
+        op: Op,
+        next: u64,
+        step: u64,
+        keys: u64,
+        perm: Option<Arc<Permutation>>,
+    },
+    /// `left` draws of (GET or SET, key).
+    Draws {
+        left: u64,
+        rng: Rng,
+        get_fraction: f64,
+        keys: u64,
+        zipf: Option<Arc<Zipf>>,
+        perm: Arc<Permutation>,
+    },
+}
+
+impl KeySource {
+    /// The next request, or None when this connection's share is done.
+    fn next(&mut self) -> Option<(Op, u64)> {
+        match self {
+            KeySource::Pass {
+                op,
+                next,
+                step,
+                keys,
+                perm,
+            } => {
+                if *next >= *keys {
+                    return None;
+                }
+                let pos = *next;
+                *next = next.saturating_add(*step);
+                let id = perm.as_ref().map_or(pos, |p| p.at(pos)) + 1;
+                Some((*op, id))
+            }
+            KeySource::Draws {
+                left,
+                rng,
+                get_fraction,
+                keys,
+                zipf,
+                perm,
+            } => {
+                if *left == 0 || *keys == 0 {
+                    return None;
+                }
+                *left -= 1;
+                let op = if rng.unit() < *get_fraction {
+                    Op::Get
+                } else {
+                    Op::Set
+                };
+                let id = match zipf {
+                    Some(z) => perm.at(z.sample(rng) - 1) + 1,
+                    None => rng.below(*keys) + 1,
+                };
+                Some((op, id))
+            }
+        }
     }
 }
 
@@ -579,16 +879,12 @@ fn describe_resp(buf: &[u8], v: &Resp) -> String {
     }
 }
 
-fn parse_reply(
-    proto: Protocol,
-    phase: Phase,
-    buf: &[u8],
-) -> Result<Option<(Reply, usize)>, ProtoError> {
-    match (proto, phase) {
-        (Protocol::Memcache, Phase::Set) => parse_memcache_store(buf),
-        (Protocol::Memcache, Phase::Get) => parse_memcache_get(buf),
-        (Protocol::Resp, Phase::Set) => parse_resp_store(buf),
-        (Protocol::Resp, Phase::Get) => parse_resp_get(buf),
+fn parse_reply(proto: Protocol, op: Op, buf: &[u8]) -> Result<Option<(Reply, usize)>, ProtoError> {
+    match (proto, op) {
+        (Protocol::Memcache, Op::Set) => parse_memcache_store(buf),
+        (Protocol::Memcache, Op::Get) => parse_memcache_get(buf),
+        (Protocol::Resp, Op::Set) => parse_resp_store(buf),
+        (Protocol::Resp, Op::Get) => parse_resp_get(buf),
     }
 }
 
@@ -737,16 +1033,84 @@ struct ConnConfig {
     connections: u64,
     pipeline: u64,
     duration_limit: Option<Duration>,
+    /// The set/get phases' permutation (None: sequential order).
+    order: Option<Arc<Permutation>>,
+    /// Mixed phase: total requests, GET share, key draws.
+    requests: u64,
+    get_fraction: f64,
+    zipf: Option<Arc<Zipf>>,
+    /// Scatters zipf ranks over the keys.
+    scatter: Arc<Permutation>,
+    seed: u64,
+    set_on_miss: bool,
+}
+
+impl ConnConfig {
+    /// A set or get phase in sequential order, or a mixed one of `keys` uniform requests.
+    #[cfg(test)]
+    fn plain(proto: Protocol, phase: Phase, connections: u64, pipeline: u64, keys: u64) -> Self {
+        ConnConfig {
+            proto,
+            phase,
+            connections,
+            pipeline,
+            duration_limit: None,
+            order: None,
+            requests: keys,
+            get_fraction: 0.9,
+            zipf: None,
+            scatter: Arc::new(Permutation::new(keys, 1)),
+            seed: 1,
+            set_on_miss: false,
+        }
+    }
+
+    /// Connection `idx`'s share of the phase.
+    fn source(&self, idx: u64, keys: u64) -> KeySource {
+        match self.phase {
+            Phase::Set | Phase::Get => KeySource::Pass {
+                op: if self.phase == Phase::Set {
+                    Op::Set
+                } else {
+                    Op::Get
+                },
+                next: idx,
+                step: self.connections,
+                keys,
+                perm: self.order.clone(),
+            },
+            Phase::Mixed => {
+                let c = self.connections;
+                let left = self.requests / c + u64::from(idx < self.requests % c);
+                KeySource::Draws {
+                    left,
+                    rng: Rng::new(self.seed, idx),
+                    get_fraction: self.get_fraction,
+                    keys,
+                    zipf: self.zipf.clone(),
+                    perm: self.scatter.clone(),
+                }
+            }
+        }
+    }
 }
 
 struct ConnResult {
     ops: u64,
+    /// Requests of each kind whose reply was read, and GETs that found a value.
+    gets: u64,
+    sets: u64,
+    hits: u64,
+    /// Value bytes sent by SETs plus value bytes received by GETs.
+    bytes: u64,
     misses: u64,
     mismatches: u64,
     errors: u64,
     /// First few error or mismatch descriptions, for stderr.
     notes: Vec<String>,
     hist: Histogram,
+    /// The same latencies split by kind: [GET, SET].
+    op_hist: [Histogram; 2],
     begin: Instant,
     end: Instant,
     stopped_early: bool,
@@ -773,41 +1137,56 @@ fn run_connection<S: Read + Write>(
     let begin = Instant::now();
     let mut res = ConnResult {
         ops: 0,
+        gets: 0,
+        sets: 0,
+        hits: 0,
+        bytes: 0,
         misses: 0,
         mismatches: 0,
         errors: 0,
         notes: Vec::new(),
         hist: Histogram::new(),
+        op_hist: [Histogram::new(), Histogram::new()],
         begin,
         end: begin,
         stopped_early: false,
     };
     let deadline = cfg.duration_limit.map(|d| begin + d);
-    let mut next = idx + 1;
+    let mut source = cfg.source(idx, wl.keys);
+    let mut pending = source.next();
+    // Keys whose GET missed, to be SET next (--set-on-miss).
+    let mut refill: Vec<u64> = Vec::new();
     let mut wbuf = Vec::new();
     let mut key = Vec::new();
     let mut value = Vec::new();
-    let mut inflight: Vec<u64> = Vec::with_capacity(cfg.pipeline as usize);
+    let mut inflight: Vec<(Op, u64)> = Vec::with_capacity(cfg.pipeline as usize);
     let mut rbuf = RecvBuf::new();
 
     'batches: loop {
         if deadline.is_some_and(|d| Instant::now() >= d) {
-            res.stopped_early = next <= wl.keys;
+            res.stopped_early = pending.is_some() || !refill.is_empty();
             break;
         }
         inflight.clear();
         wbuf.clear();
-        while (inflight.len() as u64) < cfg.pipeline && next <= wl.keys {
-            wl.key(next, &mut key);
-            match cfg.phase {
-                Phase::Set => {
-                    wl.value(next, &mut value);
-                    encode_set(cfg.proto, &key, wl.flags(next), &value, &mut wbuf);
+        while (inflight.len() as u64) < cfg.pipeline {
+            let (op, id) = if let Some(id) = refill.pop() {
+                (Op::Set, id)
+            } else if let Some(next) = pending {
+                pending = source.next();
+                next
+            } else {
+                break;
+            };
+            wl.key(id, &mut key);
+            match op {
+                Op::Set => {
+                    wl.value(id, &mut value);
+                    encode_set(cfg.proto, &key, wl.flags(id), &value, &mut wbuf);
                 }
-                Phase::Get => encode_get(cfg.proto, &key, &mut wbuf),
+                Op::Get => encode_get(cfg.proto, &key, &mut wbuf),
             }
-            inflight.push(next);
-            next = next.saturating_add(cfg.connections);
+            inflight.push((op, id));
         }
         if inflight.is_empty() {
             break;
@@ -818,9 +1197,9 @@ fn run_connection<S: Read + Write>(
             res.note(format!("write failed: {}", io_text(&e)));
             break;
         }
-        for &id in &inflight {
+        for &(op, id) in &inflight {
             let (reply, used) = loop {
-                match parse_reply(cfg.proto, cfg.phase, rbuf.data()) {
+                match parse_reply(cfg.proto, op, rbuf.data()) {
                     Ok(Some(r)) => break r,
                     Ok(None) => {
                         if let Err(e) = rbuf.fill(stream) {
@@ -836,10 +1215,12 @@ fn run_connection<S: Read + Write>(
                     }
                 }
             };
-            res.hist.record(t0.elapsed().as_nanos() as u64);
+            let lat = t0.elapsed().as_nanos() as u64;
+            res.hist.record(lat);
+            res.op_hist[usize::from(op == Op::Set)].record(lat);
             res.ops += 1;
             check_reply(
-                cfg.phase,
+                op,
                 wl,
                 id,
                 &reply,
@@ -848,6 +1229,9 @@ fn run_connection<S: Read + Write>(
                 &mut value,
                 &mut res,
             );
+            if cfg.set_on_miss && op == Op::Get && reply == Reply::Miss {
+                refill.push(id);
+            }
             rbuf.consume(used);
         }
         progress.fetch_add(inflight.len() as u64, Ordering::Relaxed);
@@ -859,7 +1243,7 @@ fn run_connection<S: Read + Write>(
 /// Classifies one reply: ok, miss, mismatch or error.
 #[allow(clippy::too_many_arguments)]
 fn check_reply(
-    phase: Phase,
+    op: Op,
     wl: &Workload,
     id: u64,
     reply: &Reply,
@@ -868,17 +1252,23 @@ fn check_reply(
     value: &mut Vec<u8>,
     res: &mut ConnResult,
 ) {
-    match (phase, reply) {
-        (Phase::Set, Reply::Stored) => {}
-        (Phase::Get, Reply::Miss) => res.misses += 1,
+    match op {
+        Op::Set => res.sets += 1,
+        Op::Get => res.gets += 1,
+    }
+    match (op, reply) {
+        (Op::Set, Reply::Stored) => res.bytes += wl.value_len(id) as u64,
+        (Op::Get, Reply::Miss) => res.misses += 1,
         (
-            Phase::Get,
+            Op::Get,
             Reply::Value {
                 key: k,
                 flags,
                 data,
             },
         ) => {
+            res.hits += 1;
+            res.bytes += data.len() as u64;
             wl.key(id, key);
             wl.value(id, value);
             let got = &buf[data.clone()];
@@ -924,11 +1314,11 @@ fn check_reply(
             res.errors += 1;
             res.note(format!("error reply: {msg}"));
         }
-        (phase, other) => {
+        (op, other) => {
             res.errors += 1;
             res.note(format!(
                 "unexpected reply to {}: {}",
-                phase.name(),
+                op.name(),
                 match other {
                     Reply::Stored => "stored",
                     Reply::Value { .. } => "a value",
@@ -954,11 +1344,20 @@ fn io_text(e: &io::Error) -> String {
 struct PhaseResult {
     phase: Phase,
     ops: u64,
+    gets: u64,
+    sets: u64,
+    hits: u64,
+    bytes: u64,
+    /// Requests the phase meant to make: --keys, or --requests for mixed.
+    planned: u64,
+    /// Sequential set/get: the largest K such that keys 1..=K all got a reply.
+    prefix_done: Option<u64>,
     secs: f64,
     misses: u64,
     mismatches: u64,
     errors: u64,
     hist: Histogram,
+    op_hist: [Histogram; 2],
     conn_secs_min: f64,
     conn_secs_max: f64,
     /// Every key got a reply (false after --duration-limit or a broken connection).
@@ -1001,12 +1400,27 @@ fn run_phase(
             .map_err(|e| Fatal(format!("cannot connect to {target}: {}", io_text(&e))))?;
         streams.push(s);
     }
+    let requests = args.requests.unwrap_or(args.keys);
+    let planned = if phase == Phase::Mixed {
+        requests
+    } else {
+        wl.keys
+    };
     let cfg = Arc::new(ConnConfig {
         proto: args.protocol,
         phase,
         connections: args.connections,
         pipeline: args.pipeline,
         duration_limit: args.duration_limit.map(Duration::from_secs_f64),
+        order: (args.order == Order::Random)
+            .then(|| Arc::new(Permutation::new(wl.keys, args.seed))),
+        requests,
+        get_fraction: args.get_fraction,
+        zipf: (args.key_dist == KeyDist::Zipf && wl.keys > 0)
+            .then(|| Arc::new(Zipf::new(wl.keys, args.zipf_exponent))),
+        scatter: Arc::new(Permutation::new(wl.keys.max(1), args.seed)),
+        seed: args.seed,
+        set_on_miss: args.set_on_miss && phase == Phase::Mixed,
     });
     let progress = Arc::new(AtomicU64::new(0));
     let barrier = Arc::new(Barrier::new(streams.len()));
@@ -1028,7 +1442,7 @@ fn run_phase(
     }
 
     let show = io::stderr().is_terminal();
-    let total = wl.keys;
+    let total = planned;
     while !handles.iter().all(|h| h.is_finished()) {
         thread::sleep(Duration::from_millis(200));
         if show {
@@ -1060,11 +1474,18 @@ fn run_phase(
     let mut out = PhaseResult {
         phase,
         ops: 0,
+        gets: 0,
+        sets: 0,
+        hits: 0,
+        bytes: 0,
+        planned,
+        prefix_done: None,
         secs: 0.0,
         misses: 0,
         mismatches: 0,
         errors: 0,
         hist: Histogram::new(),
+        op_hist: [Histogram::new(), Histogram::new()],
         conn_secs_min: f64::MAX,
         conn_secs_max: 0.0,
         complete: true,
@@ -1078,6 +1499,12 @@ fn run_phase(
     }
     for (i, r) in results.iter().enumerate() {
         out.ops += r.ops;
+        out.gets += r.gets;
+        out.sets += r.sets;
+        out.hits += r.hits;
+        out.bytes += r.bytes;
+        out.op_hist[0].merge(&r.op_hist[0]);
+        out.op_hist[1].merge(&r.op_hist[1]);
         out.misses += r.misses;
         out.mismatches += r.mismatches;
         out.errors += r.errors;
@@ -1095,7 +1522,19 @@ fn run_phase(
     if results.is_empty() {
         out.conn_secs_min = 0.0;
     }
-    out.complete = out.ops == wl.keys;
+    out.complete = out.ops == planned;
+    if phase != Phase::Mixed && args.order == Order::Sequential {
+        // Connection i's replies cover positions i, i+C, ... in order, so its first position
+        // without a reply is i + ops*C; keys below the smallest of those are all done.
+        let c = args.connections;
+        let first_missing = results
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (i as u64).saturating_add(r.ops.saturating_mul(c)))
+            .min()
+            .unwrap_or(0);
+        out.prefix_done = Some(first_missing.min(wl.keys));
+    }
     out.hist = hist;
     Ok(out)
 }
@@ -1145,7 +1584,11 @@ fn json_line(args: &Args, r: &PhaseResult) -> String {
         "{{\"phase\":{},\"protocol\":{},\"connections\":{},\"pipeline\":{},\"value_size\":{},\
          \"value_size_max\":{},\"keys\":{},\"ops\":{},\"secs\":{:.6},\"ops_per_sec\":{:.1},\
          \"p50_ms\":{:.4},\"p99_ms\":{:.4},\"p999_ms\":{:.4},\"misses\":{},\"mismatches\":{},\
-         \"errors\":{},\"complete\":{},\"conn_secs_min\":{:.6},\"conn_secs_max\":{:.6}}}",
+         \"errors\":{},\"complete\":{},\"conn_secs_min\":{:.6},\"conn_secs_max\":{:.6},\
+         \"stopped_early\":{},\"planned\":{},\"prefix_done\":{},\"order\":{},\"key_dist\":{},\
+         \"get_fraction\":{},\"zipf_exponent\":{},\"seed\":{},\"gets\":{},\"sets\":{},\"hits\":{},\
+         \"bytes\":{},\"mb_per_sec\":{:.3},\"get_p50_ms\":{:.4},\"get_p99_ms\":{:.4},\
+         \"set_p50_ms\":{:.4},\"set_p99_ms\":{:.4}}}",
         json_str(r.phase.name()),
         json_str(args.protocol.name()),
         args.connections,
@@ -1165,6 +1608,27 @@ fn json_line(args: &Args, r: &PhaseResult) -> String {
         r.complete,
         r.conn_secs_min,
         r.conn_secs_max,
+        r.stopped_early,
+        r.planned,
+        r.prefix_done.map_or("null".to_string(), |v| v.to_string()),
+        json_str(args.order.name()),
+        json_str(args.key_dist.name()),
+        args.get_fraction,
+        args.zipf_exponent,
+        args.seed,
+        r.gets,
+        r.sets,
+        r.hits,
+        r.bytes,
+        if r.secs > 0.0 {
+            r.bytes as f64 / r.secs / 1e6
+        } else {
+            0.0
+        },
+        ms(r.op_hist[0].quantile(0.50)),
+        ms(r.op_hist[0].quantile(0.99)),
+        ms(r.op_hist[1].quantile(0.50)),
+        ms(r.op_hist[1].quantile(0.99)),
     )
 }
 
@@ -1185,6 +1649,17 @@ fn human_line(r: &PhaseResult) -> String {
         r.conn_secs_min,
         r.conn_secs_max,
     );
+    if r.phase == Phase::Mixed {
+        let _ = write!(
+            s,
+            "  gets {} (hits {})  sets {}  get p99 {} ms  set p99 {} ms",
+            r.gets,
+            r.hits,
+            r.sets,
+            fmt_ms(ms(r.op_hist[0].quantile(0.99))),
+            fmt_ms(ms(r.op_hist[1].quantile(0.99))),
+        );
+    }
     if r.stopped_early {
         s.push_str("  [incomplete: stopped by --duration-limit]");
     } else if !r.complete {
@@ -1231,6 +1706,15 @@ fn validate(args: &Args) -> Result<Workload, String> {
         {
             return Err(format!("{name} must be a positive number of seconds"));
         }
+    }
+    if !(0.0..=1.0).contains(&args.get_fraction) {
+        return Err("--get-fraction must be between 0 and 1".into());
+    }
+    if !(args.zipf_exponent.is_finite() && args.zipf_exponent > 0.0 && args.zipf_exponent < 100.0) {
+        return Err("--zipf-exponent must be a positive number".into());
+    }
+    if args.phases.contains(&Phase::Mixed) && args.keys == 0 && args.requests != Some(0) {
+        return Err("the mixed phase needs --keys of at least 1".into());
     }
     Ok(Workload::new(
         args.keys,
@@ -1536,13 +2020,7 @@ mod tests {
             replies: io::Cursor::new(replies),
             sent: Vec::new(),
         };
-        let cfg = ConnConfig {
-            proto: Protocol::Memcache,
-            phase: Phase::Get,
-            connections: 2,
-            pipeline: 3,
-            duration_limit: None,
-        };
+        let cfg = ConnConfig::plain(Protocol::Memcache, Phase::Get, 2, 3, 8);
         let r = run_connection(
             &mut fake,
             1,
@@ -1553,6 +2031,7 @@ mod tests {
         );
         assert_eq!(fake.sent, b"get 2\r\nget 4\r\nget 6\r\nget 8\r\n");
         assert_eq!((r.ops, r.misses, r.mismatches, r.errors), (4, 1, 1, 1));
+        assert_eq!((r.gets, r.sets, r.hits, r.bytes), (4, 0, 2, 8));
         assert_eq!(r.hist.total, 4);
 
         // A server that hangs up mid-reply is one error, and no panic.
@@ -1560,13 +2039,7 @@ mod tests {
             replies: io::Cursor::new(b"+OK\r\n+O".to_vec()),
             sent: Vec::new(),
         };
-        let cfg = ConnConfig {
-            proto: Protocol::Resp,
-            phase: Phase::Set,
-            connections: 1,
-            pipeline: 1,
-            duration_limit: None,
-        };
+        let cfg = ConnConfig::plain(Protocol::Resp, Phase::Set, 1, 1, 8);
         let r = run_connection(
             &mut fake,
             0,
@@ -1580,6 +2053,141 @@ mod tests {
             fake.sent
                 .starts_with(b"*3\r\n$3\r\nSET\r\n$1\r\n1\r\n$4\r\n1:")
         );
+    }
+
+    #[test]
+    fn permutation_is_a_bijection_and_moves_keys() {
+        for n in [1u64, 2, 3, 5, 16, 17, 1000, 4097] {
+            let p = Permutation::new(n, 7);
+            let mut seen = vec![false; n as usize];
+            for i in 0..n {
+                let x = p.at(i);
+                assert!(x < n, "n {n}: {i} -> {x}");
+                assert!(!seen[x as usize], "n {n}: {x} twice");
+                seen[x as usize] = true;
+            }
+        }
+        let p = Permutation::new(10_000, 7);
+        let fixed = (0..10_000).filter(|&i| p.at(i) == i).count();
+        assert!(fixed < 50, "{fixed} fixed points");
+        let q = Permutation::new(10_000, 8);
+        assert!((0..100).any(|i| p.at(i) != q.at(i)), "the seed must matter");
+    }
+
+    #[test]
+    fn zipf_frequencies_follow_the_law() {
+        for (n, s) in [(1000u64, 0.99), (50, 1.0), (200, 1.5), (10, 0.5)] {
+            let z = Zipf::new(n, s);
+            let mut rng = Rng::new(3, 0);
+            let draws = 200_000;
+            let mut counts = vec![0u64; n as usize + 1];
+            for _ in 0..draws {
+                let k = z.sample(&mut rng);
+                assert!((1..=n).contains(&k));
+                counts[k as usize] += 1;
+            }
+            let norm: f64 = (1..=n).map(|k| (k as f64).powf(-s)).sum();
+            for k in [1u64, 2, 3, 10] {
+                let want = draws as f64 * (k as f64).powf(-s) / norm;
+                let got = counts[k as usize] as f64;
+                // Five standard deviations of a binomial count.
+                let tol = 5.0 * want.sqrt() + 1.0;
+                assert!(
+                    (got - want).abs() < tol,
+                    "n {n} s {s} rank {k}: {got} vs {want:.0}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn key_sources_split_the_work() {
+        let keys = 103;
+        // Random order: the connections together visit every key exactly once.
+        let mut cfg = ConnConfig::plain(Protocol::Memcache, Phase::Get, 4, 1, keys);
+        cfg.order = Some(Arc::new(Permutation::new(keys, 9)));
+        let mut seen = std::collections::HashSet::new();
+        let mut first = Vec::new();
+        for idx in 0..4 {
+            let mut src = cfg.source(idx, keys);
+            while let Some((op, id)) = src.next() {
+                assert_eq!(op, Op::Get);
+                assert!((1..=keys).contains(&id));
+                assert!(seen.insert(id), "key {id} twice");
+                if first.len() < 10 {
+                    first.push(id);
+                }
+            }
+        }
+        assert_eq!(seen.len() as u64, keys);
+        assert_ne!(first, (1..=10).collect::<Vec<_>>());
+        // Mixed: the requests are shared out exactly, GETs at about the asked fraction.
+        let mut cfg = ConnConfig::plain(Protocol::Memcache, Phase::Mixed, 3, 1, keys);
+        cfg.requests = 10_001;
+        cfg.get_fraction = 0.9;
+        let (mut gets, mut total) = (0, 0);
+        for idx in 0..3 {
+            let mut src = cfg.source(idx, keys);
+            while let Some((op, id)) = src.next() {
+                assert!((1..=keys).contains(&id));
+                total += 1;
+                gets += u64::from(op == Op::Get);
+            }
+        }
+        assert_eq!(total, 10_001);
+        assert!((8_700..9_300).contains(&gets), "{gets} gets");
+        // Zipf draws land on keys in range, the hottest one far more often than the median.
+        cfg.zipf = Some(Arc::new(Zipf::new(keys, 0.99)));
+        cfg.get_fraction = 1.0;
+        let mut counts = vec![0u64; keys as usize + 1];
+        let mut src = cfg.source(0, keys);
+        while let Some((op, id)) = src.next() {
+            assert_eq!(op, Op::Get);
+            counts[id as usize] += 1;
+        }
+        let mut sorted = counts[1..].to_vec();
+        sorted.sort_unstable();
+        assert!(sorted[sorted.len() - 1] > 10 * sorted[sorted.len() / 2].max(1));
+    }
+
+    #[test]
+    fn set_on_miss_refills_the_missed_key() {
+        let wl = Workload::new(4, None, 4, 4);
+        let mut cfg = ConnConfig::plain(Protocol::Resp, Phase::Mixed, 1, 1, 4);
+        cfg.requests = 2;
+        cfg.get_fraction = 1.0;
+        cfg.set_on_miss = true;
+        // GET misses, the SET of the same key is stored, the second GET misses too and
+        // its SET is stored.
+        let mut fake = Fake {
+            replies: io::Cursor::new(b"$-1\r\n+OK\r\n$-1\r\n+OK\r\n".to_vec()),
+            sent: Vec::new(),
+        };
+        let r = run_connection(
+            &mut fake,
+            0,
+            &cfg,
+            &wl,
+            &AtomicU64::new(0),
+            &Barrier::new(1),
+        );
+        assert_eq!((r.ops, r.gets, r.sets, r.misses, r.errors), (4, 2, 2, 2, 0));
+        let sent = String::from_utf8_lossy(&fake.sent).to_string();
+        let cmds: Vec<&str> = sent
+            .matches("$3\r\nGET")
+            .chain(sent.matches("$3\r\nSET"))
+            .collect();
+        assert_eq!(cmds.len(), 4, "{sent}");
+        let first_get_key = sent.split("\r\n").nth(4).unwrap().to_string();
+        let first_set_key = sent
+            .split("*3\r\n")
+            .nth(1)
+            .unwrap()
+            .split("\r\n")
+            .nth(3)
+            .unwrap()
+            .to_string();
+        assert_eq!(first_get_key, first_set_key, "{sent}");
     }
 
     /// `write!` into a byte vector.
