@@ -572,6 +572,8 @@ class Runner:
         rec["server_alive"] = srv.alive()
         rec["cgroup_usage_bytes"] = srv.cg.usage()
         self.record(rec)
+        if rec.get("error"):
+            self.fail(f"{workload} {srv.name} {label}: {rec['error']}")
         ops = rec.get("ops_per_sec")
         log(f"  {workload} {srv.name:16} {label:10} {rec.get('ops', 0):>9,}/{rec.get('planned', keys):,} ops in "
             f"{rec.get('secs', 0):.1f} s: {ops if ops is not None else '-'} ops/s, "
