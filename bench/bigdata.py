@@ -541,9 +541,20 @@ class Runner:
         rec = {"type": "phase", "workload": workload, "server": srv.name, "label": label, "keys_arg": keys,
                "value_size": value}
         cpu0 = common.proc_cpu(srv.proc.pid)
-        try:
-            p = subprocess.run(argv(str(srv.port)), capture_output=True, text=True,
-                               timeout=self.args.max_secs + 120, stdin=subprocess.DEVNULL)
+        for attempt in (1, 2):
+            try:
+                p = subprocess.run(argv(str(srv.port)), capture_output=True, text=True,
+                                   timeout=self.args.max_secs + 120, stdin=subprocess.DEVNULL)
+            except subprocess.TimeoutExpired:
+                rec["error"] = "memkeep-bench timed out"
+                break
+            if p.returncode < 0 and attempt == 1 and srv.alive():
+                # Killed by a signal this script never sends (on a shared machine, someone's
+                # kill by name): run the phase once more, and say so.
+                rec["retried"] = f"memkeep-bench was killed by signal {-p.returncode} from outside; phase run again"
+                log(f"  {workload} {srv.name} {label}: {rec['retried']}")
+                cpu0 = common.proc_cpu(srv.proc.pid)
+                continue
             lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
             if lines:
                 rec.update(json.loads(lines[-1]))
@@ -551,15 +562,18 @@ class Runner:
             notes = [ln for ln in p.stderr.splitlines() if ln.strip()]
             if notes:
                 rec["notes"] = notes[:6]
-            if p.returncode == 2 or not lines:
+            if p.returncode < 0:
+                rec["error"] = f"memkeep-bench killed by signal {-p.returncode} (not sent by bench/bigdata.py)"
+            elif p.returncode == 2 or not lines:
                 rec["error"] = f"memkeep-bench exit {p.returncode}: {p.stderr.strip()[-300:]}"
-        except subprocess.TimeoutExpired:
-            rec["error"] = "memkeep-bench timed out"
+            break
         cpu1 = common.proc_cpu(srv.proc.pid) if srv.alive() else None
         rec["server_cpu_s"] = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
         rec["server_alive"] = srv.alive()
         rec["cgroup_usage_bytes"] = srv.cg.usage()
         self.record(rec)
+        if rec.get("error"):
+            self.fail(f"{workload} {srv.name} {label}: {rec['error']}")
         ops = rec.get("ops_per_sec")
         log(f"  {workload} {srv.name:16} {label:10} {rec.get('ops', 0):>9,}/{rec.get('planned', keys):,} ops in "
             f"{rec.get('secs', 0):.1f} s: {ops if ops is not None else '-'} ops/s, "
@@ -718,6 +732,8 @@ def render(records: list[dict]) -> str:
     w("**Caveats.** A shared 2-core VM with a virtual disk: other jobs ran at the same time, so every figure "
       "is noisy (tens of percent between runs) and one run is one sample. The load generator runs on the same "
       "two cores, outside the cgroup. The servers get the page cache that fits in the cap and nothing else.\n")
+    for n in (r for r in records if r["type"] == "note"):
+        w(f"**Note.** {n['text']}\n")
     w("| | |\n|---|---|")
     w(f"| memory cap per server | {fmt_bytes(a.get('cap'))} ({meta.get('cgroup', '?')}); the load generator "
       "runs outside it |")
@@ -807,6 +823,8 @@ def render(records: list[dict]) -> str:
             notes = []
             if r.get("error"):
                 notes.append("ERROR: " + r["error"][:120].replace("|", "/"))
+            if r.get("retried"):
+                notes.append(r["retried"])
             if r.get("stopped_early"):
                 notes.append(f"stopped at the {a.get('max_secs')} s limit")
             if not r.get("server_alive", True):
