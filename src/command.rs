@@ -296,6 +296,8 @@ pub enum Outcome {
     Full,
     /// The store failed; the write was not applied.
     Failed,
+    /// The store is damaged (`StoreError::Damaged`); the write was not applied.
+    Damaged,
     /// RESP integer reply.
     Int(i64),
     /// RESP bulk string reply.
