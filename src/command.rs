@@ -1,7 +1,7 @@
 //! Protocol-neutral write operations and their outcomes. Workers turn parsed requests into
 //! `WriteOp`s for the writer thread; the writer answers each with an `Outcome`, which the
 //! worker encodes in the connection's protocol. Outcomes are values, not errors: only a failure
-//! of the store itself is an `Outcome::Failed`.
+//! of the store itself is an `Outcome::Failed` (`Outcome::Damaged` when the store is damaged).
 
 pub use crate::protocol::memcache::StoreMode;
 
@@ -296,6 +296,8 @@ pub enum Outcome {
     Full,
     /// The store failed; the write was not applied.
     Failed,
+    /// The store is damaged (`StoreError::Damaged`); the write was not applied.
+    Damaged,
     /// RESP integer reply.
     Int(i64),
     /// RESP bulk string reply.

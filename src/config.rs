@@ -236,6 +236,12 @@ pub enum Action {
         /// The dump; standard input when `-`.
         file: PathBuf,
     },
+    /// Verify a stopped store without changing it: the checkpoint, the log, every record.
+    /// Exits 0 when healthy, 1 when damaged (one line per problem), 2 when it cannot check.
+    Check {
+        /// The data directory; the configured one (-H / data_dir) when absent.
+        data_dir: Option<PathBuf>,
+    },
 }
 
 impl Cli {

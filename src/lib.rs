@@ -13,6 +13,7 @@
 //! (a full store refuses writes and keeps serving reads), UDP, scripting.
 
 pub mod backup;
+pub mod check;
 pub mod clock;
 pub mod command;
 pub mod config;

@@ -34,6 +34,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(Action::Check { data_dir }) = &cli.action {
+        let dir = data_dir.as_deref().unwrap_or(&config.data_dir);
+        return ExitCode::from(memkeep::check::run(dir, config.map_size));
+    }
     if let Some(action) = &cli.action {
         return match run_action(action, &config) {
             Ok(()) => ExitCode::SUCCESS,
@@ -120,7 +124,7 @@ fn raise_open_files_limit(max_connections: usize) {
     }
 }
 
-/// Runs `memkeep backup|export|import` against the configured data directory or server.
+/// Runs `memkeep backup|export|import` (`check` is `check::run`) against the configured data directory or server.
 fn run_action(action: &Action, config: &Config) -> Result<(), String> {
     // A store a server holds is read as it is (through the page cache it is whole); any other
     // is recovered first, as a server would, so a power cut's leftovers are never read.
@@ -183,5 +187,6 @@ fn run_action(action: &Action, config: &Config) -> Result<(), String> {
             eprintln!("memkeep: imported {stored} items into {addr} ({refused} refused)");
             Ok(())
         }
+        Action::Check { .. } => Err("check runs through check::run".into()),
     }
 }

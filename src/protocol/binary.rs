@@ -94,6 +94,9 @@ pub mod status {
     pub const AUTH_CONTINUE: u16 = 0x0021;
     pub const UNKNOWN_COMMAND: u16 = 0x0081;
     pub const ENOMEM: u16 = 0x0082;
+    /// memcached's PROTOCOL_BINARY_RESPONSE_EINTERNAL; memkeep sends it (with the body
+    /// `storage corrupted`) when the store is damaged.
+    pub const EINTERNAL: u16 = 0x0084;
 }
 
 /// The body memcached sends with an error status (byte for byte, memcached 1.6.18).

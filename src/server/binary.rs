@@ -369,6 +369,9 @@ fn get(req: &Request<'_>, key: &[u8], with_key: bool, out: &mut Vec<u8>, pass: &
     let (store, txn) = match pass.txn() {
         Ok(t) => t,
         Err(e) => {
+            if e.is_damage() {
+                return damaged(out, op, opaque);
+            }
             error!("cannot open read transaction: {e}");
             return bin::error(out, op, opaque, status::ENOMEM);
         }
@@ -388,11 +391,18 @@ fn get(req: &Request<'_>, key: &[u8], with_key: bool, out: &mut Vec<u8>, pass: &
                 bin::miss(out, op, opaque, echo_key);
             }
         }
+        Err(e) if e.is_damage() => damaged(out, op, opaque),
         Err(e) => {
             error!("read of a stored item failed: {e}");
             bin::error(out, op, opaque, status::ENOMEM);
         }
     }
+}
+
+/// The store is damaged: status internal error, saying so.
+fn damaged(out: &mut Vec<u8>, op: u8, opaque: u32) {
+    let text = crate::storage::BIN_DAMAGED.as_bytes();
+    bin::response(out, op, status::EINTERNAL, opaque, 0, &[], &[], text);
 }
 
 /// A key holding a Redis collection where a string is needed.
@@ -516,6 +526,7 @@ pub fn complete(
             fail(out, status::ENOMEM)
         }
         Outcome::WrongType => wrong_type(out, op, opaque),
+        Outcome::Damaged => damaged(out, op, opaque),
         Outcome::BadKey => fail(out, status::EINVAL),
         other => {
             if !matches!(other, Outcome::Failed) {

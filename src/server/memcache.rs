@@ -12,7 +12,7 @@ use super::stats::{Counters, Totals, rusage};
 use super::worker::{Pass, Reply, Stop, Tag};
 use crate::command::{KeyValue, Outcome, StoreMode, WriteOp};
 use crate::protocol::memcache::{Frame, Incomplete, KeyList, Request, parse};
-use crate::storage::{ItemRef, Kind};
+use crate::storage::{ItemRef, Kind, StoreError};
 
 /// How to answer a memcached write once it commits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -400,8 +400,10 @@ fn get(
     let (store, txn) = match pass.txn() {
         Ok(t) => t,
         Err(e) => {
-            error!("cannot open read transaction: {e}");
-            line(out, "SERVER_ERROR temporary failure");
+            if !e.is_damage() {
+                error!("cannot open read transaction: {e}");
+            }
+            line(out, e.mc_read_reply());
             return None;
         }
     };
@@ -441,9 +443,11 @@ fn get(
             }
             Ok(None) => Counters::bump(&counters.get_misses),
             Err(e) => {
-                error!("read of a stored item failed: {e}");
+                if !e.is_damage() {
+                    error!("read of a stored item failed: {e}");
+                }
                 out.truncate(start);
-                line(out, "SERVER_ERROR temporary failure");
+                line(out, e.mc_read_reply());
                 return None;
             }
         }
@@ -469,8 +473,10 @@ fn rget(
     let (store, txn) = match pass.txn() {
         Ok(t) => t,
         Err(e) => {
-            error!("cannot open read transaction: {e}");
-            return line(out, "SERVER_ERROR temporary failure");
+            if !e.is_damage() {
+                error!("cannot open read transaction: {e}");
+            }
+            return line(out, e.mc_read_reply());
         }
     };
     let lo = if left_open {
@@ -487,29 +493,30 @@ fn rget(
         // An empty range (heed would refuse bounds that cross).
         return line(out, "END");
     }
-    let mut sent = 0;
+    let start_len = out.len();
     if max > 0 {
-        match store.items().range(txn, &(lo, hi)) {
-            Ok(iter) => {
-                for entry in iter {
-                    let Ok((key, bytes)) = entry else { break };
-                    let Ok(item) = crate::storage::item::decode(bytes) else {
-                        continue;
-                    };
-                    if flushed || item.meta.is_expired(now) || item.meta.kind != Kind::String {
-                        continue;
-                    }
-                    value_line(out, key, item.meta.flags, item.value, None);
-                    sent += 1;
-                    if sent == max {
-                        break;
-                    }
+        let walk = |out: &mut Vec<u8>| -> Result<(), StoreError> {
+            let mut sent = 0;
+            for entry in store.items().range(txn, &(lo, hi))? {
+                let (key, bytes) = entry?;
+                let item = crate::storage::item::decode(bytes)?;
+                if flushed || item.meta.is_expired(now) || item.meta.kind != Kind::String {
+                    continue;
+                }
+                value_line(out, key, item.meta.flags, item.value, None);
+                sent += 1;
+                if sent == max {
+                    break;
                 }
             }
-            Err(e) => {
+            Ok(())
+        };
+        if let Err(e) = walk(out) {
+            if !e.is_damage() {
                 error!("rget failed: {e}");
-                return line(out, "SERVER_ERROR temporary failure");
             }
+            out.truncate(start_len);
+            return line(out, e.mc_read_reply());
         }
     }
     line(out, "END");
@@ -546,7 +553,7 @@ pub fn complete(
         _ => {}
     }
     // Failures of the store are errors the client must see, even with noreply.
-    let failed = matches!(outcome, Outcome::Full | Outcome::Failed);
+    let failed = matches!(outcome, Outcome::Full | Outcome::Failed | Outcome::Damaged);
     if noreply && !failed {
         return;
     }
@@ -584,6 +591,7 @@ pub fn complete(
             warn!("a write failed in the store; the client was told");
             line(out, "SERVER_ERROR storage failure")
         }
+        Outcome::Damaged => line(out, crate::storage::MC_DAMAGED),
         Outcome::BadKey => line(out, "CLIENT_ERROR bad command line format"),
         Outcome::WrongType => line(out, WRONGTYPE),
         // A refusal worded for memcached clients (a gat reply over `REPLY_MAX`).

@@ -164,8 +164,10 @@ fn lookup<'p>(
     let flushed = pass.flushed();
     let now = pass.now_ms;
     let (store, txn) = pass.txn().map_err(|e| {
-        error!("cannot open read transaction: {e}");
-        "SERVER_ERROR temporary failure"
+        if !e.is_damage() {
+            error!("cannot open read transaction: {e}");
+        }
+        e.mc_read_reply()
     })?;
     match store.get(txn, &m.key) {
         Ok(Some(ItemRef { meta, value })) if !flushed && !meta.is_expired(now) => {
@@ -185,8 +187,10 @@ fn lookup<'p>(
         }
         Ok(_) => Ok(None),
         Err(e) => {
-            error!("read of a stored item failed: {e}");
-            Err("SERVER_ERROR temporary failure")
+            if !e.is_damage() {
+                error!("read of a stored item failed: {e}");
+            }
+            Err(e.mc_read_reply())
         }
     }
 }
@@ -217,6 +221,7 @@ pub fn complete(out: &mut Vec<u8>, echoes: &mut EchoQueue, outcome: Outcome, now
         ),
         Outcome::TooLarge => line(out, "SERVER_ERROR object too large for cache"),
         Outcome::Full => line(out, "SERVER_ERROR out of memory storing object"),
+        Outcome::Damaged => line(out, crate::storage::MC_DAMAGED),
         Outcome::BadKey => line(out, "CLIENT_ERROR bad command line format"),
         other => {
             if !matches!(other, Outcome::Failed) {

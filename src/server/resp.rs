@@ -20,7 +20,7 @@ use super::stats::{Counters, Totals, rusage};
 use super::worker::{Pass, Reply, Stop, Tag};
 use crate::command::{ExpireCond, Expiry, KeyValue, Outcome, SetCond, WriteOp};
 use crate::protocol::resp::{self, Incomplete, Parsed, enc, parse_i64};
-use crate::storage::{ItemRef, Kind, MAX_KEY};
+use crate::storage::{ItemRef, Kind, MAX_KEY, StoreError};
 use crate::types::{self, CollOp};
 
 /// Per-connection RESP state.
@@ -775,6 +775,7 @@ pub fn complete(out: &mut Vec<u8>, v3: bool, kind: RespReply, outcome: Outcome) 
             "OOM command not allowed when used memory > 'maxmemory'.",
         ),
         (_, Outcome::WrongType) => enc::error(out, crate::types::WRONGTYPE),
+        (_, Outcome::Damaged) => enc::error(out, crate::storage::RESP_DAMAGED),
         (_, Outcome::Double(d)) => enc::double(out, d, v3),
         (_, Outcome::NilArray) => enc::null_array(out, v3),
         (_, Outcome::Set(items)) => {
@@ -888,9 +889,11 @@ fn mget(args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session, pass: &mut Pass<'
     let (now, flushed, counters) = (pass.now_ms, pass.flushed(), pass.counters);
     let txn = pass.txn();
     if let Err(e) = &txn {
-        error!("cannot open read transaction: {e}");
+        if !e.is_damage() {
+            error!("cannot open read transaction: {e}");
+        }
         if first == 1 {
-            return enc::error(out, "ERR storage failure");
+            return enc::error(out, &e.resp_reply());
         }
     }
     if first == 1 {
@@ -898,7 +901,8 @@ fn mget(args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session, pass: &mut Pass<'
     }
     for i in first..args.len() {
         // Storage errors are logged and read as absent (as is everything after a failed
-        // snapshot in a resumed piece: the array has begun).
+        // snapshot in a resumed piece: the array has begun), except damage: the whole reply
+        // is then the error, or, once a piece has been sent, the key's element is.
         let item = match &txn {
             Ok((store, txn)) => match store.get(txn, args.get(i)) {
                 Ok(Some(item))
@@ -907,6 +911,16 @@ fn mget(args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session, pass: &mut Pass<'
                     Some(item)
                 }
                 Ok(_) => None,
+                Err(e) if e.is_damage() => {
+                    if first == 1 {
+                        out.truncate(start);
+                    }
+                    enc::error(out, crate::storage::RESP_DAMAGED);
+                    if first == 1 {
+                        return;
+                    }
+                    continue;
+                }
                 Err(e) => {
                     error!("read of a stored item failed: {e}");
                     None
@@ -940,21 +954,34 @@ fn data_read(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut P
     let (store, txn) = match pass.txn() {
         Ok(t) => t,
         Err(e) => {
-            error!("cannot open read transaction: {e}");
-            return enc::error(out, "ERR storage failure");
-        }
-    };
-    // The live item under a key, or None; storage errors are logged and read as absent.
-    let lookup = |key: &[u8]| -> Option<ItemRef<'_>> {
-        match store.get(txn, key) {
-            Ok(Some(item)) if !flushed && !item.meta.is_expired(now) => Some(item),
-            Ok(_) => None,
-            Err(e) => {
-                error!("read of a stored item failed: {e}");
-                None
+            if !e.is_damage() {
+                error!("cannot open read transaction: {e}");
             }
+            return enc::error(out, &e.resp_reply());
         }
     };
+    // The live item under a key, or None.
+    let lookup = |key: &[u8]| -> Result<Option<ItemRef<'_>>, StoreError> {
+        Ok(store
+            .get(txn, key)?
+            .filter(|item| !flushed && !item.meta.is_expired(now)))
+    };
+    // Answers a failed read (damage is logged where it was found).
+    let failed = |out: &mut Vec<u8>, e: StoreError| {
+        if !e.is_damage() {
+            error!("read of a stored item failed: {e}");
+        }
+        enc::error(out, &e.resp_reply())
+    };
+    // The item under the command's key, or the reply to a failed read.
+    macro_rules! lookup1 {
+        () => {
+            match lookup(args.get(1)) {
+                Ok(item) => item,
+                Err(e) => return failed(out, e),
+            }
+        };
+    }
     let hit = |found: bool| {
         Counters::bump(if found {
             &counters.get_hits
@@ -979,37 +1006,45 @@ fn data_read(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut P
                 Family::ZSet => types::zset::read(code, args, &cx, out, v3),
             }
         }
-        Cmd::Get | Cmd::StrLen | Cmd::GetRange
-            if lookup(args.get(1)).is_some_and(|i| i.meta.kind != Kind::String) =>
-        {
-            enc::error(out, crate::types::WRONGTYPE)
-        }
-        Cmd::Get => match lookup(args.get(1)) {
-            Some(item) => {
-                hit(true);
-                enc::bulk(out, item.value)
+        Cmd::Get | Cmd::StrLen | Cmd::GetRange => {
+            let item = lookup1!();
+            if item.is_some_and(|i| i.meta.kind != Kind::String) {
+                return enc::error(out, crate::types::WRONGTYPE);
             }
-            None => {
-                hit(false);
-                enc::null(out, v3)
+            match cmd {
+                Cmd::Get => match item {
+                    Some(item) => {
+                        hit(true);
+                        enc::bulk(out, item.value)
+                    }
+                    None => {
+                        hit(false);
+                        enc::null(out, v3)
+                    }
+                },
+                Cmd::StrLen => enc::int(out, item.map_or(0, |i| i.value.len() as i64)),
+                _ => {
+                    let (Some(start), Some(end)) = (parse_i64(args.get(2)), parse_i64(args.get(3)))
+                    else {
+                        return enc::error(out, NOT_INTEGER);
+                    };
+                    let value = item.map_or(&[][..], |i| i.value);
+                    enc::bulk(out, substr(value, start, end));
+                }
             }
-        },
-        Cmd::StrLen => enc::int(out, lookup(args.get(1)).map_or(0, |i| i.value.len() as i64)),
-        Cmd::GetRange => {
-            let (Some(start), Some(end)) = (parse_i64(args.get(2)), parse_i64(args.get(3))) else {
-                return enc::error(out, NOT_INTEGER);
-            };
-            let value = lookup(args.get(1)).map_or(&[][..], |i| i.value);
-            enc::bulk(out, substr(value, start, end));
         }
         Cmd::Exists => {
-            let n = (1..args.len())
-                .filter(|&i| lookup(args.get(i)).is_some())
-                .count();
-            enc::int(out, n as i64);
+            let mut n = 0;
+            for i in 1..args.len() {
+                match lookup(args.get(i)) {
+                    Ok(found) => n += i64::from(found.is_some()),
+                    Err(e) => return failed(out, e),
+                }
+            }
+            enc::int(out, n);
         }
         Cmd::Ttl | Cmd::PTtl | Cmd::ExpireTime | Cmd::PExpireTime => {
-            let v = match lookup(args.get(1)) {
+            let v = match lookup1!() {
                 None => -2,
                 Some(i) if i.meta.expire_at == 0 => -1,
                 Some(i) => {
@@ -1025,26 +1060,29 @@ fn data_read(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut P
             };
             enc::int(out, v);
         }
-        Cmd::Type => enc::simple(
-            out,
-            lookup(args.get(1)).map_or("none", |i| i.meta.kind.name()),
-        ),
-        Cmd::DbSize => enc::int(out, store.len(txn).unwrap_or(0) as i64),
+        Cmd::Type => {
+            let item = lookup1!();
+            enc::simple(out, item.map_or("none", |i| i.meta.kind.name()))
+        }
+        Cmd::DbSize => match store.len(txn) {
+            Ok(n) => enc::int(out, n as i64),
+            Err(e) => failed(out, e),
+        },
         Cmd::Keys => {
             let pattern = args.get(1);
             let mut found: Vec<&[u8]> = Vec::new();
-            match store.items().iter(txn) {
-                Ok(iter) => {
-                    for entry in iter {
-                        let Ok((key, bytes)) = entry else { break };
-                        let live = crate::storage::item::decode(bytes)
-                            .is_ok_and(|i| !flushed && !i.meta.is_expired(now));
-                        if live && glob_match(pattern, key) {
-                            found.push(key);
-                        }
+            let mut walk = || -> Result<(), StoreError> {
+                for entry in store.items().iter(txn)? {
+                    let (key, bytes) = entry?;
+                    let item = crate::storage::item::decode(bytes)?;
+                    if !flushed && !item.meta.is_expired(now) && glob_match(pattern, key) {
+                        found.push(key);
                     }
                 }
-                Err(e) => return enc::error(out, &format!("ERR storage failure: {e}")),
+                Ok(())
+            };
+            if let Err(e) = walk() {
+                return failed(out, e);
             }
             enc::array(out, found.len());
             for k in found {
@@ -1172,19 +1210,31 @@ fn scan(args: Args<'_>, out: &mut Vec<u8>, view: ScanView<'_, '_>, shared: &supe
     };
     let iter = match view.store.items().range(view.txn, &range) {
         Ok(it) => it,
-        Err(e) => return enc::error(out, &format!("ERR storage failure: {e}")),
+        Err(e) => return enc::error(out, &StoreError::from(e).resp_reply()),
     };
     let mut found: Vec<&[u8]> = Vec::new();
     let mut last: Option<&[u8]> = None;
     let mut exhausted = true;
     for (examined, entry) in iter.enumerate() {
-        let Ok((key, bytes)) = entry else { break };
+        let (key, bytes) = match entry {
+            Ok(kv) => kv,
+            Err(e) => {
+                let e = StoreError::from(e);
+                if e.is_damage() {
+                    return enc::error(out, crate::storage::RESP_DAMAGED);
+                }
+                break;
+            }
+        };
         if examined == count {
             exhausted = false;
             break;
         }
         last = Some(key);
-        let item = crate::storage::item::decode(bytes).ok();
+        let item = match crate::storage::item::decode(bytes) {
+            Ok(item) => Some(item),
+            Err(e) => return enc::error(out, &e.resp_reply()),
+        };
         let live = item.is_some_and(|i| !view.flushed && !i.meta.is_expired(view.now));
         let type_ok = type_filter.is_none_or(|t| {
             item.is_some_and(|i| t.eq_ignore_ascii_case(i.meta.kind.name().as_bytes()))

@@ -142,12 +142,12 @@ pub struct ItemRef<'a> {
 
 /// Decodes an item record.
 pub fn decode(bytes: &[u8]) -> Result<ItemRef<'_>, StoreError> {
-    let corrupt = |m: &str| StoreError::Corrupt(m.to_string());
+    let corrupt = |m: &str| StoreError::damaged(m.to_string());
     if bytes.len() < BASE_LEN {
         return Err(corrupt("item shorter than its header"));
     }
     if bytes[0] != FORMAT_VERSION {
-        return Err(StoreError::Corrupt(format!(
+        return Err(StoreError::damaged(format!(
             "unknown item format version {}",
             bytes[0]
         )));

@@ -31,13 +31,13 @@ use super::wal::LogBuf;
 use super::item::{self, FORMAT_VERSION};
 use super::{ItemMeta, ItemRef, Kind, ReadView, StoreError, WriteView};
 
-const META_FORMAT: &[u8] = b"format";
-const META_CAS: &[u8] = b"cas";
-const META_FLUSH_AT: &[u8] = b"flush_at";
+pub(crate) const META_FORMAT: &[u8] = b"format";
+pub(crate) const META_CAS: &[u8] = b"cas";
+pub(crate) const META_FLUSH_AT: &[u8] = b"flush_at";
 /// Present once a collection has ever been stored (since the last flush).
-const META_COLLS: &[u8] = b"colls";
+pub(crate) const META_COLLS: &[u8] = b"colls";
 /// The longest key an `expiry` entry (8 bytes of time, then the key) holds in full.
-const INDEX_KEY_MAX: usize = super::MAX_KEY - 8;
+pub(crate) const INDEX_KEY_MAX: usize = super::MAX_KEY - 8;
 
 /// Opening the store failed: the message is one line for the operator.
 #[derive(Debug)]
@@ -161,11 +161,11 @@ pub const DB_GC: u8 = 5;
 pub struct LmdbStore {
     env: Env<WithoutTls>,
     pub(crate) items: Table,
-    expiry: Table,
-    meta: Table,
+    pub(crate) expiry: Table,
+    pub(crate) meta: Table,
     pub(crate) elems: Table,
     pub(crate) zscore: Table,
-    gc: Table,
+    pub(crate) gc: Table,
     /// Whether any collection may exist. While false, writes skip looking for a collection to
     /// reclaim under the key they overwrite: memcached-only workloads pay nothing for types.
     has_colls: Arc<AtomicBool>,
@@ -284,6 +284,7 @@ impl LmdbStore {
             .is_some();
         wtxn.commit()
             .map_err(|e| at("cannot write to data directory", &e))?;
+        super::note_data_dir(dir);
         Ok((
             LmdbStore {
                 env,
@@ -308,7 +309,7 @@ impl LmdbStore {
                 Some(b) => b
                     .try_into()
                     .map(|a: [u8; 8]| Some(u64::from_le_bytes(a)))
-                    .map_err(|_| StoreError::Corrupt("meta record of the wrong length".into())),
+                    .map_err(|_| StoreError::damaged("meta record of the wrong length")),
             }
         };
         let p = Persisted {

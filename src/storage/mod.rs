@@ -13,6 +13,9 @@ pub mod wal;
 pub mod writer;
 
 use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 pub use item::{ItemMeta, ItemRef, Kind};
 
@@ -27,10 +30,69 @@ pub enum StoreError {
     Full,
     /// The key cannot be stored: empty, or longer than LMDB's key limit (`MAX_KEY`).
     BadKey,
-    /// A stored record could not be decoded.
-    Corrupt(String),
+    /// The store is damaged: LMDB found a page that is not what the tree says it is, or a
+    /// record does not decode. Made only through `StoreError::damaged`, which logs it (once).
+    Damaged(String),
     /// Any other LMDB or I/O failure.
     Backend(String),
+}
+
+/// The memcached text and meta protocols' reply to an operation that met damage.
+pub const MC_DAMAGED: &str = "SERVER_ERROR storage corrupted";
+/// The RESP error for the same.
+pub const RESP_DAMAGED: &str =
+    "ERR storage corrupted: stop memkeep and run `memkeep check` on its data directory";
+/// The binary protocol's error body for the same (with status internal error).
+pub const BIN_DAMAGED: &str = "storage corrupted";
+
+/// The data directory the process serves, for the damage log line (the first store opened).
+static DATA_DIR: OnceLock<PathBuf> = OnceLock::new();
+/// Whether the damage line has been logged: once per process, however many requests meet it.
+static DAMAGE_LOGGED: AtomicBool = AtomicBool::new(false);
+
+/// Records which directory the process's store is in (the first call wins).
+pub fn note_data_dir(dir: &Path) {
+    let _ = DATA_DIR.set(std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf()));
+}
+
+impl StoreError {
+    /// Damage found in the store: logs it at error level the first time in the process,
+    /// naming the data directory and what to do.
+    pub fn damaged(what: impl Into<String>) -> StoreError {
+        let what = what.into();
+        if !DAMAGE_LOGGED.swap(true, Ordering::AcqRel) {
+            let dir = DATA_DIR.get().map_or_else(
+                || "the data directory".to_string(),
+                |d| d.display().to_string(),
+            );
+            log::error!(
+                "storage corrupted in {dir}: {what}; stop memkeep and run `memkeep check {dir}`"
+            );
+        }
+        StoreError::Damaged(what)
+    }
+
+    pub fn is_damage(&self) -> bool {
+        matches!(self, StoreError::Damaged(_))
+    }
+
+    /// The memcached text/meta reply to a read that failed with this.
+    pub fn mc_read_reply(&self) -> &'static str {
+        if self.is_damage() {
+            MC_DAMAGED
+        } else {
+            "SERVER_ERROR temporary failure"
+        }
+    }
+
+    /// The RESP error reply (without the leading `-`) to an operation that failed with this.
+    pub fn resp_reply(&self) -> String {
+        if self.is_damage() {
+            RESP_DAMAGED.to_string()
+        } else {
+            format!("ERR storage failure: {self}")
+        }
+    }
 }
 
 impl fmt::Display for StoreError {
@@ -38,7 +100,7 @@ impl fmt::Display for StoreError {
         match self {
             StoreError::Full => f.write_str("store is full"),
             StoreError::BadKey => write!(f, "keys must be 1 to {MAX_KEY} bytes"),
-            StoreError::Corrupt(m) => write!(f, "corrupt record: {m}"),
+            StoreError::Damaged(m) => write!(f, "storage corrupted: {m}"),
             StoreError::Backend(m) => write!(f, "storage error: {m}"),
         }
     }
@@ -48,12 +110,47 @@ impl std::error::Error for StoreError {}
 
 impl From<heed::Error> for StoreError {
     fn from(e: heed::Error) -> Self {
+        use heed::MdbError as M;
         match e {
-            heed::Error::Mdb(heed::MdbError::MapFull) => StoreError::Full,
-            heed::Error::Mdb(heed::MdbError::BadValSize) => StoreError::BadKey,
+            heed::Error::Mdb(M::MapFull) => StoreError::Full,
+            heed::Error::Mdb(M::BadValSize) => StoreError::BadKey,
+            heed::Error::Mdb(m) if is_damage(&m) => StoreError::damaged(m.to_string()),
             other => StoreError::Backend(other.to_string()),
         }
     }
+}
+
+/// Whether LMDB's error says the file is damaged, rather than that a limit or the system
+/// failed. Damage:
+/// - `Corrupted` (a page of the wrong type where the tree points), `PageNotFound` (a page
+///   number past the end of the snapshot), `CursorFull` (a tree deeper than LMDB's cursor
+///   stack: with 511-byte keys a sound tree never is, so the pages form a loop): what LMDB
+///   finds walking pages that are not what they claim.
+/// - `Invalid` (no valid meta page), `VersionMismatch` (a meta page of another format) and
+///   `Incompatible` (a named database's record is not one: memkeep only ever creates its six
+///   databases with fixed flags, so the main tree's record changed under it): the file's own
+///   structure is wrong.
+/// - `BadTxn`: LMDB answers it to every operation of a transaction an earlier error marked
+///   failed. A read transaction is only ever marked so by the errors above, and memkeep's
+///   writer abandons a write transaction at its first error (so a transient one, such as a
+///   full map, never leaves it going on to meet `BadTxn`): it follows damage.
+///
+/// Not damage: `MapFull` (`Full`), `ReadersFull`, `TxnFull`, `DbsFull`, `MapResized`,
+/// `TlsFull` (limits, transient or configuration), `Panic` (an earlier write of a meta page
+/// failed: an I/O error; a restart recovers), `PageFull`, `Problem`, `BadRslot`, `BadDbi`
+/// (LMDB's internal or usage errors), `KeyExist`/`NotFound` (answers, not failures).
+pub fn is_damage(e: &heed::MdbError) -> bool {
+    use heed::MdbError as M;
+    matches!(
+        e,
+        M::Corrupted
+            | M::PageNotFound
+            | M::CursorFull
+            | M::Invalid
+            | M::VersionMismatch
+            | M::Incompatible
+            | M::BadTxn
+    )
 }
 
 /// Read access to items, as the semantics see it.

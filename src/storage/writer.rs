@@ -406,7 +406,10 @@ impl<T: Send> Writer<T> {
                             .flat_map(|s| s.reqs.iter().map(|_| Outcome::Failed)),
                     );
                 } else {
-                    if !matches!(e, StoreError::Full) {
+                    if e.is_damage() {
+                        // Logged once where it was found; the writes that meet it say so.
+                        debug!("batch met damage, retrying each write alone: {e}");
+                    } else if !matches!(e, StoreError::Full) {
                         error!("batch commit failed, retrying each write alone: {e}");
                     } else {
                         debug!("store full: checkpointing, then retrying one write at a time");
@@ -497,6 +500,7 @@ impl<T: Send> Writer<T> {
                 o
             }
             Err(StoreError::Full) => Outcome::Full,
+            Err(StoreError::Damaged(_)) => Outcome::Damaged,
             Err(e) => {
                 warn!("write failed: {e}");
                 Outcome::Failed

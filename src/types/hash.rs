@@ -346,21 +346,21 @@ pub(crate) fn walk<'t>(
     coll: &CollMeta,
     mut each: impl FnMut(&'t [u8], &'t [u8]),
 ) -> Result<(), String> {
-    let fail = |e: &dyn std::fmt::Display| format!("ERR storage failure: {e}");
+    let fail = |e: heed::Error| StoreError::from(e).resp_reply();
     let iter = store
         .elems
         .prefix_iter(txn, &coll.id.to_be_bytes()[..])
-        .map_err(|e| fail(&e))?;
+        .map_err(fail)?;
     let mut n = 0u64;
     for r in iter {
-        let (k, v) = r.map_err(|e| fail(&e))?;
+        let (k, v) = r.map_err(fail)?;
         each(&k[8..], v);
         n += 1;
     }
     if n == coll.len {
         Ok(())
     } else {
-        Err("ERR storage failure: collection elements missing".into())
+        Err(StoreError::damaged("collection elements missing").resp_reply())
     }
 }
 
@@ -545,7 +545,7 @@ impl Picker {
         db: Database<Bytes, Bytes>,
         txn: &'t RoTxn,
     ) -> Result<Elem<'t>, StoreError> {
-        let gone = || StoreError::Corrupt("collection elements missing".into());
+        let gone = || StoreError::damaged("collection elements missing");
         // `p` is the prefix every candidate has; `first` the smallest key with it.
         let mut p = self.prefix.to_vec();
         let mut first = db
@@ -719,7 +719,7 @@ pub(crate) fn sample_repeats<'t>(
         }
     }
     if picked.len() as u64 != count {
-        return Err(StoreError::Corrupt("collection elements missing".into()));
+        return Err(StoreError::damaged("collection elements missing"));
     }
     // The walk collected them in order: shuffle (Fisher-Yates).
     for i in (1..picked.len()).rev() {

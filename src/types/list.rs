@@ -198,7 +198,7 @@ pub fn write_op(code: u8, args: Args<'_>) -> Result<ListOp, String> {
 }
 
 fn corrupt() -> StoreError {
-    StoreError::Corrupt("list element missing".into())
+    StoreError::damaged("list element missing")
 }
 
 /// Removes one element from an end; the caller saves the metadata.
@@ -448,7 +448,7 @@ pub fn read(code: u8, args: Args<'_>, cx: &ReadCx<'_, '_>, out: &mut Vec<u8>, v3
             match elem(&c, c.head + i) {
                 Ok(Some(v)) => enc::bulk(out, v),
                 Ok(None) => enc::null(out, v3),
-                Err(e) => enc::error(out, &format!("ERR storage failure: {e}")),
+                Err(e) => super::storage_error(out, e),
             }
         }
         LRANGE => {
@@ -466,26 +466,20 @@ pub fn read(code: u8, args: Args<'_>, cx: &ReadCx<'_, '_>, out: &mut Vec<u8>, v3
             let start_len = out.len();
             enc::array(out, (e - s + 1) as usize);
             let mut n = 0;
-            match cx.store.elems.range(cx.txn, &range) {
-                Ok(iter) => {
-                    for r in iter {
-                        match r {
-                            Ok((_, v)) => {
-                                enc::bulk(out, v);
-                                n += 1;
-                            }
-                            Err(_) => break,
-                        }
-                    }
+            let walk = |out: &mut Vec<u8>, n: &mut u64| -> Result<(), StoreError> {
+                for r in cx.store.elems.range(cx.txn, &range)? {
+                    enc::bulk(out, r?.1);
+                    *n += 1;
                 }
-                Err(e) => {
-                    out.truncate(start_len);
-                    return enc::error(out, &format!("ERR storage failure: {e}"));
-                }
+                Ok(())
+            };
+            if let Err(err) = walk(out, &mut n) {
+                out.truncate(start_len);
+                return super::storage_error(out, err);
             }
             if n != e - s + 1 {
                 out.truncate(start_len);
-                enc::error(out, "ERR storage failure: list elements missing");
+                super::storage_error(out, StoreError::damaged("list elements missing"));
             }
         }
         LPOS => lpos(args, coll, cx, out, v3),
@@ -563,7 +557,7 @@ fn lpos(args: Args<'_>, coll: Option<CollMeta>, cx: &ReadCx<'_, '_>, out: &mut V
                     }
                 }
                 Ok(_) => {}
-                Err(e) => return enc::error(out, &format!("ERR storage failure: {e}")),
+                Err(e) => return super::storage_error(out, e),
             }
         }
     }

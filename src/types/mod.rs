@@ -73,7 +73,7 @@ impl CollMeta {
         let word = |i: usize| -> Result<[u8; 8], StoreError> {
             v.get(i * 8..i * 8 + 8)
                 .and_then(|s| s.try_into().ok())
-                .ok_or_else(|| StoreError::Corrupt("collection metadata truncated".into()))
+                .ok_or_else(|| StoreError::damaged("collection metadata truncated"))
         };
         Ok(CollMeta {
             id: u64::from_le_bytes(word(0)?),
@@ -252,7 +252,7 @@ impl ReadCx<'_, '_> {
             Ok(Found::Missing) => Ok(None),
             Ok(Found::Coll(_, c)) => Ok(Some(c)),
             Ok(Found::WrongType) => Err(WRONGTYPE.to_string()),
-            Err(e) => Err(format!("ERR storage failure: {e}")),
+            Err(e) => Err(e.resp_reply()),
         }
     }
 
@@ -289,8 +289,8 @@ pub fn random_u64() -> u64 {
 }
 
 /// Answers a read whose storage failed.
-pub fn storage_error(out: &mut Vec<u8>, e: impl std::fmt::Display) {
-    crate::protocol::resp::enc::error(out, &format!("ERR storage failure: {e}"))
+pub fn storage_error(out: &mut Vec<u8>, e: impl Into<StoreError>) {
+    crate::protocol::resp::enc::error(out, &e.into().resp_reply())
 }
 
 /// The message Redis gives for a command on the wrong kind of value.

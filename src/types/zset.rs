@@ -210,7 +210,7 @@ fn score_from(v: &[u8]) -> Option<f64> {
 }
 
 fn corrupt() -> StoreError {
-    StoreError::Corrupt("sorted-set element has a malformed score".into())
+    StoreError::damaged("sorted-set element has a malformed score")
 }
 
 /// A parsed score argument (ZADD, ZINCRBY), as Redis's `getDoubleFromObject`: the whole text
@@ -831,8 +831,8 @@ fn add(
 // ---------------------------------------------------------------------------------------------
 // Reads
 
-fn storage_err(e: impl std::fmt::Display) -> String {
-    format!("ERR storage failure: {e}")
+fn storage_err(e: impl Into<StoreError>) -> String {
+    e.into().resp_reply()
 }
 
 /// The sorted set under `key`: None when missing; Err: the error to answer.
@@ -1146,7 +1146,7 @@ fn rank_range(
             match r.and_then(|(key, _)| ix_entry(key)) {
                 Ok((m, score)) => emit.push(m, score),
                 Err(err) => {
-                    emit.fail(&storage_err(&err));
+                    emit.fail(&storage_err(err));
                     return Ok(());
                 }
             }
@@ -1159,7 +1159,7 @@ fn rank_range(
             match r.and_then(|(key, _)| ix_entry(key)) {
                 Ok(entry) => got.push(entry),
                 Err(err) => {
-                    emit.fail(&storage_err(&err));
+                    emit.fail(&storage_err(err));
                     return Ok(());
                 }
             }
@@ -1200,7 +1200,7 @@ fn walk_range(
         match entry {
             Ok((m, score)) => emit.push(m, score),
             Err(err) => {
-                emit.fail(&storage_err(&err));
+                emit.fail(&storage_err(err));
                 return Ok(());
             }
         }
