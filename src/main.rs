@@ -59,8 +59,13 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     }
+    // Written beside it and renamed, so a reader never sees the file empty.
     if let Some(pid_file) = &cli.pid_file
-        && let Err(e) = std::fs::write(pid_file, format!("{}\n", std::process::id()))
+        && let Err(e) = {
+            let tmp = pid_file.with_extension("pid.tmp");
+            std::fs::write(&tmp, format!("{}\n", std::process::id()))
+                .and_then(|()| std::fs::rename(&tmp, pid_file))
+        }
     {
         eprintln!("memkeep: cannot write pid file {}: {e}", pid_file.display());
         return ExitCode::from(1);
