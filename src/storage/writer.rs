@@ -145,8 +145,9 @@ pub struct Writer<T> {
     wal: Wal,
     checkpointer: Checkpointer,
     last_checkpoint: Instant,
-    /// The data file's last page when the last checkpoint began.
+    /// The data file's last page when the last checkpoint began, and the page size.
     checkpoint_pgno: u64,
+    page_size: u64,
     /// Set while commits are paced (see `PRESSURE_GROWTH`); read by workers without the lock.
     paced: Arc<std::sync::atomic::AtomicBool>,
     /// The batch's log records, kept between batches for its buffer.
@@ -181,6 +182,7 @@ impl<T: Send> Writer<T> {
         } = durable;
         flush_at.store(persisted.flush_at.unwrap_or(0), Ordering::Release);
         let checkpoint_pgno = store.env().info().last_page_number as u64;
+        let page_size = store.env().stat().page_size as u64;
         let outboxes = mailboxes.iter().map(|_| Vec::new()).collect();
         Writer {
             store,
@@ -188,6 +190,7 @@ impl<T: Send> Writer<T> {
             checkpointer,
             last_checkpoint: Instant::now(),
             checkpoint_pgno,
+            page_size,
             paced: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             log: LogBuf::default(),
             broken: None,
@@ -221,12 +224,20 @@ impl<T: Send> Writer<T> {
         Ok((gate, thread))
     }
 
+    /// The data file's last page now, and the bytes it has grown since the last checkpoint
+    /// began.
+    fn growth(&self) -> (u64, u64) {
+        let pgno = self.store.env().info().last_page_number as u64;
+        (
+            pgno,
+            pgno.saturating_sub(self.checkpoint_pgno) * self.page_size,
+        )
+    }
+
     /// Whether the file has grown far past the pinned snapshot: commits are paced until a
     /// checkpoint catches up.
     fn update_pressure(&self) {
-        let pgno = self.store.env().info().last_page_number as u64;
-        let page = self.store.env().stat().page_size as u64;
-        let paced = pgno.saturating_sub(self.checkpoint_pgno) * page >= PRESSURE_GROWTH;
+        let paced = self.growth().1 >= PRESSURE_GROWTH;
         if paced != self.paced.load(Ordering::Relaxed) {
             debug!("commit pacing {}", if paced { "on" } else { "off" });
             self.paced.store(paced, Ordering::Release);
@@ -248,11 +259,10 @@ impl<T: Send> Writer<T> {
         if self.wal.since_checkpoint == 0 {
             return;
         }
-        let pgno = self.store.env().info().last_page_number as u64;
-        let page = self.store.env().stat().page_size as u64;
+        let (pgno, grown) = self.growth();
         let due = now
             || self.wal.since_checkpoint >= CHECKPOINT_BYTES
-            || pgno.saturating_sub(self.checkpoint_pgno) * page >= CHECKPOINT_GROWTH
+            || grown >= CHECKPOINT_GROWTH
             || self.last_checkpoint.elapsed() >= CHECKPOINT_EVERY;
         if !due {
             return;
