@@ -76,6 +76,14 @@ pub fn backup(store: &LmdbStore, dest: &Path, replace: bool) -> Result<u64, Stri
     }
     let tmp = dest.join("data.mdb.partial");
     let _ = std::fs::remove_file(&tmp);
+    // Writes acknowledged but not yet committed to LMDB (served from the overlay) belong in
+    // the copy: wait for the writer's next commit.
+    if !store
+        .overlay()
+        .wait_committed(std::time::Duration::from_secs(10))
+    {
+        return Err("the writer did not commit to LMDB within 10 s; backup not taken".into());
+    }
     let f = store
         .env()
         .copy_to_path(&tmp, CompactionOption::Enabled)

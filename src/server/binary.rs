@@ -366,7 +366,7 @@ fn get(req: &Request<'_>, key: &[u8], with_key: bool, out: &mut Vec<u8>, pass: &
     let now = pass.now_ms;
     let counters = pass.counters;
     Counters::bump(&counters.cmd_get);
-    let (store, txn) = match pass.txn() {
+    let store = match pass.snap() {
         Ok(t) => t,
         Err(e) => {
             if e.is_damage() {
@@ -377,7 +377,7 @@ fn get(req: &Request<'_>, key: &[u8], with_key: bool, out: &mut Vec<u8>, pass: &
         }
     };
     let echo_key: &[u8] = if with_key { key } else { b"" };
-    match store.get(txn, key) {
+    match store.get(key) {
         Ok(Some(ItemRef { meta, value })) if !flushed && !meta.is_expired(now) => {
             if meta.kind != Kind::String {
                 return wrong_type(out, op, opaque);

@@ -397,7 +397,7 @@ fn get(
     let flushed = pass.flushed();
     let now = pass.now_ms;
     let counters = pass.counters;
-    let (store, txn) = match pass.txn() {
+    let store = match pass.snap() {
         Ok(t) => t,
         Err(e) => {
             if !e.is_damage() {
@@ -416,7 +416,7 @@ fn get(
             continue;
         }
         Counters::bump(&counters.cmd_get);
-        match store.get(txn, key) {
+        match store.get(key) {
             Ok(Some(ItemRef { meta, .. }))
                 if !flushed && !meta.is_expired(now) && meta.kind != Kind::String =>
             {
@@ -470,7 +470,7 @@ fn rget(
     use std::ops::Bound;
     let flushed = pass.flushed();
     let now = pass.now_ms;
-    let (store, txn) = match pass.txn() {
+    let store = match pass.snap() {
         Ok(t) => t,
         Err(e) => {
             if !e.is_damage() {
@@ -497,7 +497,7 @@ fn rget(
     if max > 0 {
         let walk = |out: &mut Vec<u8>| -> Result<(), StoreError> {
             let mut sent = 0;
-            for entry in store.items().range(txn, &(lo, hi))? {
+            for entry in store.range(lo, hi)? {
                 let (key, bytes) = entry?;
                 let item = crate::storage::item::decode(bytes)?;
                 if flushed || item.meta.is_expired(now) || item.meta.kind != Kind::String {
@@ -628,8 +628,8 @@ pub(super) fn stats(args: &[u8], out: &mut Vec<u8>, pass: &mut Pass<'_>) {
             }
             let now_s = pass.now_ms / 1000;
             let (user, sys) = rusage();
-            let (curr_items, bytes) = match pass.txn() {
-                Ok((store, txn)) => (store.len(txn).unwrap_or(0), store.used_bytes()),
+            let (curr_items, bytes) = match pass.snap() {
+                Ok(store) => (store.len().unwrap_or(0), store.used_bytes()),
                 Err(_) => (0, 0),
             };
             stat(out, "pid", std::process::id());
@@ -717,10 +717,14 @@ pub(super) fn stats(args: &[u8], out: &mut Vec<u8>, pass: &mut Pass<'_>) {
             let env = shared.store.env();
             let info = env.info();
             let st = env.stat();
-            let (entries, depth) = match pass.txn() {
-                Ok((store, txn)) => (
-                    store.len(txn).unwrap_or(0),
-                    store.items().stat(txn).map(|s| s.depth).unwrap_or(0),
+            let (entries, depth) = match pass.snap() {
+                Ok(store) => (
+                    store.len().unwrap_or(0),
+                    store
+                        .items()
+                        .stat(store.txn())
+                        .map(|s| s.depth)
+                        .unwrap_or(0),
                 ),
                 Err(_) => (0, 0),
             };

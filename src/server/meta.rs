@@ -163,13 +163,13 @@ fn lookup<'p>(
 ) -> Result<Option<(MetaItem, &'p [u8])>, &'static str> {
     let flushed = pass.flushed();
     let now = pass.now_ms;
-    let (store, txn) = pass.txn().map_err(|e| {
+    let store = pass.snap().map_err(|e| {
         if !e.is_damage() {
             error!("cannot open read transaction: {e}");
         }
         e.mc_read_reply()
     })?;
-    match store.get(txn, &m.key) {
+    match store.get(&m.key) {
         Ok(Some(ItemRef { meta, value })) if !flushed && !meta.is_expired(now) => {
             if meta.kind != Kind::String {
                 return Err(WRONGTYPE);

@@ -887,7 +887,7 @@ fn mget(args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session, pass: &mut Pass<'
     sess.mget_resume = 0;
     let (v3, room, start) = (sess.v3, sess.room, out.len());
     let (now, flushed, counters) = (pass.now_ms, pass.flushed(), pass.counters);
-    let txn = pass.txn();
+    let txn = pass.snap();
     if let Err(e) = &txn {
         if !e.is_damage() {
             error!("cannot open read transaction: {e}");
@@ -904,7 +904,7 @@ fn mget(args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session, pass: &mut Pass<'
         // snapshot in a resumed piece: the array has begun), except damage: the whole reply
         // is then the error, or, once a piece has been sent, the key's element is.
         let item = match &txn {
-            Ok((store, txn)) => match store.get(txn, args.get(i)) {
+            Ok(store) => match store.get(args.get(i)) {
                 Ok(Some(item))
                     if !flushed && !item.meta.is_expired(now) && item.meta.kind == Kind::String =>
                 {
@@ -951,7 +951,7 @@ fn data_read(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut P
     let flushed = pass.flushed();
     let counters = pass.counters;
     let shared = pass.shared;
-    let (store, txn) = match pass.txn() {
+    let store = match pass.snap() {
         Ok(t) => t,
         Err(e) => {
             if !e.is_damage() {
@@ -963,7 +963,7 @@ fn data_read(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut P
     // The live item under a key, or None.
     let lookup = |key: &[u8]| -> Result<Option<ItemRef<'_>>, StoreError> {
         Ok(store
-            .get(txn, key)?
+            .get(key)?
             .filter(|item| !flushed && !item.meta.is_expired(now)))
     };
     // Answers a failed read (damage is logged where it was found).
@@ -994,7 +994,7 @@ fn data_read(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut P
             let cursors = &shared.scan_cursors;
             let cx = types::ReadCx {
                 store,
-                txn,
+                txn: store.txn(),
                 now,
                 flushed,
                 cursors,
@@ -1064,7 +1064,7 @@ fn data_read(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut P
             let item = lookup1!();
             enc::simple(out, item.map_or("none", |i| i.meta.kind.name()))
         }
-        Cmd::DbSize => match store.len(txn) {
+        Cmd::DbSize => match store.len() {
             Ok(n) => enc::int(out, n as i64),
             Err(e) => failed(out, e),
         },
@@ -1072,7 +1072,8 @@ fn data_read(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut P
             let pattern = args.get(1);
             let mut found: Vec<&[u8]> = Vec::new();
             let mut walk = || -> Result<(), StoreError> {
-                for entry in store.items().iter(txn)? {
+                use std::ops::Bound::Unbounded;
+                for entry in store.range(Unbounded, Unbounded)? {
                     let (key, bytes) = entry?;
                     let item = crate::storage::item::decode(bytes)?;
                     if !flushed && !item.meta.is_expired(now) && glob_match(pattern, key) {
@@ -1094,7 +1095,6 @@ fn data_read(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut P
             out,
             ScanView {
                 store,
-                txn,
                 now,
                 flushed,
             },
@@ -1104,14 +1104,16 @@ fn data_read(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut P
             let seed =
                 shared.clock.now_ms() ^ (out.len() as u64).rotate_left(17) ^ 0x9e37_79b9_7f4a_7c15;
             let probe = splitmix(seed).to_be_bytes();
-            let pick = |it: Option<(&[u8], &[u8])>| it.map(|(k, _)| k.to_vec());
-            let items = store.items();
-            let key = items
-                .get_greater_than_or_equal_to(txn, &probe[..])
-                .ok()
-                .flatten()
-                .map(|kv| kv.0.to_vec())
-                .or_else(|| pick(items.first(txn).ok().flatten()));
+            use std::ops::Bound::{Included, Unbounded};
+            let first = |lo: std::ops::Bound<&[u8]>| {
+                store
+                    .range(lo, Unbounded)
+                    .ok()
+                    .and_then(|mut it| it.next())
+                    .and_then(|r| r.ok())
+                    .map(|(k, _)| k.to_vec())
+            };
+            let key = first(Included(&probe[..])).or_else(|| first(Unbounded));
             match key {
                 Some(k) => enc::bulk(out, &k),
                 None => enc::null(out, v3),
@@ -1123,8 +1125,7 @@ fn data_read(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut P
 
 /// What SCAN needs from the pass.
 struct ScanView<'a, 't> {
-    store: &'a crate::storage::lmdb::LmdbStore,
-    txn: &'t heed::RoTxn<'t>,
+    store: &'a crate::storage::overlay::Snap<'t>,
     now: u64,
     flushed: bool,
 }
@@ -1208,7 +1209,7 @@ fn scan(args: Args<'_>, out: &mut Vec<u8>, view: ScanView<'_, '_>, shared: &supe
             std::ops::Bound::Unbounded,
         ),
     };
-    let iter = match view.store.items().range(view.txn, &range) {
+    let iter = match view.store.range(range.0, range.1) {
         Ok(it) => it,
         Err(e) => return enc::error(out, &StoreError::from(e).resp_reply()),
     };
@@ -1633,8 +1634,8 @@ fn info(args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
     for c in shared.counters.iter() {
         t.add(c);
     }
-    let keys = match pass.txn() {
-        Ok((store, txn)) => store.len(txn).unwrap_or(0),
+    let keys = match pass.snap() {
+        Ok(store) => store.len().unwrap_or(0),
         Err(_) => 0,
     };
     let used = shared.store.used_bytes();

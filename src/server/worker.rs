@@ -4,7 +4,7 @@
 //! arrived:
 //! 1. take new connections, drain write completions from the writer (encoding their replies),
 //!    and read every readable socket into its buffer;
-//! 2. open one LMDB read transaction (lazily, only if a read needs it), run the buffered
+//! 2. take one snapshot (lazily, only if a read needs it; see `storage/overlay.rs`), run the buffered
 //!    requests of each touched connection (up to a budget each, so no client starves the
 //!    others), flush replies, then hand the pass's writes to the writer in one submission.
 //!
@@ -17,7 +17,6 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use heed::{RoTxn, WithoutTls};
 use log::{debug, error};
 use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
@@ -29,6 +28,7 @@ use super::stats::Counters;
 use crate::protocol::memcache::Limits;
 use crate::storage::StoreError;
 use crate::storage::lmdb::LmdbStore;
+use crate::storage::overlay::Snap;
 use crate::storage::writer::{Completion, Gate, Mailbox, Submission, Submitted, WriteRequest};
 
 pub const WAKER: Token = Token(usize::MAX);
@@ -80,19 +80,20 @@ pub struct Pass<'a> {
     flush_at: u64,
     pub pending: &'a mut Vec<WriteRequest<Tag>>,
     store: &'a LmdbStore,
-    txn: Option<RoTxn<'a, WithoutTls>>,
+    snap: Option<Snap<'a>>,
 }
 
 impl<'a> Pass<'a> {
-    /// The pass's read transaction, opened on first use.
-    pub fn txn(&mut self) -> Result<(&'a LmdbStore, &RoTxn<'a, WithoutTls>), StoreError> {
-        if self.txn.is_none() {
-            self.txn = Some(self.store.read_txn()?);
+    /// The pass's snapshot (an LMDB read transaction and the acknowledged writes LMDB has
+    /// not committed yet), taken on first use: after phase one has drained the completions,
+    /// so it holds every write acknowledged before a request of this pass was read.
+    pub fn snap(&mut self) -> Result<&Snap<'a>, StoreError> {
+        if self.snap.is_none() {
+            self.snap = Some(Snap::open(self.store)?);
         }
-        match &self.txn {
-            Some(t) => Ok((self.store, t)),
-            None => Err(StoreError::Backend("read transaction missing".into())),
-        }
+        self.snap
+            .as_ref()
+            .ok_or_else(|| StoreError::Backend("read transaction missing".into()))
     }
 
     /// A delayed flush_all has come due: every item read now is gone.
@@ -344,7 +345,7 @@ impl Worker {
             flush_at: shared.flush_at.load(Ordering::Acquire),
             pending: &mut self.pending,
             store,
-            txn: None,
+            snap: None,
         };
         let stopping = shared.shutdown.load(Ordering::Acquire);
         for key in self.dirty.drain(..) {

@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use heed::types::Bytes;
 use heed::{Database, Env, EnvFlags, EnvOpenOptions, RoTxn, RwTxn, WithoutTls};
 
+use super::overlay::Overlay;
 use super::wal::LogBuf;
 
 use super::item::{self, FORMAT_VERSION};
@@ -137,6 +138,12 @@ impl<'e> std::ops::Deref for LogTxn<'e> {
 }
 
 impl<'e> LogTxn<'e> {
+    /// The records written since the last call, leaving `spare` (emptied) to collect the next.
+    pub fn take_log(&mut self, mut spare: LogBuf) -> LogBuf {
+        spare.reset();
+        std::mem::replace(&mut self.log, spare)
+    }
+
     /// The LMDB transaction and the batch's records, for the writer to log, then commit.
     pub fn into_parts(self) -> (RwTxn<'e>, LogBuf) {
         (self.txn, self.log)
@@ -169,6 +176,90 @@ pub struct LmdbStore {
     /// Whether any collection may exist. While false, writes skip looking for a collection to
     /// reclaim under the key they overwrite: memcached-only workloads pay nothing for types.
     has_colls: Arc<AtomicBool>,
+    /// Acknowledged writes LMDB has not committed yet, as readers must see them.
+    overlay: Arc<Overlay>,
+}
+
+/// The writer's write transaction, kept open across batches (see `overlay.rs` for why).
+///
+/// LMDB's write lock is a mutex owned by the thread that began the transaction, so this is
+/// begun, committed and aborted only on one thread (the writer thread; `owner`), while other
+/// threads (leaders, see `writer.rs`) may apply batches to it under the writer's lock: LMDB
+/// keeps no other per-thread state for a write transaction.
+pub struct OpenTxn {
+    txn: Option<LogTxn<'static>>,
+    owner: std::thread::ThreadId,
+    /// Boxed so its address never changes: the transaction borrows it.
+    _env: Box<Env<WithoutTls>>,
+}
+
+// Safety: see the type's documentation: the transaction is only used by one thread at a time
+// (behind the writer's mutex), and ended on the thread that began it.
+unsafe impl Send for OpenTxn {}
+
+impl OpenTxn {
+    pub fn begin(store: &LmdbStore) -> Result<OpenTxn, StoreError> {
+        let env = Box::new(store.env.clone());
+        let txn: RwTxn<'_> = env.write_txn()?;
+        // Safety: the transaction borrows `*env`, which is heap-allocated (its address is
+        // stable however `OpenTxn` moves) and dropped only after the transaction has ended
+        // (`commit`, `Drop`).
+        let txn: RwTxn<'static> = unsafe { std::mem::transmute::<RwTxn<'_>, RwTxn<'static>>(txn) };
+        Ok(OpenTxn {
+            txn: Some(LogTxn {
+                txn,
+                log: LogBuf::default(),
+            }),
+            owner: std::thread::current().id(),
+            _env: env,
+        })
+    }
+
+    pub fn txn(&mut self) -> Result<&mut LogTxn<'static>, StoreError> {
+        self.txn
+            .as_mut()
+            .ok_or_else(|| StoreError::Backend("the write transaction has ended".into()))
+    }
+
+    /// The LMDB transaction this one will commit as.
+    pub fn id(&self) -> usize {
+        self.txn.as_ref().map_or(0, |t| t.txn.id())
+    }
+
+    /// Commits; returns the committed transaction's id.
+    pub fn commit(mut self) -> Result<usize, StoreError> {
+        let t = self
+            .txn
+            .take()
+            .ok_or_else(|| StoreError::Backend("no transaction".into()))?;
+        let id = t.txn.id();
+        t.txn.commit()?;
+        Ok(id)
+    }
+
+    /// Applies a log payload (replaying batches the aborted transaction held).
+    pub fn replay(&mut self, store: &LmdbStore, payload: &[u8]) -> Result<(), String> {
+        let t = self.txn.as_mut().ok_or("no transaction")?;
+        for op in super::wal::ops(payload) {
+            store.replay(&mut t.txn, op?)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for OpenTxn {
+    fn drop(&mut self) {
+        if let Some(t) = self.txn.take() {
+            if std::thread::current().id() == self.owner {
+                drop(t);
+            } else {
+                // Aborting here would release LMDB's write lock from a thread that does not
+                // own it; the owner has exited, and LMDB recovers a lock whose owner died.
+                log::error!("a write transaction outlived the writer thread");
+                std::mem::forget(t);
+            }
+        }
+    }
 }
 
 /// State the writer restores from the store at startup.
@@ -236,39 +327,74 @@ impl LmdbStore {
         if has_data && let Some(e) = truncated(&env) {
             return Err(e);
         }
-        let mut wtxn = env
-            .write_txn()
-            .map_err(|e| at("cannot write to data directory", &e))?;
-        let db = |wtxn: &mut RwTxn, name: &str, id: u8| {
-            env.create_database::<Bytes, Bytes>(wtxn, Some(name))
-                .map(|db| Table { db, id })
-                .map_err(|e| at("cannot create database in", &e))
-        };
-        let items = db(&mut wtxn, "items", DB_ITEMS)?;
-        let expiry = db(&mut wtxn, "expiry", DB_EXPIRY)?;
-        let meta = db(&mut wtxn, "meta", DB_META)?;
-        let elems = db(&mut wtxn, "elems", DB_ELEMS)?;
-        let zscore = db(&mut wtxn, "zscore", DB_ZSCORE)?;
-        let gc = db(&mut wtxn, "gc", DB_GC)?;
-        match meta
-            .get(&wtxn, META_FORMAT)
-            .map_err(|e| at("cannot read", &e))?
-        {
-            None => meta
-                .db
-                .put(&mut wtxn, META_FORMAT, &[FORMAT_VERSION])
-                .map_err(|e| at("cannot write to", &e))?,
-            Some([v]) if *v == FORMAT_VERSION => {}
-            Some(other) => {
-                return Err(OpenError(format!(
-                    "{} holds data in format {:?}, this memkeep reads format {FORMAT_VERSION}",
-                    dir.display(),
-                    other
-                )));
+        const NAMES: [(&str, u8); 6] = [
+            ("items", DB_ITEMS),
+            ("expiry", DB_EXPIRY),
+            ("meta", DB_META),
+            ("elems", DB_ELEMS),
+            ("zscore", DB_ZSCORE),
+            ("gc", DB_GC),
+        ];
+        // A store that has every database and our format opens with a read transaction only:
+        // a write transaction would wait for a running server's writer, which keeps one open
+        // (`memkeep backup` and `export` read a live store beside it).
+        let existing = (|| -> Option<[Table; 6]> {
+            let rtxn = env.read_txn().ok()?;
+            let mut t = Vec::with_capacity(6);
+            for (name, id) in NAMES {
+                let db = env
+                    .open_database::<Bytes, Bytes>(&rtxn, Some(name))
+                    .ok()
+                    .flatten()?;
+                t.push(Table { db, id });
             }
-        }
-        let read_u64 = |wtxn: &RwTxn, k: &[u8]| -> Result<Option<u64>, OpenError> {
-            match meta.get(wtxn, k).map_err(|e| at("cannot read", &e))? {
+            let ok = t[2].get(&rtxn, META_FORMAT).ok().flatten() == Some(&[FORMAT_VERSION][..]);
+            rtxn.commit().ok()?;
+            if ok { t.try_into().ok() } else { None }
+        })();
+        let tables = match existing {
+            Some(t) => t,
+            None => {
+                let mut wtxn = env
+                    .write_txn()
+                    .map_err(|e| at("cannot write to data directory", &e))?;
+                let mut t = Vec::with_capacity(6);
+                for (name, id) in NAMES {
+                    let db = env
+                        .create_database::<Bytes, Bytes>(&mut wtxn, Some(name))
+                        .map_err(|e| at("cannot create database in", &e))?;
+                    t.push(Table { db, id });
+                }
+                let meta = t[2];
+                match meta
+                    .get(&wtxn, META_FORMAT)
+                    .map_err(|e| at("cannot read", &e))?
+                {
+                    None => meta
+                        .db
+                        .put(&mut wtxn, META_FORMAT, &[FORMAT_VERSION])
+                        .map_err(|e| at("cannot write to", &e))?,
+                    Some([v]) if *v == FORMAT_VERSION => {}
+                    Some(other) => {
+                        return Err(OpenError(format!(
+                            "{} holds data in format {:?}, this memkeep reads format {FORMAT_VERSION}",
+                            dir.display(),
+                            other
+                        )));
+                    }
+                }
+                wtxn.commit()
+                    .map_err(|e| at("cannot write to data directory", &e))?;
+                t.try_into()
+                    .map_err(|_| OpenError("database list".into()))?
+            }
+        };
+        let [items, expiry, meta, elems, zscore, gc] = tables;
+        let rtxn = env
+            .read_txn()
+            .map_err(|e| at("cannot read data directory", &e))?;
+        let read_u64 = |k: &[u8]| -> Result<Option<u64>, OpenError> {
+            match meta.get(&rtxn, k).map_err(|e| at("cannot read", &e))? {
                 None => Ok(None),
                 Some(b) => b
                     .try_into()
@@ -276,14 +402,13 @@ impl LmdbStore {
                     .map_err(|_| at("corrupt meta record in", &"bad length")),
             }
         };
-        let cas = read_u64(&wtxn, META_CAS)?.unwrap_or(0);
-        let flush_at = read_u64(&wtxn, META_FLUSH_AT)?;
+        let cas = read_u64(META_CAS)?.unwrap_or(0);
+        let flush_at = read_u64(META_FLUSH_AT)?;
         let has_colls = meta
-            .get(&wtxn, META_COLLS)
+            .get(&rtxn, META_COLLS)
             .map_err(|e| at("cannot read", &e))?
             .is_some();
-        wtxn.commit()
-            .map_err(|e| at("cannot write to data directory", &e))?;
+        drop(rtxn);
         super::note_data_dir(dir);
         Ok((
             LmdbStore {
@@ -295,6 +420,7 @@ impl LmdbStore {
                 zscore,
                 gc,
                 has_colls: Arc::new(AtomicBool::new(has_colls)),
+                overlay: Arc::new(Overlay::new(0)),
             },
             Persisted { cas, flush_at },
         ))
@@ -324,6 +450,10 @@ impl LmdbStore {
 
     pub fn env(&self) -> &Env<WithoutTls> {
         &self.env
+    }
+
+    pub fn overlay(&self) -> &Overlay {
+        &self.overlay
     }
 
     pub fn read_txn(&self) -> Result<RoTxn<'_, WithoutTls>, StoreError> {

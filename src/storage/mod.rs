@@ -9,6 +9,7 @@ pub mod durable;
 pub mod item;
 pub mod lmdb;
 pub mod model;
+pub mod overlay;
 pub mod wal;
 pub mod writer;
 

@@ -87,6 +87,11 @@ impl LogBuf {
         self.buf.len() - HEADER
     }
 
+    /// The records (what `ops` reads back).
+    pub fn payload(&self) -> &[u8] {
+        &self.buf[HEADER..]
+    }
+
     pub fn put(&mut self, db: u8, key: &[u8], parts: &[&[u8]]) {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         self.buf.reserve(8 + key.len() + len);

@@ -25,7 +25,8 @@ use log::{debug, error, warn};
 
 use super::StoreError;
 use super::durable::{Checkpointer, Durable};
-use super::lmdb::{LmdbStore, LmdbWrite, LogTxn};
+use super::lmdb::{LmdbStore, LmdbWrite, OpenTxn};
+use super::overlay::{self, Map};
 use super::wal::{LogBuf, Wal};
 use crate::clock::Clock;
 use crate::command::{Outcome, WriteOp};
@@ -132,6 +133,9 @@ const CHECKPOINT_GROWTH: u64 = 4 << 20;
 const PRESSURE_GROWTH: u64 = 32 << 20;
 const PACED_GATHER: Duration = Duration::from_micros(1000);
 
+/// After a commit did not fit the map, how long before the writer tries again by itself.
+const FULL_RETRY: Duration = Duration::from_millis(100);
+
 /// Time between expiry sweeps, and the most items one sweep deletes.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 const SWEEP_LIMIT: usize = 1000;
@@ -139,6 +143,13 @@ const SWEEP_LIMIT: usize = 1000;
 /// A delayed `flush_all` deadline in unix ms (0 = none), shared with the workers so reads treat
 /// every item as gone once it has passed, even before the writer has cleared the store.
 pub type FlushAt = Arc<AtomicU64>;
+
+/// LMDB commits: the open write transaction is committed once the log holds this much since
+/// it began, or its first batch is this old (and at once for a batch that changed a
+/// collection, before any checkpoint, and at a stop). What it holds is served meanwhile from
+/// the overlay (`overlay.rs`) and kept in `uncommitted` for a rebuild.
+const COMMIT_BYTES: usize = 4 << 20;
+const COMMIT_EVERY: Duration = Duration::from_millis(250);
 
 pub struct Writer<T> {
     store: LmdbStore,
@@ -163,6 +174,38 @@ pub struct Writer<T> {
     outboxes: Vec<Vec<Completion<T>>>,
     /// Deleted collections still have elements to reclaim.
     gc_more: bool,
+    /// The LMDB write transaction batches go into (begun and ended on the writer thread only).
+    open: Option<OpenTxn>,
+    /// What the open transaction changed in `items`, as last published to readers.
+    map: Map,
+    /// The log payloads of every batch in the open transaction, in order: replayed into a
+    /// fresh transaction when this one must be aborted (a write failed half-way).
+    uncommitted: Vec<u8>,
+    /// When the open transaction got its first batch.
+    since: Option<Instant>,
+    /// A write failed inside the open transaction, which LMDB then refuses to commit (or a
+    /// batch reached it but not the log): the writer thread aborts it and rebuilds it from
+    /// `uncommitted` before anything else goes in.
+    poisoned: bool,
+    /// Completions of batches a leader applied that readers may see only once LMDB has them
+    /// (they changed a collection): delivered by the writer thread's next commit.
+    held: Vec<(usize, Completion<T>)>,
+    /// The last commit did not fit the map: none is tried again before this (unless asked).
+    full_until: Option<Instant>,
+    /// The map's size, and whether the data is close to it (see `near_full`), refreshed
+    /// between batches; leaders leave batches to the writer thread while it is set.
+    map_size: u64,
+    nearly_full: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// What a leader's attempt at committing came to.
+enum Handled {
+    /// Applied, logged, and the outcomes delivered.
+    Done,
+    /// Applied and logged; the outcomes wait for the writer thread's LMDB commit.
+    Held,
+    /// Not applied: the writer thread must take this batch.
+    Requeue,
 }
 
 impl<T: Send> Writer<T> {
@@ -183,6 +226,7 @@ impl<T: Send> Writer<T> {
         flush_at.store(persisted.flush_at.unwrap_or(0), Ordering::Release);
         let checkpoint_pgno = store.env().info().last_page_number as u64;
         let page_size = store.env().stat().page_size as u64;
+        let map_size = store.env().info().map_size as u64;
         let outboxes = mailboxes.iter().map(|_| Vec::new()).collect();
         Writer {
             store,
@@ -201,6 +245,15 @@ impl<T: Send> Writer<T> {
             mailboxes,
             outboxes,
             gc_more: true,
+            open: None,
+            map: Map::new_sync(),
+            uncommitted: Vec::new(),
+            since: None,
+            poisoned: false,
+            held: Vec::new(),
+            full_until: None,
+            map_size,
+            nearly_full: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         }
     }
 
@@ -237,6 +290,7 @@ impl<T: Send> Writer<T> {
     /// Whether the file has grown far past the pinned snapshot: commits are paced until a
     /// checkpoint catches up.
     fn update_pressure(&self) {
+        self.nearly_full.store(self.near_full(0), Ordering::Release);
         let paced = self.growth().1 >= PRESSURE_GROWTH;
         if paced != self.paced.load(Ordering::Relaxed) {
             debug!("commit pacing {}", if paced { "on" } else { "off" });
@@ -245,7 +299,8 @@ impl<T: Send> Writer<T> {
     }
 
     /// Starts a checkpoint when one is due (or, with `now`, whenever the log holds anything)
-    /// and none is running.
+    /// and none is running. Writer thread only: the checkpoint pins the last LMDB commit, so
+    /// the open transaction is committed first.
     fn maybe_checkpoint(&mut self, now: bool) {
         if self.checkpointer.busy() || self.broken.is_some() {
             return;
@@ -267,8 +322,12 @@ impl<T: Send> Writer<T> {
         if !due {
             return;
         }
+        if self.commit_lmdb().is_err() {
+            return;
+        }
         self.last_checkpoint = Instant::now();
         self.checkpoint_pgno = pgno;
+        debug!("checkpoint begins at batch {}", self.wal.last_seq());
         if let Err(e) = self.checkpointer.begin(&self.store, &mut self.wal) {
             error!("cannot start a checkpoint: {e}");
         }
@@ -312,51 +371,216 @@ impl<T: Send> Writer<T> {
         self.broken = Some(why);
     }
 
-    /// Logs and commits a transaction the batch has filled: the log append first (so no
-    /// committed change is missing from it), then LMDB's commit (no sync). On error nothing
-    /// of the transaction is kept, in LMDB or in the log.
-    fn log_and_commit(&mut self, txn: LogTxn<'_>) -> Result<(), StoreError> {
-        let (txn, mut log) = txn.into_parts();
-        let result = if log.is_empty() {
-            // Nothing changed: no batch, no LMDB transaction id.
-            drop(txn);
-            Ok(())
-        } else {
-            let (pos, seq) = (self.wal.position(), self.wal.last_seq() + 1);
-            match self.wal.append(&mut log) {
-                Err(e) => {
-                    drop(txn);
-                    let why = format!("cannot append to the write-ahead log: {e}");
-                    self.break_log(why.clone());
-                    Err(StoreError::Backend(why))
-                }
-                Ok(_) => match txn.commit() {
-                    Ok(()) => Ok(()),
-                    Err(e) => {
-                        if let Err(u) = self.wal.undo(pos, seq) {
-                            self.break_log(format!(
-                                "cannot take back a log batch whose commit failed: {u}"
-                            ));
-                        }
-                        Err(e.into())
-                    }
-                },
-            }
-        };
-        log.reset();
-        self.log = log;
-        result
+    /// Begins the write transaction batches go into (writer thread only) and publishes the
+    /// empty overlay over the snapshot it starts from.
+    fn begin(&mut self) -> Result<(), StoreError> {
+        if self.open.is_none() {
+            let open = OpenTxn::begin(&self.store)?;
+            self.store
+                .overlay()
+                .publish(open.id().saturating_sub(1), Map::new_sync());
+            self.map = Map::new_sync();
+            self.open = Some(open);
+        }
+        Ok(())
     }
 
-    /// Applies and commits `batch` (emptying it), then delivers the outcomes, waking each
-    /// worker but `awake` (the one committing, which looks at its mailbox next anyway). Returns
-    /// how many expired items the sweep removed.
+    /// Whether the open transaction should be committed now.
+    fn commit_due(&self) -> bool {
+        if self.full_until.is_some_and(|t| Instant::now() < t) {
+            return false;
+        }
+        !self.held.is_empty()
+            || (!self.uncommitted.is_empty()
+                && (self.uncommitted.len() >= COMMIT_BYTES
+                    || self.since.is_some_and(|t| t.elapsed() >= COMMIT_EVERY)
+                    || self.store.overlay().commit_asked.load(Ordering::Acquire)))
+    }
+
+    /// Commits the open transaction to LMDB (without sync: the log has it), publishes the
+    /// empty overlay over the new snapshot, delivers held completions, and begins the next
+    /// transaction. Writer thread only. A commit that does not fit the map (LMDB allocates
+    /// pages for its free list as it commits) leaves the transaction as it was, rebuilt, and
+    /// is tried again later; any other failure is retried once on a rebuilt transaction, then
+    /// breaks the writer (the log holds every acknowledged batch; a restart replays them).
+    fn commit_lmdb(&mut self) -> Result<(), StoreError> {
+        self.store
+            .overlay()
+            .commit_asked
+            .store(false, Ordering::Release);
+        if self.poisoned {
+            self.rebuild();
+        }
+        if self.uncommitted.is_empty() && self.held.is_empty() {
+            return Ok(());
+        }
+        let mut result = Err(StoreError::Backend("no write transaction".into()));
+        for attempt in 0..2 {
+            if attempt > 0 {
+                self.rebuild();
+            }
+            let Some(open) = self.open.take() else {
+                continue;
+            };
+            result = open.commit();
+            match &result {
+                Ok(_) => break,
+                Err(StoreError::Full) => {
+                    self.rebuild();
+                    self.full_until = Some(Instant::now() + FULL_RETRY);
+                    return Err(StoreError::Full);
+                }
+                Err(e) => error!("LMDB commit failed: {e}"),
+            }
+        }
+        let delivered = match result {
+            Ok(id) => {
+                self.store.overlay().publish(id, Map::new_sync());
+                self.map = Map::new_sync();
+                self.uncommitted.clear();
+                if self.uncommitted.capacity() > 2 * COMMIT_BYTES {
+                    self.uncommitted.shrink_to(COMMIT_BYTES);
+                }
+                self.since = None;
+                self.full_until = None;
+                Ok(())
+            }
+            Err(e) => {
+                self.break_log(format!("cannot commit to LMDB: {e}"));
+                for (_, c) in self.held.iter_mut() {
+                    c.outcome = Outcome::Failed;
+                }
+                Err(e)
+            }
+        };
+        for (worker, c) in self.held.drain(..) {
+            self.outboxes[worker].push(c);
+        }
+        self.deliver(None);
+        if self.broken.is_none()
+            && let Err(e) = self.begin()
+        {
+            error!("cannot begin a write transaction: {e}");
+        }
+        delivered
+    }
+
+    /// Logs a batch already applied to the open transaction and commits LMDB before anyone
+    /// is told (writer thread): for batches readers may see only through LMDB, and for every
+    /// batch while the map is nearly full. If the commit fails, the batch is taken back out
+    /// of the log and of the transaction (rebuilt from the batches before it).
+    fn log_and_commit(&mut self, log: &mut LogBuf) -> Result<(), StoreError> {
+        let (pos, seq) = (self.wal.position(), self.wal.last_seq() + 1);
+        if let Err(e) = self.wal.append(log) {
+            let why = format!("cannot append to the write-ahead log: {e}");
+            self.break_log(why.clone());
+            self.poisoned = true;
+            return Err(StoreError::Backend(why));
+        }
+        let before = self.uncommitted.len();
+        self.uncommitted.extend_from_slice(log.payload());
+        self.since.get_or_insert_with(Instant::now);
+        match self.commit_lmdb() {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                if self.broken.is_none() {
+                    if let Err(u) = self.wal.undo(pos, seq) {
+                        self.break_log(format!(
+                            "cannot take back a log batch whose commit failed: {u}"
+                        ));
+                    }
+                    self.uncommitted.truncate(before);
+                    self.poisoned = true;
+                    self.rebuild();
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Whether the map is close enough to full that every batch must commit LMDB before it
+    /// is acknowledged (as a commit that does not fit then refuses only that batch), counting
+    /// `extra` more log bytes into the open transaction. Acknowledged batches in the open
+    /// transaction must always fit at its commit, so the estimate is pessimistic: the data
+    /// file's high-water mark (free pages inside it are not counted), twice the bytes logged
+    /// into the transaction (pages, branch pages, the free list's own pages), and a margin.
+    fn near_full(&self, extra: usize) -> bool {
+        let used = (self.store.env().info().last_page_number as u64 + 1) * self.page_size;
+        let pending = 2 * (self.uncommitted.len() + extra) as u64;
+        let margin = (4 * COMMIT_BYTES as u64).min(self.map_size / 4);
+        used + pending + margin > self.map_size
+    }
+
+    /// Aborts the open transaction and replays `uncommitted` into a fresh one (writer thread
+    /// only): the state every acknowledged batch left, without the batch that failed.
+    fn rebuild(&mut self) {
+        self.open = None;
+        self.poisoned = false;
+        if self.broken.is_some() {
+            return;
+        }
+        let store = self.store.clone();
+        let r = OpenTxn::begin(&store)
+            .map_err(|e| e.to_string())
+            .and_then(|mut open| {
+                open.replay(&store, &self.uncommitted)?;
+                Ok(open)
+            });
+        match r {
+            Ok(open) => self.open = Some(open),
+            Err(e) => self.break_log(format!(
+                "cannot rebuild the write transaction from the log: {e}"
+            )),
+        }
+    }
+
+    /// Delivers every outbox, waking each worker but `awake` (the one committing, which looks
+    /// at its mailbox next anyway).
+    fn deliver(&mut self, awake: Option<usize>) {
+        for (i, (mailbox, outbox)) in self
+            .mailboxes
+            .iter()
+            .zip(self.outboxes.iter_mut())
+            .enumerate()
+        {
+            mailbox.deliver(outbox, awake != Some(i));
+        }
+    }
+
+    /// Applies `batch` to the open transaction and logs it as one batch, then delivers the
+    /// outcomes once it is durable per the sync mode and visible to readers (in the overlay,
+    /// or committed to LMDB for a batch that changed collections).
+    ///
+    /// `leader` is the worker committing on its own thread, or None on the writer thread. A
+    /// leader never begins or ends the LMDB transaction (see `OpenTxn`): what needs that comes
+    /// back as `Requeue` (nothing applied) or `Held`. Returns how many expired items the sweep
+    /// removed.
     fn commit(
         &mut self,
         batch: &mut Vec<Submission<T>>,
         sweep: bool,
-        awake: Option<usize>,
-    ) -> usize {
+        leader: Option<usize>,
+    ) -> (Handled, usize) {
+        if leader.is_some() {
+            if self.poisoned
+                || self.open.is_none()
+                || !self.held.is_empty()
+                || self.flush_due()
+                || self.nearly_full.load(Ordering::Acquire)
+            {
+                return (Handled::Requeue, 0);
+            }
+        } else {
+            if !self.held.is_empty() || self.poisoned {
+                let _ = self.commit_lmdb();
+            }
+            if self.open.is_none()
+                && self.broken.is_none()
+                && let Err(e) = self.begin()
+            {
+                error!("cannot begin a write transaction: {e}");
+            }
+        }
         let ctx = Ctx {
             now_ms: self.clock.now_ms(),
             item_size_max: self.cfg.item_size_max,
@@ -366,97 +590,168 @@ impl<T: Send> Writer<T> {
         let mut swept = 0;
         let mut ran_due = false;
         let mut gc_more = self.gc_more;
-        let result = if self.broken.is_some() {
-            Err(StoreError::Backend("the write-ahead log is broken".into()))
-        } else {
-            let store = self.store.clone();
-            let log = std::mem::take(&mut self.log);
-            (|| -> Result<(), StoreError> {
-                let mut txn = store.write_txn_with(log)?;
-                ran_due = self.housekeeping(&store, &mut txn, ctx.now_ms, sweep, &mut swept)?;
-                let mut cas = self.cas;
-                for sub in batch.iter() {
-                    for req in &sub.reqs {
-                        let mut w = store.writer(&mut txn, &mut cas);
-                        outcomes.push(apply(&mut w, &req.op, ctx)?);
+        let mut cas = self.cas;
+        let mut open = self.open.take();
+        let spare = std::mem::take(&mut self.log);
+        let applied: Result<LogBuf, StoreError> = match (&self.broken, open.as_mut()) {
+            (Some(_), _) => Err(StoreError::Backend("the write-ahead log is broken".into())),
+            (None, None) => Err(StoreError::Backend("no write transaction".into())),
+            (None, Some(open)) => {
+                let store = self.store.clone();
+                let due = leader.is_none() && self.flush_due();
+                (|| -> Result<LogBuf, StoreError> {
+                    let txn = open.txn()?;
+                    if due {
+                        ran_due = store.run_due_flush(txn, ctx.now_ms)?;
                     }
-                }
-                if cas != self.cas {
-                    store.put_cas(&mut txn, cas)?;
-                }
-                if store.gc_pending(&txn)? {
-                    store.collect_garbage(&mut txn, GC_CHUNK)?;
-                    gc_more = store.gc_pending(&txn)?;
-                } else {
-                    gc_more = false;
-                }
-                self.log_and_commit(txn)?;
-                self.cas = cas;
-                Ok(())
-            })()
-        };
-        self.gc_more = gc_more;
-        match result {
-            Ok(()) => {
-                let durable = self.cfg.sync != SyncMode::Always || self.sync_log();
-                if durable {
-                    let ops = batch.iter().flat_map(|s| s.reqs.iter().map(|r| &r.op));
-                    self.publish_flush(ran_due, ops, ctx.now_ms);
-                } else {
-                    // Committed but not known durable: no write of the batch is acknowledged.
-                    outcomes.iter_mut().for_each(|o| *o = Outcome::Failed);
-                }
-            }
-            Err(e) => {
-                outcomes.clear();
-                if self.broken.is_some() {
-                    outcomes.extend(
-                        batch
-                            .iter()
-                            .flat_map(|s| s.reqs.iter().map(|_| Outcome::Failed)),
-                    );
-                } else {
-                    if e.is_damage() {
-                        // Logged once where it was found; the writes that meet it say so.
-                        debug!("batch met damage, retrying each write alone: {e}");
-                    } else if !matches!(e, StoreError::Full) {
-                        error!("batch commit failed, retrying each write alone: {e}");
-                    } else {
-                        debug!("store full: checkpointing, then retrying one write at a time");
-                        self.checkpoint_now();
+                    if sweep {
+                        swept = store.sweep_expired(txn, ctx.now_ms, SWEEP_LIMIT)?;
                     }
                     for sub in batch.iter() {
                         for req in &sub.reqs {
-                            let o = self.commit_one(&req.op, ctx);
-                            outcomes.push(o);
+                            let mut w = store.writer(txn, &mut cas);
+                            outcomes.push(apply(&mut w, &req.op, ctx)?);
                         }
                     }
-                    if self.cfg.sync == SyncMode::Always && !self.sync_log() {
+                    if cas != self.cas {
+                        store.put_cas(txn, cas)?;
+                    }
+                    if store.gc_pending(txn)? {
+                        store.collect_garbage(txn, GC_CHUNK)?;
+                        gc_more = store.gc_pending(txn)?;
+                    } else {
+                        gc_more = false;
+                    }
+                    Ok(txn.take_log(spare))
+                })()
+            }
+        };
+        self.open = open;
+        // CAS uniques handed out by a failed batch are skipped, never reused.
+        self.cas = cas;
+        let mut log = match applied {
+            Ok(log) => {
+                self.gc_more = gc_more;
+                log
+            }
+            Err(e) => {
+                if self.broken.is_none() {
+                    // LMDB refuses to commit a transaction a write failed in, and this batch
+                    // may be half in it: it is aborted and rebuilt from the log.
+                    self.poisoned = true;
+                }
+                if leader.is_some() && self.broken.is_none() {
+                    return (Handled::Requeue, 0);
+                }
+                self.fallback(batch, e, ctx);
+                return (Handled::Done, swept);
+            }
+        };
+        let mut handled = Handled::Done;
+        if !log.is_empty() {
+            let mut map = self.map.clone();
+            let visible_now = match overlay::absorb(&mut map, log.payload()) {
+                Ok(v) => v && !self.near_full(log.payload_len()),
+                Err(e) => {
+                    error!("cannot read back a batch's records: {e}");
+                    false
+                }
+            };
+            if visible_now || leader.is_some() {
+                match self.wal.append(&mut log) {
+                    Err(e) => {
+                        self.break_log(format!("cannot append to the write-ahead log: {e}"));
+                        self.poisoned = true;
                         outcomes.iter_mut().for_each(|o| *o = Outcome::Failed);
                     }
+                    Ok(_) => {
+                        self.uncommitted.extend_from_slice(log.payload());
+                        self.since.get_or_insert_with(Instant::now);
+                        if visible_now {
+                            let base = self.open.as_ref().map_or(0, |o| o.id().saturating_sub(1));
+                            self.store.overlay().publish(base, map.clone());
+                            self.map = map;
+                        } else {
+                            handled = Handled::Held;
+                        }
+                    }
+                }
+            } else if let Err(e) = self.log_and_commit(&mut log) {
+                log.reset();
+                self.log = std::mem::take(&mut log);
+                if self.broken.is_some() {
+                    outcomes.iter_mut().for_each(|o| *o = Outcome::Failed);
+                } else {
+                    // Taken back out: run each write alone.
+                    self.fallback(batch, e, ctx);
+                    return (Handled::Done, swept);
                 }
             }
         }
+        log.reset();
+        self.log = log;
+        let durable = self.cfg.sync != SyncMode::Always || self.sync_log();
+        if durable {
+            let ops = batch.iter().flat_map(|s| s.reqs.iter().map(|r| &r.op));
+            self.publish_flush(ran_due, ops, ctx.now_ms);
+        } else {
+            // Not known durable: no write of the batch is acknowledged.
+            outcomes.iter_mut().for_each(|o| *o = Outcome::Failed);
+        }
         let mut outcomes = outcomes.into_iter();
         for sub in batch.drain(..) {
-            let outbox = &mut self.outboxes[sub.worker];
             for req in sub.reqs {
-                let outcome = outcomes.next().unwrap_or(Outcome::Failed);
-                outbox.push(Completion {
+                let c = Completion {
                     tag: req.tag,
-                    outcome,
+                    outcome: outcomes.next().unwrap_or(Outcome::Failed),
+                };
+                match handled {
+                    Handled::Held => self.held.push((sub.worker, c)),
+                    _ => self.outboxes[sub.worker].push(c),
+                }
+            }
+        }
+        self.deliver(leader);
+        self.nearly_full.store(self.near_full(0), Ordering::Release);
+        (handled, swept)
+    }
+
+    /// A batch failed part-way (writer thread): rebuild the transaction without it, commit
+    /// what is there, and run each write alone, so one write's failure (the map is full) does
+    /// not fail its batch-mates.
+    fn fallback(&mut self, batch: &mut Vec<Submission<T>>, e: StoreError, ctx: Ctx) {
+        if e.is_damage() {
+            // Logged once where it was found; the writes that meet it say so.
+            debug!("batch met damage, retrying each write alone: {e}");
+        } else if !matches!(e, StoreError::Full) {
+            error!("batch failed, retrying each write alone: {e}");
+        }
+        let _ = self.commit_lmdb();
+        if matches!(e, StoreError::Full) {
+            debug!("store full: checkpointing, then retrying one write at a time");
+            self.checkpoint_now();
+            // A fresh transaction, begun after the pin moved, looks for reusable pages anew.
+            self.rebuild();
+        }
+        let mut outcomes = Vec::new();
+        for sub in batch.iter() {
+            for req in &sub.reqs {
+                outcomes.push(self.commit_one(&req.op, ctx));
+            }
+        }
+        if self.cfg.sync == SyncMode::Always && !self.sync_log() {
+            outcomes.iter_mut().for_each(|o| *o = Outcome::Failed);
+        }
+        let mut outcomes = outcomes.into_iter();
+        for sub in batch.drain(..) {
+            for req in sub.reqs {
+                self.outboxes[sub.worker].push(Completion {
+                    tag: req.tag,
+                    outcome: outcomes.next().unwrap_or(Outcome::Failed),
                 });
             }
         }
-        for (i, (mailbox, outbox)) in self
-            .mailboxes
-            .iter()
-            .zip(self.outboxes.iter_mut())
-            .enumerate()
-        {
-            mailbox.deliver(outbox, awake != Some(i));
-        }
-        swept
+        self.deliver(None);
     }
 
     /// Publishes what a committed batch did to the delayed-flush deadline: a due flush that ran
@@ -473,49 +768,74 @@ impl<T: Send> Writer<T> {
         }
     }
 
-    /// Runs a due delayed flush (returning true if it ran) and, when asked, the expiry sweep.
-    fn housekeeping(
-        &self,
-        store: &LmdbStore,
-        txn: &mut LogTxn,
-        now: u64,
-        sweep: bool,
-        swept: &mut usize,
-    ) -> Result<bool, StoreError> {
-        let ran = self.flush_due() && store.run_due_flush(txn, now)?;
-        if sweep {
-            *swept = store.sweep_expired(txn, now, SWEEP_LIMIT)?;
-        }
-        Ok(ran)
-    }
-
-    /// One write in its own transaction: the fallback when a batch could not commit. The
-    /// caller syncs the log.
+    /// One write in its own LMDB transaction, committed before it is answered (writer thread,
+    /// the fallback when a batch could not go in whole). The caller syncs the log.
     fn commit_one(&mut self, op: &WriteOp, ctx: Ctx) -> Outcome {
+        if self.broken.is_some() {
+            return Outcome::Failed;
+        }
+        if self.open.is_none()
+            && let Err(e) = self.begin()
+        {
+            warn!("write failed: {e}");
+            return Outcome::Failed;
+        }
         let mut cas = self.cas;
         let store = self.store.clone();
-        let result = (|| -> Result<Outcome, StoreError> {
-            let mut txn = store.write_txn_with(std::mem::take(&mut self.log))?;
-            let mut w = store.writer(&mut txn, &mut cas);
+        let mut open = self.open.take();
+        let result = (|| -> Result<(Outcome, LogBuf), StoreError> {
+            let open = open
+                .as_mut()
+                .ok_or_else(|| StoreError::Backend("no write transaction".into()))?;
+            let txn = open.txn()?;
+            let mut w = store.writer(txn, &mut cas);
             let outcome = apply(&mut w, op, ctx)?;
-            store.put_cas(&mut txn, cas)?;
-            self.log_and_commit(txn)?;
-            Ok(outcome)
+            store.put_cas(txn, cas)?;
+            Ok((outcome, txn.take_log(LogBuf::default())))
         })();
+        self.open = open;
         // CAS uniques handed out by an aborted write are skipped, never reused.
         self.cas = cas;
         match result {
-            Ok(o) => {
+            Ok((o, mut log)) => {
+                if !log.is_empty()
+                    && let Err(e) = self.log_and_commit(&mut log)
+                {
+                    return match e {
+                        StoreError::Full => Outcome::Full,
+                        StoreError::Damaged(_) => Outcome::Damaged,
+                        e => {
+                            warn!("write failed: {e}");
+                            Outcome::Failed
+                        }
+                    };
+                }
                 self.publish_flush(false, std::iter::once(op), ctx.now_ms);
                 o
             }
-            Err(StoreError::Full) => Outcome::Full,
-            Err(StoreError::Damaged(_)) => Outcome::Damaged,
             Err(e) => {
-                warn!("write failed: {e}");
-                Outcome::Failed
+                self.poisoned = true;
+                self.rebuild();
+                match e {
+                    StoreError::Full => Outcome::Full,
+                    StoreError::Damaged(_) => Outcome::Damaged,
+                    e => {
+                        warn!("write failed: {e}");
+                        Outcome::Failed
+                    }
+                }
             }
         }
+    }
+
+    /// A clean stop (writer thread): everything into LMDB and a last checkpoint, so nothing is
+    /// left to replay, and the transaction ended on the thread that began it.
+    fn stop(&mut self) {
+        self.sync_log();
+        let _ = self.commit_lmdb();
+        self.checkpoint_now();
+        self.open = None;
+        self.checkpointer.finish();
     }
 }
 
@@ -524,8 +844,8 @@ fn lock<T>(core: &Mutex<Writer<T>>) -> std::sync::MutexGuard<'_, Writer<T>> {
 }
 
 /// The writer thread: takes what workers could not commit themselves (another commit was
-/// running, or submissions were already queued), gathers it into batches, and does the
-/// housekeeping. Runs until every gate is gone, then checkpoints and returns.
+/// running, or submissions were already queued), gathers it into batches, commits LMDB when
+/// due, and does the housekeeping. Runs until every gate is gone, then checkpoints and returns.
 fn run<T: Send>(
     core: Arc<Mutex<Writer<T>>>,
     rx: Receiver<Submission<T>>,
@@ -534,7 +854,10 @@ fn run<T: Send>(
     let mut batch: Vec<Submission<T>> = Vec::new();
     let mut next_sweep = Instant::now();
     let (sync, sync_interval, max_batch) = {
-        let w = lock(&core);
+        let mut w = lock(&core);
+        if let Err(e) = w.begin() {
+            error!("cannot begin a write transaction: {e}");
+        }
         (w.cfg.sync, w.cfg.sync_interval, w.cfg.max_batch)
     };
     let mut next_sync = Instant::now() + sync_interval;
@@ -542,16 +865,22 @@ fn run<T: Send>(
     loop {
         let now = Instant::now();
         // Workers commit while this thread sleeps, so it wakes in time for whatever their
-        // commits may have made due: the periodic sync and a checkpoint.
+        // commits may have made due: the periodic sync, an LMDB commit and a checkpoint.
         let mut wait = next_sweep
             .saturating_duration_since(now)
-            .min(CHECKPOINT_EVERY);
+            .min(CHECKPOINT_EVERY)
+            .min(COMMIT_EVERY);
         if sync == SyncMode::Periodic {
             wait = wait.min(next_sync.saturating_duration_since(now));
         }
-        if lock(&core).gc_more {
-            // Deleted collections still hold elements: keep reclaiming between batches.
-            wait = Duration::ZERO;
+        {
+            let w = lock(&core);
+            if w.gc_more || w.commit_due() {
+                // Deleted collections still hold elements, or a commit is due: no sleep.
+                wait = Duration::ZERO;
+            } else if let Some(t) = w.since {
+                wait = wait.min(COMMIT_EVERY.saturating_sub(t.elapsed()));
+            }
         }
         let mut disconnected = false;
         match rx.recv_timeout(wait) {
@@ -590,8 +919,9 @@ fn run<T: Send>(
         let subs = batch.len();
         let mut w = lock(&core);
         let sweep = Instant::now() >= next_sweep;
-        if count > 0 || sweep || w.flush_due() || w.gc_more {
-            let swept = w.commit(&mut batch, sweep, None);
+        if count > 0 || sweep || w.flush_due() || w.gc_more || w.poisoned {
+            let (_, swept) = w.commit(&mut batch, sweep, None);
+            batch.clear();
             if sweep {
                 // A full sweep means more are due: come back soon rather than in a second.
                 next_sweep = Instant::now()
@@ -601,6 +931,10 @@ fn run<T: Send>(
                         SWEEP_EVERY
                     };
             }
+        }
+        batch.clear();
+        if w.commit_due() {
+            let _ = w.commit_lmdb();
         }
         // Only now may a worker commit by itself again: nothing it submitted is still queued.
         queued.fetch_sub(subs, Ordering::AcqRel);
@@ -616,11 +950,7 @@ fn run<T: Send>(
         w.maybe_checkpoint(false);
         w.update_pressure();
     }
-    let mut w = lock(&core);
-    w.sync_log();
-    // A clean stop leaves nothing to replay: the last checkpoint covers every batch.
-    w.checkpoint_now();
-    w.checkpointer.finish();
+    lock(&core).stop();
 }
 
 /// How workers hand their writes to the writer. When no commit is running and nothing is
@@ -662,18 +992,43 @@ pub enum Submitted {
     Refused,
 }
 
+/// Writes a leader leaves to the writer thread: they change collections (readers may see
+/// them only once LMDB has them, and only the writer thread commits) or clear the store.
+fn for_writer_thread(op: &WriteOp) -> bool {
+    matches!(op, WriteOp::Coll(_) | WriteOp::FlushAll { .. })
+}
+
 impl<T: Send> Gate<T> {
     /// Commits or queues `sub`.
     pub fn submit(&self, sub: Submission<T>) -> Submitted {
+        let mut sub = sub;
         if self.queued.load(Ordering::Acquire) == 0
             && !self.paced.load(Ordering::Acquire)
+            && !sub.reqs.iter().any(|r| for_writer_thread(&r.op))
             && let Ok(mut w) = self.core.try_lock()
         {
             let worker = sub.worker;
             let mut batch = vec![sub];
-            w.commit(&mut batch, false, Some(worker));
+            let (handled, _) = w.commit(&mut batch, false, Some(worker));
             w.update_pressure();
-            return Submitted::Committed;
+            let poke = w.commit_due();
+            drop(w);
+            match handled {
+                Handled::Done => {
+                    if poke {
+                        self.poke();
+                    }
+                    return Submitted::Committed;
+                }
+                Handled::Held => {
+                    self.poke();
+                    return Submitted::Queued;
+                }
+                Handled::Requeue => match batch.pop() {
+                    Some(s) => sub = s,
+                    None => return Submitted::Refused,
+                },
+            }
         }
         self.queued.fetch_add(1, Ordering::AcqRel);
         if self.tx.send(sub).is_err() {
@@ -681,5 +1036,17 @@ impl<T: Send> Gate<T> {
             return Submitted::Refused;
         }
         Submitted::Queued
+    }
+
+    /// Wakes the writer thread (an LMDB commit is due, or held completions wait for one).
+    fn poke(&self) {
+        self.queued.fetch_add(1, Ordering::AcqRel);
+        let empty = Submission {
+            worker: 0,
+            reqs: Vec::new(),
+        };
+        if self.tx.send(empty).is_err() {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 }

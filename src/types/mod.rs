@@ -234,7 +234,8 @@ impl<'e> Tx<'_, '_, 'e> {
 
 /// The worker's view for collection reads.
 pub struct ReadCx<'a, 't> {
-    pub store: &'a LmdbStore,
+    /// The pass's snapshot (it derefs to the store, for the element databases).
+    pub store: &'a crate::storage::overlay::Snap<'t>,
     pub txn: &'t RoTxn<'t>,
     pub now: u64,
     /// A delayed flush_all has come due: everything reads as missing.
@@ -260,7 +261,7 @@ impl ReadCx<'_, '_> {
         if self.flushed || key.is_empty() || key.len() > crate::storage::MAX_KEY {
             return Ok(Found::Missing);
         }
-        classify(self.store.items().get(self.txn, key)?, kind, self.now)
+        classify(self.store.record(key)?, kind, self.now)
     }
 }
 
