@@ -254,12 +254,14 @@ fn replay(
         .map_err(|e| at("cannot write to", &e))?;
     let mut in_txn = 0usize;
     let mut buf = Vec::new();
-    let remove = |path: &Path| {
+    let mut removed = false;
+    let mut remove = |path: &Path| {
         warn!(
             "removing log segment {} that follows the end of the log",
             path.display()
         );
         let _ = std::fs::remove_file(path);
+        removed = true;
     };
     for (n, path) in &segs {
         if *n < c.segment {
@@ -342,6 +344,11 @@ fn replay(
         (Some(t), Some(u)) => Some(format!("{t}; {u}")),
         (t, u) => t.or(u),
     };
+    if removed {
+        // Durably gone before anything is appended: the log may grow to where one of them
+        // would follow it again.
+        wal::sync_dir(dir).map_err(|e| at("cannot sync", &e))?;
+    }
     let (segment, format, len) = end.unwrap_or((c.segment, Format::Blank, 0));
     let mut w = Wal::resume(dir, segment, format, len, next_seq)
         .map_err(|e| at("cannot open the log in", &e))?;
