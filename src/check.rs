@@ -1048,6 +1048,65 @@ mod tests {
         assert!(out.contains("1 problem found"), "{out}");
     }
 
+    /// Takes a checkpoint and waits for it and for the spare the checkpointer prepares after.
+    fn checkpoint(d: &mut Durable) {
+        let settled = |d: &Durable| {
+            let s = &d.checkpointer.stats;
+            !d.checkpointer.busy()
+                && s.spare_rounds.load(std::sync::atomic::Ordering::Acquire)
+                    >= 1 + s.count.load(std::sync::atomic::Ordering::Acquire)
+                        + s.failures.load(std::sync::atomic::Ordering::Acquire)
+        };
+        let wait = |d: &Durable| {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while !settled(d) {
+                assert!(std::time::Instant::now() < deadline, "checkpointer stuck");
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        };
+        wait(d);
+        let store = d.store.clone();
+        d.checkpointer.begin(&store, &mut d.wal).expect("begin");
+        wait(d);
+    }
+
+    #[test]
+    fn a_recycled_segment_whose_batches_end_before_its_file_is_no_damage() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let item = |v: &[u8]| {
+            let (h, n) = crate::storage::ItemMeta::string(1).header();
+            let mut b = h[..n].to_vec();
+            b.extend_from_slice(v);
+            b
+        };
+        {
+            let mut d = durable::open(dir.path(), MAP, 16).expect("open");
+            batch(&mut d, &[(b"a", &item(b"1"))]);
+            checkpoint(&mut d);
+            batch(&mut d, &[(b"b", &item(b"2"))]);
+            checkpoint(&mut d);
+            // Segment 3 is segment 1's file again: its old batch lies after the new one.
+            assert_eq!(d.wal.segment(), 3);
+            batch(&mut d, &[(b"c", &item(b"3"))]);
+            // A rotation whose checkpoint never got written (a crash in the middle of one).
+            d.wal.rotate().expect("rotate");
+            batch(&mut d, &[(b"d", &item(b"4"))]);
+            let store = d.store.clone();
+            let mut txn = store.write_txn().expect("txn");
+            store.put_cas(&mut txn, 1).expect("cas");
+            let (txn, mut log) = txn.into_parts();
+            d.wal.append(&mut log).expect("append");
+            txn.commit().expect("commit");
+            d.wal.sync().expect("sync");
+        }
+        let (v, out) = run_check(dir.path());
+        assert_eq!(v, Verdict::Healthy, "{out}");
+        assert!(out.contains("wal-0000000000000003.log: 1 batches"), "{out}");
+        assert!(out.contains("wal-0000000000000004.log: 2 batches"), "{out}");
+        assert!(!out.contains("torn tail"), "{out}");
+        assert!(out.contains("4 items (4 strings"), "{out}");
+    }
+
     #[test]
     fn an_expiring_item_without_its_index_entry_and_a_stale_entry_are_told_apart() {
         let dir = tempfile::tempdir().expect("tempdir");
