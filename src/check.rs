@@ -246,103 +246,123 @@ fn check_log(
     summary: &mut Summary,
 ) -> Result<Cut, String> {
     let mut next_seq = c.seq + 1;
-    let mut last = c.segment;
+    // The last segment the log reached.
+    let mut last: Option<u64> = None;
     // Why the log ended before its files did, once it has.
     let mut ended: Option<String> = None;
+    // Where the log's batches end in its last segment, and why, reported once it is known.
+    let mut tail: Option<String> = None;
     let mut cut: Cut = None;
     let mut buf = Vec::new();
     if !segments.iter().any(|(n, _)| *n >= c.segment) {
         ck.note("no log segment after the checkpoint: nothing to replay");
     }
+    let read_err = |path: &Path, e: std::io::Error| format!("cannot read {}: {e}", path.display());
     for (n, path) in segments {
         let name = wal::segment_name(*n);
         if *n < c.segment {
             ck.note(format!(
-                "{name} is covered by the checkpoint (recovery removes it)"
+                "{name} is covered by the checkpoint (recovery makes it a spare)"
             ));
             continue;
         }
-        if ended.is_none() && *n != last && *n != last + 1 {
-            ended = Some(format!("{} is missing", wal::segment_name(last + 1)));
+        let follows = match last {
+            None => *n == c.segment || *n == c.segment + 1,
+            Some(l) => *n == l + 1,
+        };
+        if ended.is_none() && !follows {
+            let missing = last.map_or(c.segment, |l| l + 1);
+            ended = Some(format!("{} is missing", wal::segment_name(missing)));
         }
-        let mut reader = SegmentReader::open(path)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        if let Some(why) = &ended {
-            // Past the end of the log: recovery removes this segment with whatever it holds.
-            let mut whole = 0u64;
-            while reader
-                .next_batch(&mut buf)
-                .map_err(|e| format!("cannot read {}: {e}", path.display()))?
-                .is_some()
-            {
-                whole += 1;
-            }
-            if whole > 0 {
-                ck.problem(format!(
-                    "{name} holds {whole} whole batches after the end of the log ({why}): they would not be replayed"
-                ));
-            } else {
-                ck.note(format!(
-                    "{name} follows the end of the log and holds no batch (recovery removes it)"
-                ));
-            }
-            continue;
-        }
-        let (mut batches, mut bytes, mut covered) = (0u64, 0u64, 0u64);
-        while let Some(seq) = reader
-            .next_batch(&mut buf)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?
-        {
-            if seq < next_seq {
-                covered += 1;
-                continue;
-            }
-            let start = reader.valid_len - (wal::HEADER + buf.len()) as u64;
-            if seq > next_seq {
-                reader.stop = Some(format!("batch {next_seq} is missing (found {seq})"));
-                reader.valid_len = start;
-                break;
-            }
-            let bad =
-                wal::ops(&buf).find_map(|op| match op {
+        if ended.is_none() {
+            let mut reader =
+                SegmentReader::open(path, *n, Some(next_seq)).map_err(|e| read_err(path, e))?;
+            let (mut batches, mut bytes) = (0u64, 0u64);
+            let mut unparsed = None;
+            while let Some(seq) = reader.next_batch(&mut buf).map_err(|e| read_err(path, e))? {
+                let start = reader.valid_len - (wal::HEADER + buf.len()) as u64;
+                let bad = wal::ops(&buf).find_map(|op| match op {
                     Err(e) => Some(e),
                     Ok(
                         wal::Op::Put { db, .. } | wal::Op::Del { db, .. } | wal::Op::Clear { db },
                     ) if db > DB_GC => Some(format!("a record names unknown database {db}")),
                     Ok(_) => None,
                 });
-            if let Some(e) = bad {
-                ck.problem(format!(
-                    "{name}: batch {seq} at byte {start} passes its checksum but does not parse: {e}; recovery refuses the store"
-                ));
-                // The copy is recovered up to the batch before, so the rest can be checked.
-                cut = Some((*n, start));
-                reader.stop = Some(format!("batch {seq} does not parse"));
-                reader.valid_len = start;
-                break;
+                if let Some(e) = bad {
+                    ck.problem(format!(
+                        "{name}: batch {seq} at byte {start} passes its checksum but does not parse: {e}; recovery refuses the store"
+                    ));
+                    // The copy is recovered up to the batch before, so the rest can be checked.
+                    cut = Some((*n, start));
+                    unparsed = Some(seq);
+                    break;
+                }
+                batches += 1;
+                bytes += buf.len() as u64;
+                next_seq += 1;
             }
-            batches += 1;
-            bytes += buf.len() as u64;
-            next_seq += 1;
-        }
-        summary.batches += batches;
-        summary.log_bytes += bytes;
-        let len = std::fs::metadata(path).map_or(0, |m| m.len());
-        let mut line = format!("{name}: {batches} batches ({bytes} bytes) to replay");
-        if covered > 0 {
-            line.push_str(&format!(", {covered} already in the checkpoint"));
-        }
-        ck.note(line);
-        last = *n;
-        if let Some(why) = reader.stop {
-            if cut.is_none() {
+            let first_does_not_follow = batches == 0
+                && last.is_some()
+                && matches!(reader.stop, Some(wal::Stop::Unexpected { .. }));
+            if unparsed.is_none() && first_does_not_follow {
+                // Recovery ends the log in the previous segment and removes this one.
+                ended = Some(format!(
+                    "its first batch does not follow the previous segment's last: {}",
+                    reader
+                        .stop
+                        .as_ref()
+                        .map(ToString::to_string)
+                        .unwrap_or_default()
+                ));
+            } else {
+                summary.batches += batches;
+                summary.log_bytes += bytes;
                 ck.note(format!(
-                    "the log ends in {name} at byte {} of {len}: {why} (a torn tail, as a crash leaves; recovery cuts it there)",
-                    reader.valid_len
+                    "{name}: {batches} batches ({bytes} bytes) to replay"
                 ));
+                last = Some(*n);
+                let len = std::fs::metadata(path).map_or(0, |m| m.len());
+                tail = match (&reader.stop, unparsed) {
+                    (_, Some(seq)) => {
+                        ended = Some(format!("batch {seq} of {name} does not parse"));
+                        None
+                    }
+                    (Some(why), None) if reader.torn() => Some(format!(
+                        "the log ends in {name} at byte {} of {len}: {why} (a torn tail, as a crash leaves; recovery cuts it there)",
+                        reader.valid_len
+                    )),
+                    (Some(why), None) => Some(format!(
+                        "the log's batches in {name} end at byte {} of {len}: {why} (space not written since the file became this segment)",
+                        reader.valid_len
+                    )),
+                    (None, None) => None,
+                };
+                continue;
             }
-            ended = Some(format!("it ended in {name}"));
         }
+        // Past the end of the log: recovery removes this segment with whatever it holds.
+        let why = ended.clone().unwrap_or_default();
+        let mut reader = SegmentReader::open(path, *n, None).map_err(|e| read_err(path, e))?;
+        let mut whole = 0u64;
+        while reader
+            .next_batch(&mut buf)
+            .map_err(|e| read_err(path, e))?
+            .is_some()
+        {
+            whole += 1;
+        }
+        if whole > 0 {
+            ck.problem(format!(
+                "{name} holds {whole} whole batches after the end of the log ({why}): they would not be replayed"
+            ));
+        } else {
+            ck.note(format!(
+                "{name} follows the end of the log and holds no batch (recovery removes it)"
+            ));
+        }
+    }
+    if let Some(t) = tail {
+        ck.note(t);
     }
     Ok(cut)
 }
@@ -985,17 +1005,10 @@ mod tests {
         (v, String::from_utf8_lossy(&out).into_owned())
     }
 
-    /// A batch header and payload with a valid checksum.
-    fn raw_batch(seq: u64, payload: &[u8]) -> Vec<u8> {
-        let mut b = b"MKWB".to_vec();
-        b.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-        b.extend_from_slice(&seq.to_le_bytes());
-        let mut h = crc32fast::Hasher::new();
-        h.update(&b[4..16]);
-        h.update(payload);
-        b.extend_from_slice(&h.finalize().to_le_bytes());
-        b.extend_from_slice(payload);
-        b
+    /// A batch header and payload with a valid checksum in segment file `seg` (numbered 1).
+    fn raw_batch(seg: &Path, seq: u64, payload: &[u8]) -> Vec<u8> {
+        let format = SegmentReader::open(seg, 1, None).expect("open").format;
+        wal::raw_batch(format, seq, payload)
     }
 
     #[test]
@@ -1003,7 +1016,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let seg = store_with_log(dir.path());
         let mut bytes = std::fs::read(&seg).expect("read");
-        bytes.extend_from_slice(&raw_batch(4, b"\x01\x00")[..15]);
+        bytes.extend_from_slice(&raw_batch(&seg, 4, b"\x01\x00")[..15]);
         std::fs::write(&seg, &bytes).expect("write");
         let (v, out) = run_check(dir.path());
         assert_eq!(v, Verdict::Healthy, "{out}");
@@ -1020,7 +1033,7 @@ mod tests {
         let seg = store_with_log(dir.path());
         let mut bytes = std::fs::read(&seg).expect("read");
         // An opcode no record has.
-        bytes.extend_from_slice(&raw_batch(4, b"\x09\x00\x00"));
+        bytes.extend_from_slice(&raw_batch(&seg, 4, b"\x09\x00\x00"));
         std::fs::write(&seg, &bytes).expect("write");
         let (v, out) = run_check(dir.path());
         assert_eq!(v, Verdict::Damaged, "{out}");
@@ -1033,6 +1046,65 @@ mod tests {
         // The store up to the batch before was still checked.
         assert!(out.contains("2 items (2 strings"), "{out}");
         assert!(out.contains("1 problem found"), "{out}");
+    }
+
+    /// Takes a checkpoint and waits for it and for the spare the checkpointer prepares after.
+    fn checkpoint(d: &mut Durable) {
+        let settled = |d: &Durable| {
+            let s = &d.checkpointer.stats;
+            !d.checkpointer.busy()
+                && s.spare_rounds.load(std::sync::atomic::Ordering::Acquire)
+                    >= 1 + s.count.load(std::sync::atomic::Ordering::Acquire)
+                        + s.failures.load(std::sync::atomic::Ordering::Acquire)
+        };
+        let wait = |d: &Durable| {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while !settled(d) {
+                assert!(std::time::Instant::now() < deadline, "checkpointer stuck");
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        };
+        wait(d);
+        let store = d.store.clone();
+        d.checkpointer.begin(&store, &mut d.wal).expect("begin");
+        wait(d);
+    }
+
+    #[test]
+    fn a_recycled_segment_whose_batches_end_before_its_file_is_no_damage() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let item = |v: &[u8]| {
+            let (h, n) = crate::storage::ItemMeta::string(1).header();
+            let mut b = h[..n].to_vec();
+            b.extend_from_slice(v);
+            b
+        };
+        {
+            let mut d = durable::open(dir.path(), MAP, 16).expect("open");
+            batch(&mut d, &[(b"a", &item(b"1"))]);
+            checkpoint(&mut d);
+            batch(&mut d, &[(b"b", &item(b"2"))]);
+            checkpoint(&mut d);
+            // Segment 3 is segment 1's file again: its old batch lies after the new one.
+            assert_eq!(d.wal.segment(), 3);
+            batch(&mut d, &[(b"c", &item(b"3"))]);
+            // A rotation whose checkpoint never got written (a crash in the middle of one).
+            d.wal.rotate().expect("rotate");
+            batch(&mut d, &[(b"d", &item(b"4"))]);
+            let store = d.store.clone();
+            let mut txn = store.write_txn().expect("txn");
+            store.put_cas(&mut txn, 1).expect("cas");
+            let (txn, mut log) = txn.into_parts();
+            d.wal.append(&mut log).expect("append");
+            txn.commit().expect("commit");
+            d.wal.sync().expect("sync");
+        }
+        let (v, out) = run_check(dir.path());
+        assert_eq!(v, Verdict::Healthy, "{out}");
+        assert!(out.contains("wal-0000000000000003.log: 1 batches"), "{out}");
+        assert!(out.contains("wal-0000000000000004.log: 2 batches"), "{out}");
+        assert!(!out.contains("torn tail"), "{out}");
+        assert!(out.contains("4 items (4 strings"), "{out}");
     }
 
     #[test]

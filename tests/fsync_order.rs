@@ -57,9 +57,10 @@ fn parse(log: &str) -> Vec<Call> {
             continue;
         };
         // Only a sync of the write-ahead log makes a reply durable (`-y` prints each fd's
-        // path); the checkpointer's syncs of data.mdb do not count.
+        // path); the checkpointer's syncs of data.mdb and of spare log files do not count.
         let fsync = (text.starts_with("fdatasync(") || text.starts_with("fsync("))
-            && text.contains("/wal-");
+            && text.contains("/wal-")
+            && text.contains(".log>");
         let stored_reply = text.starts_with("sendto(") && text.contains("\"STORED\\r\\n\"");
         if fsync || stored_reply {
             calls.push(Call {

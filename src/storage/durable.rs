@@ -7,13 +7,19 @@
 //!    and none of which LMDB has reused since, because a read transaction kept them alive);
 //! 2. open LMDB and at once pin that snapshot with a read transaction (replay will free its
 //!    pages, and until the next checkpoint it is still the one a later crash recovers to);
-//! 3. replay every whole batch after the checkpoint's sequence number, in order, stopping at
-//!    the first torn, damaged or missing one, and cut the log there (durably).
+//! 3. replay, from the checkpoint's first segment on, every whole batch that has exactly the
+//!    next sequence number (the first one: the checkpoint's plus one) and passes its checksum
+//!    under its segment's salt; a segment ends at the first batch that does not, and the log
+//!    goes on in the next segment only if that one's first batch follows; cut the segment the
+//!    log ends in there (durably) and remove any later ones.
 //!
-//! A checkpoint (`Checkpointer`): the writer, between two batches, ends the log segment,
-//! opens a read transaction on the snapshot it has just committed and copies that snapshot's
-//! meta page; the checkpointer thread then fdatasyncs `data.mdb`, writes the checkpoint record,
-//! swaps the pinned snapshot for the new one and deletes the segments the new one covers.
+//! A checkpoint (`Checkpointer`): the writer, between two batches, ends the log segment (so the
+//! next segment holds only batches after the checkpoint's), opens a read transaction on the
+//! snapshot it has just committed and copies that snapshot's meta page; the checkpointer thread
+//! then fdatasyncs `data.mdb`, writes the checkpoint record, swaps the pinned snapshot for the
+//! new one, turns the segments the new one covers into spares (`wal::retire`) and makes sure a
+//! spare long enough for the next segment is ready (`wal::prepare_spare`), so the writer's
+//! next rotation takes a file whose blocks are already written.
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
@@ -28,7 +34,7 @@ use heed::{RoTxn, WithoutTls};
 use log::{error, info, warn};
 
 use super::lmdb::{LmdbStore, OpenError, Persisted};
-use super::wal::{self, Checkpoint, SegmentReader, Wal};
+use super::wal::{self, Checkpoint, Format, SegmentReader, Stop, Wal};
 
 /// A read transaction held only to keep a snapshot's pages from being reused.
 pub type Pin = RoTxn<'static, WithoutTls>;
@@ -177,7 +183,8 @@ pub fn open(dir: &Path, map_size: u64, max_readers: u32) -> Result<Durable, Open
                 },
             )
             .map_err(|e| at("cannot write the checkpoint in", &e))?;
-            Wal::resume(dir, 1, 0, 1).map_err(|e| at("cannot create the log in", &e))?
+            Wal::resume(dir, 1, Format::Blank, 0, 1)
+                .map_err(|e| at("cannot create the log in", &e))?
         }
         Some(c) => {
             if pin.id() as u64 != c.txnid {
@@ -211,7 +218,9 @@ pub fn open(dir: &Path, map_size: u64, max_readers: u32) -> Result<Durable, Open
                 .unwrap_or_default()
         );
     }
-    let checkpointer = Checkpointer::start(dir, data, page_size, pin, lock)
+    // The last run's tail is the best guess of how much the first segment will take.
+    let spare = wal::spare_target(recovery.bytes);
+    let checkpointer = Checkpointer::start(dir, data, page_size, pin, lock, spare)
         .map_err(|e| at("cannot start the checkpointer for", &e))?;
     Ok(Durable {
         store,
@@ -233,55 +242,68 @@ fn replay(
         |what: &str, e: &dyn std::fmt::Display| OpenError(format!("{what} {}: {e}", dir.display()));
     let segs = wal::segments(dir).map_err(|e| at("cannot list", &e))?;
     let mut next_seq = c.seq + 1;
-    // Where appending resumes: the last segment read, and its valid length.
-    let mut end = (c.segment, 0u64);
+    // Where appending resumes: the last segment the log reached, its format and valid length.
+    let mut end: Option<(u64, Format, u64)> = None;
+    // Why the log ended before its files did: a torn tail in `end`, or later segments it
+    // does not reach.
+    let mut torn: Option<String> = None;
+    let mut unreached: Option<String> = None;
     let mut txn = store
         .env()
         .write_txn()
         .map_err(|e| at("cannot write to", &e))?;
     let mut in_txn = 0usize;
     let mut buf = Vec::new();
-    let mut stopped = false;
+    let mut removed = false;
+    let mut remove = |path: &Path| {
+        warn!(
+            "removing log segment {} that follows the end of the log",
+            path.display()
+        );
+        let _ = std::fs::remove_file(path);
+        removed = true;
+    };
     for (n, path) in &segs {
         if *n < c.segment {
-            // Covered by the checkpoint: its deletion was interrupted.
-            let _ = std::fs::remove_file(path);
+            // Covered by the checkpoint: its retirement was interrupted.
+            if let Err(e) = wal::retire(dir, *n, path) {
+                warn!("cannot retire {}: {e}", path.display());
+            }
             continue;
         }
-        if stopped {
-            warn!(
-                "removing log segment {} that follows the end of the log",
-                path.display()
-            );
-            let _ = std::fs::remove_file(path);
+        if unreached.is_some() {
+            remove(path);
             continue;
         }
-        if *n != end.0 && *n != end.0 + 1 {
-            rec.cut = Some(format!("log segment {} is missing", end.0 + 1));
-            stopped = true;
-            let _ = std::fs::remove_file(path);
+        let follows = match end {
+            // Tolerated since the first log: the checkpoint's own segment missing.
+            None => *n == c.segment || *n == c.segment + 1,
+            Some((e, ..)) => *n == e + 1,
+        };
+        if !follows {
+            let missing = end.map_or(c.segment, |(e, ..)| e + 1);
+            unreached = Some(format!(
+                "log segment {} is missing",
+                wal::segment_name(missing)
+            ));
+            remove(path);
             continue;
         }
-        let mut reader = SegmentReader::open(path).map_err(|e| at("cannot read the log in", &e))?;
-        while let Some(seq) = reader
+        let mut reader = SegmentReader::open(path, *n, Some(next_seq))
+            .map_err(|e| at("cannot read the log in", &e))?;
+        let mut found = 0u64;
+        while reader
             .next_batch(&mut buf)
             .map_err(|e| at("cannot read the log in", &e))?
+            .is_some()
         {
-            if seq < next_seq {
-                continue;
-            }
-            if seq > next_seq {
-                reader.stop = Some(format!("batch {next_seq} is missing (found {seq})"));
-                // Count the found batch out of the valid part again.
-                reader.valid_len -= (wal::HEADER + buf.len()) as u64;
-                break;
-            }
             for op in wal::ops(&buf) {
                 let op = op.map_err(|e| OpenError(format!("storage corrupted: {e}")))?;
                 store
                     .replay(&mut txn, op)
                     .map_err(|e| OpenError(format!("{e} in {}", dir.display())))?;
             }
+            found += 1;
             rec.batches += 1;
             rec.bytes += buf.len() as u64;
             in_txn += buf.len();
@@ -295,19 +317,41 @@ fn replay(
                 in_txn = 0;
             }
         }
-        end = (*n, reader.valid_len);
-        if let Some(why) = reader.stop {
-            rec.cut = Some(format!(
+        if found == 0
+            && end.is_some()
+            && let Some(stop @ Stop::Unexpected { .. }) = &reader.stop
+        {
+            // A whole batch of this segment's life, but not the next one: batches are
+            // missing, and the log ends where the previous segment's batches did.
+            unreached = Some(format!("{}: {stop}", path.display()));
+            remove(path);
+            continue;
+        }
+        // Any end of this segment is where its batches stop (its file may go on with zeros or
+        // what it held in an earlier life); whether the log goes on is up to the next one.
+        torn = match &reader.stop {
+            Some(why) if reader.torn() => Some(format!(
                 "{} at byte {}: {why}",
                 path.display(),
                 reader.valid_len
-            ));
-            stopped = true;
-        }
+            )),
+            _ => None,
+        };
+        end = Some((*n, reader.format, reader.valid_len));
     }
     txn.commit().map_err(|e| at("cannot write to", &e))?;
-    let mut w =
-        Wal::resume(dir, end.0, end.1, next_seq).map_err(|e| at("cannot open the log in", &e))?;
+    rec.cut = match (torn, unreached) {
+        (Some(t), Some(u)) => Some(format!("{t}; {u}")),
+        (t, u) => t.or(u),
+    };
+    if removed {
+        // Durably gone before anything is appended: the log may grow to where one of them
+        // would follow it again.
+        wal::sync_dir(dir).map_err(|e| at("cannot sync", &e))?;
+    }
+    let (segment, format, len) = end.unwrap_or((c.segment, Format::Blank, 0));
+    let mut w = Wal::resume(dir, segment, format, len, next_seq)
+        .map_err(|e| at("cannot open the log in", &e))?;
     w.since_checkpoint = rec.bytes;
     Ok(w)
 }
@@ -316,6 +360,8 @@ fn replay(
 struct Job {
     pin: Pin,
     record: Checkpoint,
+    /// Bytes the segment the writer has just ended held (sizes the next spare).
+    ended: u64,
 }
 
 /// Figures about checkpoints, for `stats`/INFO, and the request a client can make for one.
@@ -327,6 +373,8 @@ pub struct CheckpointStats {
     pub failures: AtomicU64,
     pub last_micros: AtomicU64,
     pub last_seq: AtomicU64,
+    /// Times the checkpointer has finished making sure a spare is ready (tests wait on it).
+    pub spare_rounds: AtomicU64,
 }
 
 /// The checkpointer thread and the writer's handle on it.
@@ -346,6 +394,7 @@ impl Checkpointer {
         page_size: usize,
         pin: Pin,
         lock: File,
+        spare: u64,
     ) -> std::io::Result<Checkpointer> {
         let (tx, rx) = mpsc::channel::<Job>();
         let busy = Arc::new(AtomicBool::new(false));
@@ -354,7 +403,7 @@ impl Checkpointer {
         let (b, s, dir) = (busy.clone(), stats.clone(), dir.to_path_buf());
         let thread = std::thread::Builder::new()
             .name("memkeep-checkpoint".into())
-            .spawn(move || run(dir, sync_fd, pin, lock, rx, b, s))?;
+            .spawn(move || run(dir, sync_fd, pin, lock, rx, b, s, spare))?;
         Ok(Checkpointer {
             tx: Some(tx),
             busy,
@@ -377,6 +426,7 @@ impl Checkpointer {
         let Some(tx) = &self.tx else {
             return Err("the checkpointer has stopped".into());
         };
+        let ended = wal.position();
         let segment = wal
             .rotate()
             .map_err(|e| format!("cannot start a new log segment: {e}"))?;
@@ -398,6 +448,7 @@ impl Checkpointer {
                 page,
                 roots: 0,
             },
+            ended,
         };
         tx.send(job).map_err(|_| {
             self.busy.store(false, Ordering::Release);
@@ -422,6 +473,24 @@ impl Drop for Checkpointer {
     }
 }
 
+/// Makes sure a spare of `target` bytes is ready; a failure costs only speed (the log then
+/// grows its file as it is written).
+fn prepare_spare(dir: &Path, target: u64, stats: &CheckpointStats) {
+    let started = Instant::now();
+    match wal::prepare_spare(dir, target) {
+        Ok(()) => log::debug!(
+            "spare log segment of {target} bytes ready in {} us",
+            started.elapsed().as_micros()
+        ),
+        Err(e) => warn!(
+            "cannot prepare a spare log segment in {}: {e}",
+            dir.display()
+        ),
+    }
+    stats.spare_rounds.fetch_add(1, Ordering::Release);
+}
+
+#[allow(clippy::too_many_arguments)]
 fn run(
     dir: PathBuf,
     data: File,
@@ -430,7 +499,9 @@ fn run(
     rx: mpsc::Receiver<Job>,
     busy: Arc<AtomicBool>,
     stats: Arc<CheckpointStats>,
+    spare: u64,
 ) {
+    prepare_spare(&dir, spare, &stats);
     for mut job in rx {
         let started = Instant::now();
         let result = data
@@ -444,14 +515,15 @@ fn run(
             });
         match result {
             Ok(()) => {
-                // The new snapshot is the recovery point now: the old one's pages may go.
+                // The new snapshot is the recovery point now: the old one's pages may go, and
+                // the segments before the new one become spares.
                 current = job.pin;
                 if let Ok(segs) = wal::segments(&dir) {
                     for (n, path) in segs {
                         if n < job.record.segment
-                            && let Err(e) = std::fs::remove_file(&path)
+                            && let Err(e) = wal::retire(&dir, n, &path)
                         {
-                            warn!("cannot remove {}: {e}", path.display());
+                            warn!("cannot retire {}: {e}", path.display());
                         }
                     }
                 }
@@ -475,6 +547,9 @@ fn run(
             }
         }
         busy.store(false, Ordering::Release);
+        // After `busy`: the writer may rotate meanwhile (it does not wait for zeros to be
+        // written); `wal::prepare_spare` keeps the file it extends out of its reach.
+        prepare_spare(&dir, wal::spare_target(job.ended), &stats);
     }
     drop(current);
 }
@@ -507,15 +582,45 @@ mod tests {
         d.store.items.get(&txn, k).expect("get").map(<[u8]>::to_vec)
     }
 
-    fn checkpoint(d: &mut Durable) {
-        let store = d.store.clone();
-        d.checkpointer.begin(&store, &mut d.wal).expect("begin");
+    /// Waits until the checkpointer has finished every checkpoint and the spare it prepares
+    /// after each (and at start).
+    fn settle(d: &Durable) {
+        let stats = &d.checkpointer.stats;
         let deadline = Instant::now() + std::time::Duration::from_secs(10);
-        while d.checkpointer.busy() {
-            assert!(Instant::now() < deadline, "the checkpoint never finished");
+        while d.checkpointer.busy()
+            || stats.spare_rounds.load(Ordering::Acquire)
+                < 1 + stats.count.load(Ordering::Acquire) + stats.failures.load(Ordering::Acquire)
+        {
+            assert!(Instant::now() < deadline, "the checkpointer never settled");
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
+    }
+
+    fn checkpoint(d: &mut Durable) {
+        settle(d);
+        let store = d.store.clone();
+        d.checkpointer.begin(&store, &mut d.wal).expect("begin");
+        settle(d);
         assert_eq!(d.checkpointer.stats.failures.load(Ordering::Relaxed), 0);
+    }
+
+    fn seg(dir: &Path, n: u64) -> PathBuf {
+        dir.join(segment_name(n))
+    }
+
+    fn ino(path: &Path) -> u64 {
+        std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(path).expect("stat"))
+    }
+
+    /// Offsets where each batch of segment `n` starts, and where the last one ends.
+    fn batch_offsets(dir: &Path, n: u64, first: u64) -> Vec<u64> {
+        let mut r = SegmentReader::open(&seg(dir, n), n, Some(first)).expect("open");
+        let mut at = vec![r.valid_len];
+        let mut buf = Vec::new();
+        while r.next_batch(&mut buf).expect("read").is_some() {
+            at.push(r.valid_len);
+        }
+        at
     }
 
     /// What a power cut can leave: LMDB's meta pages on disk name a newer transaction whose
@@ -604,6 +709,10 @@ mod tests {
             let segs = wal::segments(dir.path()).expect("list");
             assert_eq!(segs.len(), 1, "{segs:?}");
             assert_eq!(segs[0].0, d.wal.segment());
+            // The covered segment became a spare (with the one made at start: at most two).
+            let spares = wal::spares(dir.path()).expect("spares");
+            assert!(spares.iter().any(|s| s.n == 1), "{spares:?}");
+            assert!(spares.len() <= wal::MAX_SPARES, "{spares:?}");
             batch(&mut d, &[(b"after", b"x")], &[]);
         }
         wreck_lmdb_meta(dir.path());
@@ -652,5 +761,166 @@ mod tests {
             "{}",
             err.0
         );
+    }
+
+    #[test]
+    fn checkpoints_recycle_segments_and_the_log_goes_on_past_a_recycled_segment_s_stale_tail() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let v = [b'v'; 200];
+        {
+            let mut d = open(dir.path(), MAP, 16).expect("open");
+            settle(&d);
+            batch(&mut d, &[(b"a", &v)], &[]);
+            checkpoint(&mut d);
+            assert_eq!(d.wal.segment(), 2);
+            let first_ino = ino(&dir.path().join(wal::spare_name(1)));
+            batch(&mut d, &[(b"b", &v)], &[]);
+            checkpoint(&mut d);
+            // Segment 3 is segment 1's file again, stale batch and all, extended to a spare's
+            // length; nothing was created for it.
+            assert_eq!(d.wal.segment(), 3);
+            assert_eq!(ino(&seg(dir.path(), 3)), first_ino);
+            assert_eq!(
+                std::fs::metadata(seg(dir.path(), 3)).expect("stat").len(),
+                wal::spare_target(0)
+            );
+            batch(&mut d, &[(b"x", b"1")], &[]);
+            // Ends segment 3 (its batches stop at stale bytes, not at its file's end) without a
+            // checkpoint, as a crash in the middle of one leaves it.
+            d.wal.rotate().expect("rotate");
+            batch(&mut d, &[(b"y", b"2")], &[]);
+        }
+        wreck_lmdb_meta(dir.path());
+        let d = open(dir.path(), MAP, 16).expect("reopen");
+        assert_eq!(d.recovery.batches, 2);
+        assert!(d.recovery.cut.is_none(), "{:?}", d.recovery.cut);
+        assert_eq!(get(&d, b"a").as_deref(), Some(&v[..]));
+        assert_eq!(get(&d, b"b").as_deref(), Some(&v[..]));
+        assert_eq!(get(&d, b"x").as_deref(), Some(&b"1"[..]));
+        assert_eq!(get(&d, b"y").as_deref(), Some(&b"2"[..]));
+        assert_eq!(d.wal.segment(), 4);
+    }
+
+    #[test]
+    fn a_cut_inside_a_recycled_segment_holds_and_a_batch_past_it_never_comes_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (v, w) = ([b'v'; 100], [b'w'; 100]);
+        let n;
+        let offsets;
+        {
+            let mut d = open(dir.path(), MAP, 16).expect("open");
+            settle(&d);
+            batch(&mut d, &[(b"old", &v)], &[]);
+            checkpoint(&mut d);
+            batch(&mut d, &[(b"old", &w)], &[]);
+            checkpoint(&mut d);
+            n = d.wal.segment();
+            assert!(
+                wal::spares(dir.path())
+                    .expect("spares")
+                    .iter()
+                    .all(|s| s.n != 1),
+                "segment {n} is not the recycled segment 1"
+            );
+            let first = d.wal.last_seq() + 1;
+            batch(&mut d, &[(b"c1", &v)], &[]);
+            batch(&mut d, &[(b"c2", &v)], &[]);
+            batch(&mut d, &[(b"c3", &v)], &[]);
+            offsets = batch_offsets(dir.path(), n, first);
+            assert_eq!(offsets.len(), 4);
+        }
+        // A power cut: batch c2's last page did not reach the disk, c3's did.
+        let path = seg(dir.path(), n);
+        let mut bytes = std::fs::read(&path).expect("read");
+        let recycled_len = bytes.len() as u64;
+        assert!(recycled_len > offsets[3]);
+        bytes[offsets[2] as usize - 1] ^= 0xff;
+        std::fs::write(&path, &bytes).expect("write");
+        wreck_lmdb_meta(dir.path());
+        {
+            let mut d = open(dir.path(), MAP, 16).expect("reopen");
+            let cut = d.recovery.cut.clone().expect("a cut");
+            assert!(cut.contains("fails its checksum"), "{cut}");
+            assert_eq!(get(&d, b"c1").as_deref(), Some(&v[..]));
+            assert_eq!(get(&d, b"c2"), None);
+            assert_eq!(get(&d, b"c3"), None);
+            // Cut where the torn batch began, durably.
+            assert_eq!(std::fs::metadata(&path).expect("stat").len(), offsets[1]);
+            // A batch as long as the torn one: it ends exactly where c3 began, so only the
+            // cut keeps c3, with the next sequence number and this segment's salt, away.
+            batch(&mut d, &[(b"c2", &w)], &[]);
+            assert_eq!(d.wal.position(), offsets[2]);
+        }
+        wreck_lmdb_meta(dir.path());
+        let d = open(dir.path(), MAP, 16).expect("reopen again");
+        assert!(d.recovery.cut.is_none(), "{:?}", d.recovery.cut);
+        assert_eq!(get(&d, b"c1").as_deref(), Some(&v[..]));
+        assert_eq!(get(&d, b"c2").as_deref(), Some(&w[..]));
+        assert_eq!(get(&d, b"c3"), None);
+        assert_eq!(get(&d, b"old").as_deref(), Some(&w[..]));
+    }
+
+    #[test]
+    fn a_log_in_the_previous_format_still_replays() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let mut d = open(dir.path(), MAP, 16).expect("open");
+            batch(&mut d, &[(b"a", b"1")], &[]);
+            batch(&mut d, &[(b"b", b"2")], &[b"a"]);
+        }
+        // Segment 1 as the previous build wrote it: no segment header, checksums unsalted.
+        let path = seg(dir.path(), 1);
+        let mut r = SegmentReader::open(&path, 1, Some(1)).expect("open");
+        let mut old = Vec::new();
+        let mut buf = Vec::new();
+        while let Some(seq) = r.next_batch(&mut buf).expect("read") {
+            old.extend_from_slice(&wal::raw_batch(Format::Legacy, seq, &buf));
+        }
+        assert!(!old.is_empty());
+        std::fs::write(&path, &old).expect("write");
+        wreck_lmdb_meta(dir.path());
+        {
+            let mut d = open(dir.path(), MAP, 16).expect("reopen");
+            assert_eq!(d.recovery.batches, 2);
+            assert!(d.recovery.cut.is_none(), "{:?}", d.recovery.cut);
+            assert_eq!(get(&d, b"a"), None);
+            assert_eq!(get(&d, b"b").as_deref(), Some(&b"2"[..]));
+            // The old segment is only read; new batches go to a new segment, with a header.
+            assert_eq!(d.wal.segment(), 2);
+            batch(&mut d, &[(b"c", b"3")], &[]);
+        }
+        assert_eq!(std::fs::read(&path).expect("read"), old);
+        wreck_lmdb_meta(dir.path());
+        let d = open(dir.path(), MAP, 16).expect("reopen again");
+        assert_eq!(d.recovery.batches, 3);
+        assert_eq!(get(&d, b"b").as_deref(), Some(&b"2"[..]));
+        assert_eq!(get(&d, b"c").as_deref(), Some(&b"3"[..]));
+    }
+
+    #[test]
+    fn a_segment_whose_first_batch_does_not_follow_ends_the_log_before_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let mut d = open(dir.path(), MAP, 16).expect("open");
+            batch(&mut d, &[(b"a", b"1")], &[]);
+            batch(&mut d, &[(b"b", b"2")], &[]);
+            d.wal.rotate().expect("rotate");
+            batch(&mut d, &[(b"c", b"3")], &[]);
+        }
+        // Batch b lost (damage): segment 2's first batch, c, no longer follows.
+        let path = seg(dir.path(), 1);
+        let offsets = batch_offsets(dir.path(), 1, 1);
+        let mut bytes = std::fs::read(&path).expect("read");
+        bytes[offsets[1] as usize + 8] ^= 1;
+        std::fs::write(&path, &bytes).expect("write");
+        wreck_lmdb_meta(dir.path());
+        let d = open(dir.path(), MAP, 16).expect("reopen");
+        let cut = d.recovery.cut.clone().expect("a cut");
+        assert!(cut.contains("batch 2 is missing (found 3)"), "{cut}");
+        assert_eq!(get(&d, b"a").as_deref(), Some(&b"1"[..]));
+        assert_eq!(get(&d, b"b"), None);
+        assert_eq!(get(&d, b"c"), None);
+        assert_eq!(d.wal.segment(), 1);
+        assert!(!seg(dir.path(), 2).exists());
     }
 }

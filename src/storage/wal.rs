@@ -2,12 +2,20 @@
 //! durable, and LMDB reopens after any power cut.
 //!
 //! Files in the data directory, beside LMDB's `data.mdb` and `lock.mdb`:
-//! - `wal-<segment, 16 hex digits>.log`: batches, appended in commit order. A batch is a
-//!   20-byte header (magic `MKWB`, payload length u32 LE, sequence number u64 LE, CRC-32 of the
-//!   length, the sequence number and the payload) and a payload of physical records, each
-//!   `PUT db key value`, `DEL db key` or `CLEAR db`. Records say what the bytes became, not what
-//!   command made them, so replaying a batch twice, or onto a store that already holds part of
-//!   it, gives the same store.
+//! - `wal-<segment, 16 hex digits>.log`: a 32-byte segment header (magic `MKWS`, format
+//!   version, a random 64-bit salt, the segment's number, CRC-32 of those), then batches in
+//!   commit order. A batch is a 20-byte header (magic `MKWB`, payload length u32 LE, sequence
+//!   number u64 LE, CRC-32 of the salt, the length, the sequence number and the payload) and a
+//!   payload of physical records, each `PUT db key value`, `DEL db key` or `CLEAR db`. Records
+//!   say what the bytes became, not what command made them, so replaying a batch twice, or onto
+//!   a store that already holds part of it, gives the same store. Segments written before the
+//!   header existed (batches from byte 0, CRC without a salt) are still read, never written.
+//! - `wal-spare-<16 hex digits>`: segments a checkpoint no longer needs, kept (at most
+//!   `MAX_SPARES`) to become later segments, and extended with written zeros beforehand. An
+//!   fdatasync after an append must commit the file's new size to the journal; one after an
+//!   overwrite of blocks already written flushes only the data (1.5x more syncs per second on
+//!   ext4 here). So the log is written into recycled files, and does not grow while it fits.
+//!   Recovery never reads a spare: the name does not parse as a segment's.
 //! - `checkpoint`: the last checkpoint: the LMDB transaction id and meta page of a snapshot
 //!   whose pages are all on disk, the sequence number of the last batch that snapshot holds, and
 //!   the first segment to replay after it. Replaced atomically (write, fsync, rename, fsync the
@@ -15,11 +23,24 @@
 //!
 //! Invariants that recovery relies on:
 //! - sequence numbers grow by one per batch with no gap, across segments and restarts; a batch
-//!   is applied only if every batch before it was, so a torn or missing batch ends the log there;
+//!   is applied only if it has exactly the next number and passes its checksum under its
+//!   segment's salt, so a torn, missing or stale batch ends the segment there;
+//! - bytes not written in a segment's current life never pass: a recycled file's old batches,
+//!   and a batch a client planted inside a value, were checksummed under another salt or none
+//!   (a 64-bit salt from the OS's random source, chosen at each rotation and never sent
+//!   anywhere; CRC-32 is no MAC, but without the salt a forged header passes 1 time in 2^32);
+//! - a segment's new header is on disk before the file has the segment's name, so a renamed
+//!   spare never shows its previous life's header (and salt) under a live segment's name;
 //! - a segment is fdatasynced before the next one is created, so a later segment never holds a
-//!   batch while an earlier one lost its tail;
-//! - a torn tail found at recovery is cut off and the cut is fsynced before anything is appended,
-//!   so no stale bytes past the cut can ever be read as a batch;
+//!   batch while an earlier one lost its tail: when a segment ends (at a torn batch, zeros or
+//!   stale bytes) and a next segment exists, the log goes on there if that segment's first
+//!   batch has the next sequence number;
+//! - a torn tail found at recovery is cut off and the cut is fsynced before anything is appended
+//!   to that segment, so a batch of the current life past the cut (one that reached the disk
+//!   while the batch before it did not) can never follow a new batch later;
+//! - an append taken back (`Wal::undo`) has its batch header zeroed and synced, not the file
+//!   shortened; what stays of its payload past a later, shorter batch is client bytes that do
+//!   not carry the salt;
 //! - the snapshot a checkpoint names stays readable until a newer checkpoint record is durable:
 //!   LMDB never reuses a page that a live read transaction can see, and the writer keeps one open
 //!   on that snapshot (see `writer.rs`). Its meta page is kept here because LMDB, committing
@@ -33,6 +54,17 @@ use std::path::{Path, PathBuf};
 /// Batch header: magic, payload length, sequence number, checksum.
 pub const HEADER: usize = 20;
 const BATCH_MAGIC: &[u8; 4] = b"MKWB";
+/// Segment header: magic, format version, salt, segment number, reserved, checksum.
+pub const SEGMENT_HEADER: usize = 32;
+const SEGMENT_MAGIC: &[u8; 4] = b"MKWS";
+const SEGMENT_VERSION: u32 = 1;
+/// Spares kept for later segments; more are deleted.
+pub const MAX_SPARES: usize = 2;
+/// A covered segment longer than this (a burst, a late checkpoint) is deleted, not kept as a
+/// spare: a spare is disk the store holds on to, and this is twice what one normally needs.
+const SPARE_KEEP_MAX: u64 = 64 << 20;
+/// Where a spare is extended, out of the writer's reach (see `prepare_spare`).
+const SPARE_PREP: &str = "wal-spare.tmp";
 const CKPT_MAGIC: &[u8; 4] = b"MKCP";
 const CKPT_VERSION: u32 = 1;
 pub const CHECKPOINT_FILE: &str = "checkpoint";
@@ -119,22 +151,27 @@ impl LogBuf {
         self.buf.push(db);
     }
 
-    /// Fills in the header for sequence number `seq`; the whole batch, ready to write.
-    fn seal(&mut self, seq: u64) -> io::Result<&[u8]> {
+    /// Fills in the header for sequence number `seq` in a segment salted `salt`; the whole
+    /// batch, ready to write.
+    fn seal(&mut self, seq: u64, salt: u64) -> io::Result<&[u8]> {
         let len = u32::try_from(self.buf.len() - HEADER).map_err(|_| {
             io::Error::new(io::ErrorKind::InvalidInput, "batch too large for the log")
         })?;
         self.buf[0..4].copy_from_slice(BATCH_MAGIC);
         self.buf[4..8].copy_from_slice(&len.to_le_bytes());
         self.buf[8..16].copy_from_slice(&seq.to_le_bytes());
-        let crc = batch_crc(&self.buf[4..16], &self.buf[HEADER..]);
+        let crc = batch_crc(Some(salt), &self.buf[4..16], &self.buf[HEADER..]);
         self.buf[16..20].copy_from_slice(&crc.to_le_bytes());
         Ok(&self.buf)
     }
 }
 
-fn batch_crc(len_seq: &[u8], payload: &[u8]) -> u32 {
+/// A batch's checksum; `salt` is its segment's (None: a segment from before segment headers).
+fn batch_crc(salt: Option<u64>, len_seq: &[u8], payload: &[u8]) -> u32 {
     let mut h = crc32fast::Hasher::new();
+    if let Some(salt) = salt {
+        h.update(&salt.to_le_bytes());
+    }
     h.update(len_seq);
     h.update(payload);
     h.finalize()
@@ -208,6 +245,12 @@ pub fn segment_name(n: u64) -> String {
     format!("wal-{n:016x}.log")
 }
 
+/// The name of a spare made from segment `n` (segment numbers never repeat, so neither do
+/// these; 0, which no segment has, names a spare made from nothing).
+pub fn spare_name(n: u64) -> String {
+    format!("wal-spare-{n:016x}")
+}
+
 /// The log's segments in `dir`, oldest first.
 pub fn segments(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
     let mut out = Vec::new();
@@ -228,6 +271,39 @@ pub fn segments(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
     Ok(out)
 }
 
+/// A file kept to become a later segment.
+#[derive(Debug, Clone)]
+pub struct Spare {
+    pub path: PathBuf,
+    /// The number in its name.
+    pub n: u64,
+    pub len: u64,
+}
+
+/// The spares in `dir`, longest first.
+pub fn spares(dir: &Path) -> io::Result<Vec<Spare>> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if let Some(hex) = name.strip_prefix("wal-spare-")
+            && hex.len() == 16
+            && let Ok(n) = u64::from_str_radix(hex, 16)
+        {
+            // Gone since the listing: the writer has just made it a segment.
+            let Ok(meta) = entry.metadata() else { continue };
+            out.push(Spare {
+                path: entry.path(),
+                n,
+                len: meta.len(),
+            });
+        }
+    }
+    out.sort_by(|a, b| b.len.cmp(&a.len).then(a.n.cmp(&b.n)));
+    Ok(out)
+}
+
 /// Fsyncs a directory, making the names created or renamed in it durable.
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
@@ -237,51 +313,210 @@ fn fdatasync(f: &File) -> io::Result<()> {
     f.sync_data()
 }
 
-/// A batch read back from a segment.
-pub struct Batch {
-    pub seq: u64,
-    pub payload: Vec<u8>,
+fn new_salt() -> io::Result<u64> {
+    getrandom::u64()
+        .map_err(|e| io::Error::other(format!("cannot read the OS's random source: {e}")))
+}
+
+fn segment_header(salt: u64, segment: u64) -> [u8; SEGMENT_HEADER] {
+    let mut h = [0u8; SEGMENT_HEADER];
+    h[0..4].copy_from_slice(SEGMENT_MAGIC);
+    h[4..8].copy_from_slice(&SEGMENT_VERSION.to_le_bytes());
+    h[8..16].copy_from_slice(&salt.to_le_bytes());
+    h[16..24].copy_from_slice(&segment.to_le_bytes());
+    let crc = crc32fast::hash(&h[..28]);
+    h[28..32].copy_from_slice(&crc.to_le_bytes());
+    h
+}
+
+/// How a segment file's batches are to be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// Written before segments had a header: batches from byte 0, checksums without a salt.
+    Legacy,
+    /// A header naming this segment: batches after it, checksummed with this salt.
+    Salted(u64),
+    /// No header of this segment's own (a file being created when the power went, or one
+    /// never written): it holds no batch.
+    Blank,
+}
+
+impl Format {
+    /// The format of a segment file numbered `segment` whose first bytes are `head`.
+    fn of(head: &[u8], segment: u64) -> io::Result<Format> {
+        if head.starts_with(BATCH_MAGIC) {
+            return Ok(Format::Legacy);
+        }
+        if head.len() < SEGMENT_HEADER || &head[0..4] != SEGMENT_MAGIC {
+            return Ok(Format::Blank);
+        }
+        let field = |i: usize| u64::from_le_bytes(head[i..i + 8].try_into().unwrap_or([0; 8]));
+        let crc = u32::from_le_bytes(head[28..32].try_into().unwrap_or([0; 4]));
+        if crc32fast::hash(&head[..28]) != crc {
+            return Ok(Format::Blank);
+        }
+        let version = u32::from_le_bytes(head[4..8].try_into().unwrap_or([0; 4]));
+        if version != SEGMENT_VERSION {
+            // Whole and checksummed: a newer memkeep wrote it. Reading it as empty would drop
+            // its batches.
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "log segment {} has format version {version}; this memkeep reads {SEGMENT_VERSION}",
+                    segment_name(segment)
+                ),
+            ));
+        }
+        if field(16) != segment {
+            // A header another segment wrote: never this segment's own (a new header is on
+            // disk before a spare takes a segment's name), so its salt must not be trusted.
+            return Ok(Format::Blank);
+        }
+        Ok(Format::Salted(field(8)))
+    }
+
+    fn salt(self) -> Option<u64> {
+        match self {
+            Format::Salted(s) => Some(s),
+            Format::Legacy | Format::Blank => None,
+        }
+    }
+
+    /// Where the first batch starts.
+    fn start(self) -> u64 {
+        match self {
+            Format::Salted(_) => SEGMENT_HEADER as u64,
+            Format::Legacy | Format::Blank => 0,
+        }
+    }
+}
+
+/// Why a segment's batches ended before the file did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stop {
+    /// The segment has no header of its own (`Format::Blank`).
+    NoSegmentHeader,
+    /// Zeros where the next batch would start: space not written in this life (preallocated,
+    /// or an append taken back).
+    Unused,
+    /// The file ends inside a batch header.
+    TornHeader(usize),
+    /// Bytes that are not a batch header (what a recycled file held before, or what stays of a
+    /// taken-back batch past a shorter one).
+    NotABatch,
+    /// The file ends inside batch `seq`.
+    Torn { seq: u64 },
+    /// A batch claiming sequence number `seq` fails its checksum.
+    Checksum { seq: u64 },
+    /// A whole batch, but not the next one.
+    Unexpected { expected: u64, found: u64 },
+}
+
+impl std::fmt::Display for Stop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Stop::NoSegmentHeader => write!(f, "no segment header"),
+            Stop::Unused => write!(f, "zeros where the next batch would start"),
+            Stop::TornHeader(n) => write!(f, "torn batch header ({n} bytes)"),
+            Stop::NotABatch => write!(f, "no batch header"),
+            Stop::Torn { seq } => write!(f, "torn batch {seq}"),
+            Stop::Checksum { seq } => write!(f, "batch {seq} fails its checksum"),
+            Stop::Unexpected { expected, found } => {
+                write!(f, "batch {expected} is missing (found {found})")
+            }
+        }
+    }
 }
 
 /// Reads a segment's batches in order; stops at the first one that is torn, fails its
-/// checksum or does not follow its predecessor.
+/// checksum under the segment's salt, or (when reading for recovery) does not have exactly the
+/// next sequence number.
 pub struct SegmentReader {
     file: io::BufReader<File>,
-    /// Bytes of whole, valid batches read so far.
+    file_len: u64,
+    pub format: Format,
+    /// The sequence number the next batch must have (None: any, to count what a file holds).
+    expect: Option<u64>,
+    /// The offset just past the last whole, valid batch (the segment header counts).
     pub valid_len: u64,
     /// Why reading stopped before the end of the file, if it did.
-    pub stop: Option<String>,
+    pub stop: Option<Stop>,
 }
 
 impl SegmentReader {
-    pub fn open(path: &Path) -> io::Result<SegmentReader> {
+    /// Opens segment file `path`, numbered `segment`; with `expect`, its first batch must
+    /// have that sequence number and each later one the next.
+    pub fn open(path: &Path, segment: u64, expect: Option<u64>) -> io::Result<SegmentReader> {
+        let mut file = File::open(path)?;
+        let file_len = file.metadata()?.len();
+        let mut head = [0u8; SEGMENT_HEADER];
+        let got = read_full(&mut file, &mut head)?;
+        let format = Format::of(&head[..got], segment)?;
+        io::Seek::seek(&mut file, io::SeekFrom::Start(format.start()))?;
         Ok(SegmentReader {
-            file: io::BufReader::with_capacity(1 << 20, File::open(path)?),
-            valid_len: 0,
-            stop: None,
+            file: io::BufReader::with_capacity(1 << 20, file),
+            file_len,
+            format,
+            expect,
+            valid_len: format.start(),
+            stop: (format == Format::Blank && file_len > 0).then_some(Stop::NoSegmentHeader),
         })
+    }
+
+    /// Whether reading stopped at what a crash in the middle of writing leaves, or at damage,
+    /// rather than at the end of what the segment's current life wrote.
+    pub fn torn(&self) -> bool {
+        let Some(stop) = &self.stop else { return false };
+        if self.format == Format::Legacy {
+            // Appended and cut, never recycled: it ends at the end of the file.
+            return true;
+        }
+        match stop {
+            Stop::NoSegmentHeader | Stop::Unused | Stop::NotABatch => false,
+            Stop::TornHeader(_) | Stop::Unexpected { .. } => true,
+            // Another sequence number than the next: a batch of the file's earlier life.
+            Stop::Torn { seq } | Stop::Checksum { seq } => self.expect.is_none_or(|e| e == *seq),
+        }
     }
 
     /// The next batch, or None at the end of the valid part (see `stop`).
     pub fn next_batch(&mut self, buf: &mut Vec<u8>) -> io::Result<Option<u64>> {
+        if self.stop.is_some() || self.format == Format::Blank {
+            return Ok(None);
+        }
         let mut hdr = [0u8; HEADER];
-        match read_full(&mut self.file, &mut hdr)? {
-            0 => return Ok(None),
-            n if n < HEADER => {
-                self.stop = Some(format!("torn batch header ({n} bytes)"));
-                return Ok(None);
-            }
-            _ => {}
+        let got = read_full(&mut self.file, &mut hdr)?;
+        if got == 0 {
+            return Ok(None);
+        }
+        let zeros = hdr[..got].iter().all(|b| *b == 0);
+        if got < HEADER {
+            let magic = got.min(BATCH_MAGIC.len());
+            self.stop = Some(if zeros {
+                Stop::Unused
+            } else if hdr[..magic] == BATCH_MAGIC[..magic] {
+                Stop::TornHeader(got)
+            } else {
+                // The file ends in bytes that do not begin a batch: what stays of an undone
+                // one, or of the file's earlier life.
+                Stop::NotABatch
+            });
+            return Ok(None);
         }
         if &hdr[0..4] != BATCH_MAGIC {
-            self.stop = Some("no batch header".into());
+            self.stop = Some(if zeros { Stop::Unused } else { Stop::NotABatch });
             return Ok(None);
         }
         let len = u32::from_le_bytes([hdr[4], hdr[5], hdr[6], hdr[7]]) as usize;
         let seq = u64::from_le_bytes(hdr[8..16].try_into().unwrap_or([0; 8]));
         let crc = u32::from_le_bytes([hdr[16], hdr[17], hdr[18], hdr[19]]);
         buf.clear();
-        // Read in bounded steps: a torn header may claim any length.
+        // A torn or stale header may claim any length: past the end of the file it is torn
+        // without reading (or allocating) anything.
+        if self.valid_len + (HEADER + len) as u64 > self.file_len {
+            self.stop = Some(Stop::Torn { seq });
+            return Ok(None);
+        }
         let mut left = len;
         while left > 0 {
             let step = left.min(1 << 20);
@@ -289,14 +524,24 @@ impl SegmentReader {
             buf.resize(start + step, 0);
             let got = read_full(&mut self.file, &mut buf[start..])?;
             if got < step {
-                self.stop = Some(format!("torn batch {seq}"));
+                self.stop = Some(Stop::Torn { seq });
                 return Ok(None);
             }
             left -= step;
         }
-        if batch_crc(&hdr[4..16], buf) != crc {
-            self.stop = Some(format!("batch {seq} fails its checksum"));
+        if batch_crc(self.format.salt(), &hdr[4..16], buf) != crc {
+            self.stop = Some(Stop::Checksum { seq });
             return Ok(None);
+        }
+        if let Some(expected) = self.expect {
+            if seq != expected {
+                self.stop = Some(Stop::Unexpected {
+                    expected,
+                    found: seq,
+                });
+                return Ok(None);
+            }
+            self.expect = Some(expected + 1);
         }
         self.valid_len += (HEADER + len) as u64;
         Ok(Some(seq))
@@ -317,47 +562,179 @@ fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
     Ok(n)
 }
 
+/// Makes segment `n` a file with a fresh header (a new salt), durably: a spare if one is left,
+/// else a new file. Returns the file and its salt.
+fn start_segment(dir: &Path, n: u64) -> io::Result<(File, u64)> {
+    let salt = new_salt()?;
+    let header = segment_header(salt, n);
+    let path = dir.join(segment_name(n));
+    for spare in spares(dir)? {
+        let file = match OpenOptions::new().read(true).write(true).open(&spare.path) {
+            Ok(f) => f,
+            // The checkpointer moved it away to extend it.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        // The header goes to disk before the file takes the segment's name: after any crash,
+        // a file under this name shows this header, never the one of its previous life (whose
+        // salt its stale batches pass). An overwrite of a written block: a cheap sync.
+        file.write_all_at(&header, 0)?;
+        fdatasync(&file)?;
+        match fs::rename(&spare.path, &path) {
+            Ok(()) => {
+                sync_dir(dir)?;
+                return Ok((file, salt));
+            }
+            // Moved away meanwhile: it will get a new header again when it is used.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)?;
+    file.write_all_at(&header, 0)?;
+    fdatasync(&file)?;
+    sync_dir(dir)?;
+    Ok((file, salt))
+}
+
+/// Turns segment `n` (file `path`), which a checkpoint covers, into a spare, or deletes it if
+/// `MAX_SPARES` are kept already or it is too long to keep. Its contents stay: they are
+/// checksummed under a salt no later segment has.
+pub fn retire(dir: &Path, n: u64, path: &Path) -> io::Result<()> {
+    let keep = spares(dir)?.len() < MAX_SPARES && fs::metadata(path)?.len() <= SPARE_KEEP_MAX;
+    if keep {
+        fs::rename(path, dir.join(spare_name(n)))
+    } else {
+        fs::remove_file(path)
+    }
+}
+
+/// Spares are extended to at least this...
+const SPARE_MIN: u64 = 1 << 20;
+/// ...and to at most this: a checkpoint, which ends a segment, starts once the log holds
+/// 32 MiB (`CHECKPOINT_BYTES` in writer.rs), so a segment seldom grows past it.
+const SPARE_MAX_TARGET: u64 = 32 << 20;
+
+/// The length a spare should have for a segment after one that held `used` bytes: twice that
+/// (the load may grow between two checkpoints, which come once a second), rounded up to a
+/// MiB, within `SPARE_MIN..=SPARE_MAX_TARGET`. Sized by the load, so an idle store does not
+/// write 32 MiB of zeros for nothing, and a busy one seldom appends.
+pub fn spare_target(used: u64) -> u64 {
+    let mib = 1u64 << 20;
+    used.saturating_mul(2)
+        .div_ceil(mib)
+        .saturating_mul(mib)
+        .clamp(SPARE_MIN, SPARE_MAX_TARGET)
+}
+
+/// Makes sure a spare of at least `target` bytes exists, extending the longest one (or a new
+/// file) with zeros actually written (fallocate's unwritten extents would still need a journal
+/// commit at the first write into them) and synced, so the writer's fdatasyncs in it never
+/// flush them or a size change. Slow (up to `SPARE_MAX_TARGET` of writes): for the
+/// checkpointer thread, never the writer. The spare being extended has a name the writer does
+/// not take (`SPARE_PREP`); renames decide which of the two threads gets a file.
+pub fn prepare_spare(dir: &Path, target: u64) -> io::Result<()> {
+    let prep = dir.join(SPARE_PREP);
+    // Left by a crash while it was being extended: start again.
+    match fs::remove_file(&prep) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let list = spares(dir)?;
+    if list.iter().any(|s| s.len >= target) {
+        return Ok(());
+    }
+    let name = match list.first() {
+        Some(s) => match fs::rename(&s.path, &prep) {
+            Ok(()) => s.n,
+            // The writer has just made it a segment; the next checkpoint tries again.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        },
+        None => 0,
+    };
+    let file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&prep)?;
+    let mut at = file.metadata()?.len();
+    let zeros = vec![0u8; 1 << 20];
+    while at < target {
+        let n = (target - at).min(zeros.len() as u64);
+        file.write_all_at(&zeros[..n as usize], at)?;
+        at += n;
+        // A few MiB at a time: a journal commit the writer waits for (its log growing past a
+        // spare's end) must not also wait for tens of MiB of these zeros.
+        if at % (4 << 20) == 0 {
+            fdatasync(&file)?;
+        }
+    }
+    fdatasync(&file)?;
+    fs::rename(&prep, dir.join(spare_name(name)))
+}
+
 /// The log as the writer appends to it.
 pub struct Wal {
     dir: PathBuf,
     file: File,
     segment: u64,
+    salt: u64,
     len: u64,
     next_seq: u64,
-    /// Bytes appended since the last checkpoint began (what a recovery would replay).
+    /// Batch bytes appended since the last checkpoint began (what a recovery would replay).
     pub since_checkpoint: u64,
     /// Bytes appended and not yet fdatasynced.
     unsynced: bool,
 }
 
 impl Wal {
-    /// Continues segment `segment` at `len` bytes (truncating anything past it, durably), or
-    /// creates it; the next batch gets `next_seq`.
-    pub fn resume(dir: &Path, segment: u64, len: u64, next_seq: u64) -> io::Result<Wal> {
+    /// Continues segment `segment`, of `format`, after its first `len` bytes (truncating
+    /// anything past them, durably: see the module's invariants), or starts it afresh when it
+    /// is `Format::Blank`; the next batch gets `next_seq`. A legacy segment is not written
+    /// any more: the log goes on in the next segment.
+    pub fn resume(
+        dir: &Path,
+        segment: u64,
+        format: Format,
+        len: u64,
+        next_seq: u64,
+    ) -> io::Result<Wal> {
         let path = dir.join(segment_name(segment));
-        let existed = path.exists();
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)?;
-        if file.metadata()?.len() != len {
-            file.set_len(len)?;
-            fdatasync(&file)?;
-        }
-        if !existed {
-            sync_dir(dir)?;
-        }
-        Ok(Wal {
+        let (file, salt, len) = match format {
+            Format::Blank => {
+                let (file, salt) = start_segment(dir, segment)?;
+                (file, salt, SEGMENT_HEADER as u64)
+            }
+            Format::Salted(_) | Format::Legacy => {
+                let file = OpenOptions::new().read(true).write(true).open(&path)?;
+                if file.metadata()?.len() != len {
+                    file.set_len(len)?;
+                    fdatasync(&file)?;
+                }
+                (file, format.salt().unwrap_or(0), len)
+            }
+        };
+        let mut w = Wal {
             dir: dir.to_path_buf(),
             file,
             segment,
+            salt,
             len,
             next_seq,
-            since_checkpoint: len,
+            since_checkpoint: len.saturating_sub(format.start()),
             unsynced: false,
-        })
+        };
+        if format == Format::Legacy {
+            // Its checksums carry no salt, so what `undo` leaves in it would not be safe.
+            w.rotate()?;
+        }
+        Ok(w)
     }
 
     pub fn segment(&self) -> u64 {
@@ -377,7 +754,7 @@ impl Wal {
     /// Appends `batch` (page cache only; see `sync`) and returns its sequence number.
     pub fn append(&mut self, batch: &mut LogBuf) -> io::Result<u64> {
         let seq = self.next_seq;
-        let bytes = batch.seal(seq)?;
+        let bytes = batch.seal(seq, self.salt)?;
         self.file.write_all_at(bytes, self.len)?;
         self.len += bytes.len() as u64;
         self.since_checkpoint += bytes.len() as u64;
@@ -386,12 +763,21 @@ impl Wal {
         Ok(seq)
     }
 
-    /// Takes back the last append (its LMDB commit failed, so no reply will claim it).
+    /// Takes back the last append (its LMDB commit failed, so no reply will claim it), which
+    /// started at `position` with sequence number `seq`. The file keeps its length (shrinking
+    /// it would make the next appends grow it again): the batch's header becomes zeros, which
+    /// end the segment there until the next append overwrites them. What stays of its payload
+    /// past a shorter next batch holds client bytes, but no checksum under this segment's
+    /// salt, which no client knows. Synced, so a power cut cannot bring back a batch whose
+    /// writes were answered with an error.
     pub fn undo(&mut self, position: u64, seq: u64) -> io::Result<()> {
+        self.file.write_all_at(&[0u8; HEADER], position)?;
+        fdatasync(&self.file)?;
+        self.unsynced = false;
         self.since_checkpoint -= self.len - position;
         self.len = position;
         self.next_seq = seq;
-        self.file.set_len(position)
+        Ok(())
     }
 
     /// Makes every append so far durable.
@@ -407,22 +793,18 @@ impl Wal {
         self.unsynced
     }
 
-    /// Ends the current segment (durably) and starts the next; returns the new segment number.
-    /// Batches appended from now on are the ones a checkpoint taken now does not hold.
+    /// Ends the current segment (durably) and starts the next, in a spare when one is left;
+    /// returns the new segment number. Batches appended from now on are the ones a checkpoint
+    /// taken now does not hold. Costs two small syncs (the new header, the directory) and no
+    /// zero-filling: spares are extended on the checkpointer thread (`prepare_spare`).
     pub fn rotate(&mut self) -> io::Result<u64> {
         self.sync()?;
         let next = self.segment + 1;
-        let path = self.dir.join(segment_name(next));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)?;
-        sync_dir(&self.dir)?;
+        let (file, salt) = start_segment(&self.dir, next)?;
         self.file = file;
         self.segment = next;
-        self.len = 0;
+        self.salt = salt;
+        self.len = SEGMENT_HEADER as u64;
         self.since_checkpoint = 0;
         Ok(next)
     }
@@ -593,6 +975,19 @@ pub fn restore_meta(data: &File, c: &Checkpoint) -> io::Result<()> {
     fdatasync(data)
 }
 
+/// A batch with a valid checksum as a segment of `format` holds it (tests plant and damage
+/// batches with it).
+#[cfg(test)]
+pub(crate) fn raw_batch(format: Format, seq: u64, payload: &[u8]) -> Vec<u8> {
+    let mut b = BATCH_MAGIC.to_vec();
+    b.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    b.extend_from_slice(&seq.to_le_bytes());
+    let crc = batch_crc(format.salt(), &b[4..16], payload);
+    b.extend_from_slice(&crc.to_le_bytes());
+    b.extend_from_slice(payload);
+    b
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -630,19 +1025,24 @@ mod tests {
         assert!(ops(&payload[..payload.len() - 3]).any(|r| r.is_err()));
     }
 
+    fn put_batch(v: &[u8]) -> LogBuf {
+        let mut b = LogBuf::default();
+        b.put(0, b"k", &[v]);
+        b
+    }
+
     fn wal_with(dir: &Path, batches: &[&[u8]]) -> Wal {
-        let mut w = Wal::resume(dir, 1, 0, 1).expect("wal");
+        let mut w = Wal::resume(dir, 1, Format::Blank, 0, 1).expect("wal");
         for v in batches {
-            let mut b = LogBuf::default();
-            b.put(0, b"k", &[v]);
-            w.append(&mut b).expect("append");
+            w.append(&mut put_batch(v)).expect("append");
         }
         w.sync().expect("sync");
         w
     }
 
-    fn read_all(path: &Path) -> (Vec<u64>, SegmentReader) {
-        let mut r = SegmentReader::open(path).expect("open");
+    /// Reads segment file `path`, numbered `n`, as recovery does with `first` next.
+    fn read_from(path: &Path, n: u64, first: u64) -> (Vec<u64>, SegmentReader) {
+        let mut r = SegmentReader::open(path, n, Some(first)).expect("open");
         let mut seqs = Vec::new();
         let mut buf = Vec::new();
         while let Some(s) = r.next_batch(&mut buf).expect("read") {
@@ -651,12 +1051,33 @@ mod tests {
         (seqs, r)
     }
 
+    fn read_all(path: &Path) -> (Vec<u64>, SegmentReader) {
+        read_from(path, 1, 1)
+    }
+
+    fn salt_of(path: &Path, n: u64) -> u64 {
+        match SegmentReader::open(path, n, None).expect("open").format {
+            Format::Salted(s) => s,
+            other => panic!("{} is {other:?}", path.display()),
+        }
+    }
+
+    fn ino(path: &Path) -> u64 {
+        std::os::unix::fs::MetadataExt::ino(&fs::metadata(path).expect("stat"))
+    }
+
+    /// Bytes of a batch `put_batch(v)` makes.
+    fn put_len(v: &[u8]) -> usize {
+        HEADER + 8 + 1 + v.len()
+    }
+
     #[test]
     fn torn_and_damaged_tails_end_the_segment() {
         let dir = tempfile::tempdir().expect("tempdir");
         let w = wal_with(dir.path(), &[b"one", b"two", b"three"]);
         let path = dir.path().join(segment_name(1));
         let full = fs::read(&path).expect("read");
+        assert_eq!(&full[..4], SEGMENT_MAGIC);
         let (seqs, r) = read_all(&path);
         assert_eq!(seqs, vec![1, 2, 3]);
         assert_eq!(r.valid_len, full.len() as u64);
@@ -666,21 +1087,47 @@ mod tests {
         fs::write(&path, &full[..full.len() - 2]).expect("write");
         let (seqs, r) = read_all(&path);
         assert_eq!(seqs, vec![1, 2]);
-        assert!(r.stop.is_some());
+        assert_eq!(r.stop, Some(Stop::Torn { seq: 3 }));
+        assert!(r.torn());
         // A flipped byte in the second batch's payload: only the first stays.
         let mut bad = full.clone();
         let second = r.valid_len as usize - 1;
         bad[second] ^= 0x40;
         fs::write(&path, &bad).expect("write");
-        let (seqs, _) = read_all(&path);
+        let (seqs, r) = read_all(&path);
         assert_eq!(seqs, vec![1]);
+        assert_eq!(r.stop, Some(Stop::Checksum { seq: 2 }));
         // Zeros where a batch should start (a page that never reached the disk).
         let mut zeroed = full.clone();
-        let first_len = HEADER + 8 + 1 + 3;
-        zeroed[first_len..first_len + HEADER].fill(0);
+        let second_at = SEGMENT_HEADER + put_len(b"one");
+        zeroed[second_at..second_at + HEADER].fill(0);
         fs::write(&path, &zeroed).expect("write");
-        let (seqs, _) = read_all(&path);
+        let (seqs, r) = read_all(&path);
         assert_eq!(seqs, vec![1]);
+        assert_eq!(r.stop, Some(Stop::Unused));
+        assert!(!r.torn());
+    }
+
+    #[test]
+    fn a_batch_must_have_exactly_the_next_sequence_number() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        drop(wal_with(dir.path(), &[b"a", b"b", b"c"]));
+        let path = dir.path().join(segment_name(1));
+        // Expecting batch 2 first (as if batch 1 were covered by a checkpoint): nothing is read.
+        let (seqs, r) = read_from(&path, 1, 2);
+        assert!(seqs.is_empty());
+        assert_eq!(
+            r.stop,
+            Some(Stop::Unexpected {
+                expected: 2,
+                found: 1
+            })
+        );
+        assert_eq!(r.valid_len, SEGMENT_HEADER as u64);
+        // A header naming another segment is not this segment's: nothing in it is read.
+        let (seqs, r) = read_from(&path, 7, 1);
+        assert!(seqs.is_empty());
+        assert_eq!(r.format, Format::Blank);
     }
 
     #[test]
@@ -693,7 +1140,9 @@ mod tests {
         let mut bytes = fs::read(&path).expect("read");
         bytes.extend_from_slice(b"MKWBgarbage");
         fs::write(&path, &bytes).expect("write");
-        let mut w = Wal::resume(dir.path(), 1, keep, 3).expect("resume");
+        let salt = salt_of(&path, 1);
+        let mut w = Wal::resume(dir.path(), 1, Format::Salted(salt), keep, 3).expect("resume");
+        assert_eq!(fs::metadata(&path).expect("stat").len(), keep);
         let mut b = LogBuf::default();
         b.del(0, b"k");
         assert_eq!(w.append(&mut b).expect("append"), 3);
@@ -704,20 +1153,224 @@ mod tests {
     }
 
     #[test]
-    fn undo_takes_back_the_last_append() {
+    fn undo_zeroes_the_batch_without_shrinking_the_file_and_the_next_append_goes_there() {
         let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join(segment_name(1));
         let mut w = wal_with(dir.path(), &[b"a"]);
         let (pos, seq) = (w.position(), w.last_seq() + 1);
-        let mut b = LogBuf::default();
-        b.put(0, b"x", &[b"y"]);
-        w.append(&mut b).expect("append");
+        w.append(&mut put_batch(b"a long value that the undo takes back"))
+            .expect("append");
+        let grown = fs::metadata(&path).expect("stat").len();
         w.undo(pos, seq).expect("undo");
-        let mut b = LogBuf::default();
-        b.put(0, b"z", &[b"w"]);
-        assert_eq!(w.append(&mut b).expect("append"), seq);
+        assert_eq!(fs::metadata(&path).expect("stat").len(), grown);
+        assert_eq!(w.position(), pos);
+        // Taken back: the zeroed header ends the segment, and it is no torn tail.
+        let (seqs, r) = read_all(&path);
+        assert_eq!(seqs, vec![1]);
+        assert_eq!(r.stop, Some(Stop::Unused));
+        assert!(!r.torn());
+        // A shorter batch in its place, then one more: both follow, nothing of the undone one.
+        assert_eq!(w.append(&mut put_batch(b"z")).expect("append"), seq);
+        assert_eq!(w.append(&mut put_batch(b"y")).expect("append"), seq + 1);
         w.sync().expect("sync");
-        let (seqs, _) = read_all(&dir.path().join(segment_name(1)));
-        assert_eq!(seqs, vec![1, 2]);
+        let (seqs, r) = read_all(&path);
+        assert_eq!(seqs, vec![1, 2, 3]);
+        assert!(!r.torn(), "{:?}", r.stop);
+        assert_eq!(fs::metadata(&path).expect("stat").len(), grown);
+    }
+
+    #[test]
+    fn a_batch_planted_in_a_value_behind_an_undo_is_not_replayed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join(segment_name(1));
+        let mut w = wal_with(dir.path(), &[b"a"]);
+        let salt = salt_of(&path, 1);
+        // A client's value: 16 filler bytes, then a whole fake batch 3 that sets "k".
+        let mut fake_payload = LogBuf::default();
+        fake_payload.put(0, b"k", &[b"planted"]);
+        let fake_payload = fake_payload.buf[HEADER..].to_vec();
+        let filler = [b'x'; 16];
+        for (format, planted_in_this_salt) in [
+            (Format::Legacy, false),
+            (Format::Salted(salt ^ 1), false),
+            (Format::Salted(0), false),
+            // The control: with the segment's own salt the same bytes would be replayed.
+            (Format::Salted(salt), true),
+        ] {
+            let fake = raw_batch(format, 3, &fake_payload);
+            let mut value = filler.to_vec();
+            value.extend_from_slice(&fake);
+            let (pos, seq) = (w.position(), w.last_seq() + 1);
+            w.append(&mut put_batch(&value)).expect("append");
+            w.undo(pos, seq).expect("undo");
+            // The next batch ends exactly where the fake starts in the undone payload.
+            assert_eq!(w.append(&mut put_batch(&filler)).expect("append"), 2);
+            assert_eq!(w.position(), pos + put_len(&filler) as u64);
+            w.sync().expect("sync");
+            let (seqs, r) = read_all(&path);
+            if planted_in_this_salt {
+                assert_eq!(seqs, vec![1, 2, 3]);
+            } else {
+                assert_eq!(seqs, vec![1, 2], "{format:?}");
+                assert_eq!(r.stop, Some(Stop::Checksum { seq: 3 }), "{format:?}");
+            }
+            w.undo(pos, seq).expect("undo");
+        }
+    }
+
+    #[test]
+    fn a_recycled_segment_replays_only_what_its_new_life_wrote() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = |n| dir.path().join(segment_name(n));
+        let v = [7u8; 100];
+        let mut w = wal_with(dir.path(), &[&v, &v, &v, &v, &v]);
+        let old = fs::read(p(1)).expect("read");
+        assert_eq!(w.rotate().expect("rotate"), 2);
+        assert!(spares(dir.path()).expect("spares").is_empty());
+        // A checkpoint covers segment 1: it becomes a spare, contents and all.
+        retire(dir.path(), 1, &p(1)).expect("retire");
+        let spare = dir.path().join(spare_name(1));
+        assert_eq!(fs::read(&spare).expect("read"), old);
+        let spare_ino = ino(&spare);
+        w.append(&mut put_batch(&v)).expect("append");
+        assert_eq!(w.rotate().expect("rotate"), 3);
+        // Segment 3 is the spare's file, which keeps its length.
+        assert_eq!(ino(&p(3)), spare_ino);
+        assert!(spares(dir.path()).expect("spares").is_empty());
+        assert_eq!(fs::metadata(p(3)).expect("stat").len(), old.len() as u64);
+        // One batch of the new life, as long as the old ones: right behind it lies old batch 2,
+        // whole and checksummed under the old salt.
+        assert_eq!(w.append(&mut put_batch(&v)).expect("append"), 7);
+        w.sync().expect("sync");
+        let (seqs, r) = read_from(&p(3), 3, 7);
+        assert_eq!(seqs, vec![7]);
+        assert_eq!(r.stop, Some(Stop::Checksum { seq: 2 }));
+        assert!(!r.torn(), "stale bytes are not a torn tail");
+        assert_eq!(r.valid_len, (SEGMENT_HEADER + put_len(&v)) as u64);
+        // Even with the sequence number the reader wants next, the old batch does not pass.
+        let (seqs, r) = read_from(&p(3), 3, 2);
+        assert!(seqs.is_empty());
+        assert_eq!(
+            r.stop,
+            Some(Stop::Unexpected {
+                expected: 2,
+                found: 7
+            })
+        );
+    }
+
+    #[test]
+    fn rotate_takes_a_prepared_spare_and_spares_are_bounded() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = |n| dir.path().join(segment_name(n));
+        let mut w = wal_with(dir.path(), &[b"a"]);
+        // No spare yet: the checkpointer makes one of zeros.
+        prepare_spare(dir.path(), 1 << 20).expect("prepare");
+        let s = spares(dir.path()).expect("spares");
+        assert_eq!(s.len(), 1);
+        assert_eq!(s[0].len, 1 << 20);
+        assert!(fs::read(&s[0].path).expect("read").iter().all(|b| *b == 0));
+        // Long enough already: nothing to do.
+        prepare_spare(dir.path(), 1 << 20).expect("prepare again");
+        assert_eq!(spares(dir.path()).expect("spares").len(), 1);
+        let spare_ino = ino(&s[0].path);
+        assert_eq!(w.rotate().expect("rotate"), 2);
+        assert_eq!(ino(&p(2)), spare_ino);
+        assert_eq!(fs::metadata(p(2)).expect("stat").len(), 1 << 20);
+        assert!(spares(dir.path()).expect("spares").is_empty());
+        w.append(&mut put_batch(b"b")).expect("append");
+        w.sync().expect("sync");
+        let (seqs, r) = read_from(&p(2), 2, 2);
+        assert_eq!(seqs, vec![2]);
+        assert_eq!(r.stop, Some(Stop::Unused));
+        // The log does not grow its file while it fits.
+        assert_eq!(fs::metadata(p(2)).expect("stat").len(), 1 << 20);
+        // A short spare is extended with zeros after what it holds.
+        w.rotate().expect("rotate");
+        w.rotate().expect("rotate");
+        retire(dir.path(), 1, &p(1)).expect("retire");
+        let held = fs::read(dir.path().join(spare_name(1))).expect("read");
+        prepare_spare(dir.path(), 2 << 20).expect("prepare");
+        let extended = fs::read(dir.path().join(spare_name(1))).expect("read");
+        assert_eq!(extended.len(), 2 << 20);
+        assert_eq!(&extended[..held.len()], &held[..]);
+        assert!(extended[held.len()..].iter().all(|b| *b == 0));
+        // At most MAX_SPARES: the next covered segments are deleted.
+        retire(dir.path(), 2, &p(2)).expect("retire");
+        retire(dir.path(), 3, &p(3)).expect("retire");
+        assert_eq!(spares(dir.path()).expect("spares").len(), MAX_SPARES);
+        assert!(!p(3).exists());
+        assert_eq!(
+            segments(dir.path())
+                .expect("segments")
+                .iter()
+                .map(|s| s.0)
+                .collect::<Vec<_>>(),
+            vec![4]
+        );
+    }
+
+    #[test]
+    fn an_old_format_segment_is_read_and_not_written_any_more() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = |n| dir.path().join(segment_name(n));
+        // Batches from byte 0, checksums without a salt: what the previous format wrote.
+        let payload = put_batch(b"v").buf[HEADER..].to_vec();
+        let mut old = Vec::new();
+        for seq in 1..=3 {
+            old.extend_from_slice(&raw_batch(Format::Legacy, seq, &payload));
+        }
+        fs::write(p(1), &old).expect("write");
+        let (seqs, r) = read_all(&p(1));
+        assert_eq!(r.format, Format::Legacy);
+        assert_eq!(seqs, vec![1, 2, 3]);
+        assert!(r.stop.is_none());
+        // Resumed: the old segment is left as it is, and the log goes on in a new one.
+        let mut w = Wal::resume(dir.path(), 1, Format::Legacy, r.valid_len, 4).expect("resume");
+        assert_eq!(w.segment(), 2);
+        w.append(&mut put_batch(b"w")).expect("append");
+        w.sync().expect("sync");
+        assert_eq!(fs::read(p(1)).expect("read"), old);
+        let (seqs, r) = read_from(&p(2), 2, 4);
+        assert!(matches!(r.format, Format::Salted(_)));
+        assert_eq!(seqs, vec![4]);
+        // A salted checksum does not pass in an old-format segment, nor the reverse.
+        let mut mixed = old.clone();
+        mixed.extend_from_slice(&raw_batch(Format::Salted(5), 4, &payload));
+        fs::write(p(1), &mixed).expect("write");
+        let (seqs, r) = read_all(&p(1));
+        assert_eq!(seqs, vec![1, 2, 3]);
+        assert_eq!(r.stop, Some(Stop::Checksum { seq: 4 }));
+    }
+
+    #[test]
+    fn a_segment_header_from_a_newer_format_is_refused_not_skipped() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join(segment_name(1));
+        let mut h = segment_header(9, 1);
+        h[4..8].copy_from_slice(&2u32.to_le_bytes());
+        let crc = crc32fast::hash(&h[..28]);
+        h[28..32].copy_from_slice(&crc.to_le_bytes());
+        fs::write(&path, h).expect("write");
+        let err = SegmentReader::open(&path, 1, Some(1))
+            .err()
+            .expect("must fail");
+        assert!(err.to_string().contains("format version 2"), "{err}");
+        // A damaged header is no header: the segment holds no batch.
+        h[10] ^= 1;
+        fs::write(&path, h).expect("write");
+        let (seqs, r) = read_all(&path);
+        assert!(seqs.is_empty());
+        assert_eq!(r.format, Format::Blank);
+        assert_eq!(r.stop, Some(Stop::NoSegmentHeader));
+    }
+
+    #[test]
+    fn spare_targets_follow_the_load_within_bounds() {
+        assert_eq!(spare_target(0), 1 << 20);
+        assert_eq!(spare_target(300 << 10), 1 << 20);
+        assert_eq!(spare_target((3 << 20) + 1), 7 << 20);
+        assert_eq!(spare_target(1 << 30), 32 << 20);
     }
 
     #[test]
