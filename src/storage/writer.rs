@@ -28,7 +28,8 @@ use super::durable::{Checkpointer, Durable};
 use super::lmdb::{LmdbStore, LmdbWrite, LogTxn};
 use super::wal::{LogBuf, Wal};
 use crate::clock::Clock;
-use crate::command::{Outcome, WriteOp};
+use super::watch::{Touched, Watches};
+use crate::command::{ExecOp, Outcome, REPLY_MAX, Step, WriteOp};
 use crate::config::SyncMode;
 use crate::semantics::{self, Ctx};
 
@@ -97,15 +98,80 @@ pub struct WriterConfig {
     pub item_size_max: usize,
 }
 
-/// Applies one write: collection commands run on LMDB directly, the rest through `semantics`.
-fn apply(w: &mut LmdbWrite<'_, '_>, op: &WriteOp, ctx: Ctx) -> Result<Outcome, StoreError> {
-    match op {
+/// Applies one write: collection commands run on LMDB directly, EXEC's steps one after the
+/// other, the rest through `semantics`. While anyone watches keys, a write that logged
+/// something notes its keys in `touched` (published once the batch commits).
+fn apply(
+    w: &mut LmdbWrite<'_, '_>,
+    op: &WriteOp,
+    ctx: Ctx,
+    watches: &Watches,
+    touched: &mut Touched,
+) -> Result<Outcome, StoreError> {
+    if let WriteOp::Exec(x) = op {
+        return exec(w, x, ctx, watches, touched);
+    }
+    let watching = watches.active();
+    if watching
+        && let WriteOp::FlushAll { delay } = op
+        && semantics::flush_deadline(*delay, ctx.now_ms).is_none()
+    {
+        let (store, txn) = w.parts();
+        let txn: &LogTxn = txn;
+        watches.note_flush(touched, |k| matches!(store.get(txn, k), Ok(Some(_))));
+    }
+    let before = if watching { w.parts().1.logged() } else { 0 };
+    let outcome = match op {
         WriteOp::Coll(c) => match crate::types::apply(w, c, ctx.now_ms) {
             Err(StoreError::BadKey) => Ok(Outcome::BadKey),
             other => other,
         },
         _ => semantics::apply(w, op, ctx),
+    };
+    if watching && w.parts().1.logged() != before {
+        op.for_each_key(&mut |k| watches.note(k, touched));
     }
+    outcome
+}
+
+/// EXEC: a null array if a watched key changed, else each step in order against the one
+/// transaction (reads see the steps before them). A step's error (WRONGTYPE, ...) is its own
+/// outcome; a failure of the store fails the whole transaction, which then applies nothing.
+fn exec(
+    w: &mut LmdbWrite<'_, '_>,
+    x: &ExecOp,
+    ctx: Ctx,
+    watches: &Watches,
+    touched: &mut Touched,
+) -> Result<Outcome, StoreError> {
+    if x
+        .watched
+        .iter()
+        .any(|k| watches.fired(k, touched, ctx.now_ms))
+    {
+        return Ok(Outcome::NilArray);
+    }
+    let mut outs = Vec::with_capacity(x.steps.len());
+    let mut reply = 0usize;
+    for step in &x.steps {
+        let o = match step {
+            Step::Write(op) => apply(w, op, ctx, watches, touched)?,
+            // Bounds what one EXEC of many large reads can make the server hold.
+            Step::Read(_) if reply > REPLY_MAX => {
+                Outcome::Err("ERR EXEC reply larger than memkeep's limit")
+            }
+            Step::Read(r) => {
+                let (store, txn) = w.parts();
+                let o = r.run(store, txn, ctx.now_ms);
+                if let Outcome::Reply(b) = &o {
+                    reply += b.len();
+                }
+                o
+            }
+        };
+        outs.push(o);
+    }
+    Ok(Outcome::Array(outs))
 }
 
 /// Group commit with fsync: how long to wait for one more submission, and for all of them.
@@ -163,6 +229,8 @@ pub struct Writer<T> {
     outboxes: Vec<Vec<Completion<T>>>,
     /// Deleted collections still have elements to reclaim.
     gc_more: bool,
+    /// The keys RESP clients watch: told of every key a committed batch changed.
+    watches: Arc<Watches>,
 }
 
 impl<T: Send> Writer<T> {
@@ -201,7 +269,14 @@ impl<T: Send> Writer<T> {
             mailboxes,
             outboxes,
             gc_more: true,
+            watches: Arc::default(),
         }
+    }
+
+    /// Shares the registry of watched keys with the workers (WATCH).
+    pub fn with_watches(mut self, watches: Arc<Watches>) -> Writer<T> {
+        self.watches = watches;
+        self
     }
 
     /// Starts the writer thread; workers submit through the returned gate (and its clones).
@@ -366,6 +441,8 @@ impl<T: Send> Writer<T> {
         let mut swept = 0;
         let mut ran_due = false;
         let mut gc_more = self.gc_more;
+        let watches = self.watches.clone();
+        let mut touched = Touched::default();
         let result = if self.broken.is_some() {
             Err(StoreError::Backend("the write-ahead log is broken".into()))
         } else {
@@ -374,11 +451,14 @@ impl<T: Send> Writer<T> {
             (|| -> Result<(), StoreError> {
                 let mut txn = store.write_txn_with(log)?;
                 ran_due = self.housekeeping(&store, &mut txn, ctx.now_ms, sweep, &mut swept)?;
+                if ran_due && watches.active() {
+                    watches.note_all(&mut touched);
+                }
                 let mut cas = self.cas;
                 for sub in batch.iter() {
                     for req in &sub.reqs {
                         let mut w = store.writer(&mut txn, &mut cas);
-                        outcomes.push(apply(&mut w, &req.op, ctx)?);
+                        outcomes.push(apply(&mut w, &req.op, ctx, &watches, &mut touched)?);
                     }
                 }
                 if cas != self.cas {
@@ -398,6 +478,8 @@ impl<T: Send> Writer<T> {
         self.gc_more = gc_more;
         match result {
             Ok(()) => {
+                // Committed (durable or not): watchers of what it changed must hear of it.
+                watches.publish(&mut touched);
                 let durable = self.cfg.sync != SyncMode::Always || self.sync_log();
                 if durable {
                     let ops = batch.iter().flat_map(|s| s.reqs.iter().map(|r| &r.op));
@@ -494,12 +576,15 @@ impl<T: Send> Writer<T> {
     fn commit_one(&mut self, op: &WriteOp, ctx: Ctx) -> Outcome {
         let mut cas = self.cas;
         let store = self.store.clone();
+        let watches = self.watches.clone();
+        let mut touched = Touched::default();
         let result = (|| -> Result<Outcome, StoreError> {
             let mut txn = store.write_txn_with(std::mem::take(&mut self.log))?;
             let mut w = store.writer(&mut txn, &mut cas);
-            let outcome = apply(&mut w, op, ctx)?;
+            let outcome = apply(&mut w, op, ctx, &watches, &mut touched)?;
             store.put_cas(&mut txn, cas)?;
             self.log_and_commit(txn)?;
+            watches.publish(&mut touched);
             Ok(outcome)
         })();
         // CAS uniques handed out by an aborted write are skipped, never reused.
