@@ -245,9 +245,9 @@ impl WriteOp {
             WriteOp::Coll(c) => c.for_each_key(f),
             WriteOp::Meta(m) => f(match &**m {
                 MetaOp::Store(s) => s.kv.key(),
-                MetaOp::Delete { key, .. } | MetaOp::Arith { key, .. } | MetaOp::Get { key, .. } => {
-                    key
-                }
+                MetaOp::Delete { key, .. }
+                | MetaOp::Arith { key, .. }
+                | MetaOp::Get { key, .. } => key,
             }),
             WriteOp::FlushAll { .. } | WriteOp::Exec(_) => {}
         }

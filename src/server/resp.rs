@@ -541,9 +541,7 @@ fn txn_now(t: TxnNow, args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session, pas
             let q = OwnedArgs::new(args);
             let cap = multi_max_bytes(pass.limits.item_size_max);
             let msg = if m.queued.len() >= MULTI_MAX_COMMANDS {
-                format!(
-                    "ERR Transaction discarded: more than {MULTI_MAX_COMMANDS} commands queued"
-                )
+                format!("ERR Transaction discarded: more than {MULTI_MAX_COMMANDS} commands queued")
             } else if m.bytes + q.cost() > cap {
                 format!(
                     "ERR Transaction discarded: the queued commands exceed memkeep's limit of {cap} bytes"
@@ -1255,7 +1253,9 @@ fn watch(args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session, pass: &mut Pass<
         if w.keys.len() >= WATCH_MAX_KEYS {
             return enc::error(
                 out,
-                &format!("ERR too many watched keys (memkeep watches at most {WATCH_MAX_KEYS} per connection)"),
+                &format!(
+                    "ERR too many watched keys (memkeep watches at most {WATCH_MAX_KEYS} per connection)"
+                ),
             );
         }
         let version = registry.watch(key);
@@ -1289,7 +1289,8 @@ fn mget(args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session, pass: &mut Pass<'
     let first = sess.mget_resume.max(1);
     sess.mget_resume = 0;
     let (v3, room) = (sess.v3, sess.room);
-    let (now, flushed, counters, shared) = (pass.now_ms, pass.flushed(), pass.counters, pass.shared);
+    let (now, flushed, counters, shared) =
+        (pass.now_ms, pass.flushed(), pass.counters, pass.shared);
     match pass.txn() {
         Ok((store, txn)) => {
             let view = View {
@@ -1397,7 +1398,8 @@ pub struct View<'a, 't> {
 
 /// Reads that touch the store, on the pass's snapshot.
 fn data_read(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
-    let (now, flushed, counters, shared) = (pass.now_ms, pass.flushed(), pass.counters, pass.shared);
+    let (now, flushed, counters, shared) =
+        (pass.now_ms, pass.flushed(), pass.counters, pass.shared);
     let (store, txn) = match pass.txn() {
         Ok(t) => t,
         Err(e) => {

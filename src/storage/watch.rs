@@ -131,7 +131,9 @@ impl Watches {
         if touched.has(&w.key) || w.expires.is_some_and(|at| at <= now_ms) {
             return true;
         }
-        self.lock().get(&w.key[..]).is_none_or(|e| e.version != w.version)
+        self.lock()
+            .get(&w.key[..])
+            .is_none_or(|e| e.version != w.version)
     }
 
     /// After the batch committed: moves the version of every key it changed.

@@ -27,8 +27,8 @@ use super::StoreError;
 use super::durable::{Checkpointer, Durable};
 use super::lmdb::{LmdbStore, LmdbWrite, LogTxn};
 use super::wal::{LogBuf, Wal};
-use crate::clock::Clock;
 use super::watch::{Touched, Watches};
+use crate::clock::Clock;
 use crate::command::{ExecOp, Outcome, REPLY_MAX, Step, WriteOp};
 use crate::config::SyncMode;
 use crate::semantics::{self, Ctx};
@@ -144,8 +144,7 @@ fn exec(
     watches: &Watches,
     touched: &mut Touched,
 ) -> Result<Outcome, StoreError> {
-    if x
-        .watched
+    if x.watched
         .iter()
         .any(|k| watches.fired(k, touched, ctx.now_ms))
     {
