@@ -406,3 +406,21 @@ fn redis_py_resp2_transaction_pipeline_and_watch() {
 fn redis_py_resp3_transaction_pipeline_and_watch() {
     redis_py_pipeline(3);
 }
+
+#[test]
+fn flushall_inside_exec_cancels_a_pending_delayed_flush_all() {
+    let mut server = start(&[], true);
+    let mut r = resp(&server);
+    assert_eq!(mc(&server, b"flush_all 100\r\n"), "OK\r\n");
+    assert_eq!(r.cmd("MULTI"), ok());
+    assert_eq!(r.cmd("FLUSHALL"), queued());
+    assert_eq!(r.cmd("EXEC"), Reply::array(vec![ok()]));
+    assert_eq!(r.cmd("SET after 1"), ok());
+    server.advance_clock(200).unwrap();
+    assert_eq!(
+        r.cmd("GET after"),
+        Reply::bulk("1"),
+        "the delayed flush still ran"
+    );
+    assert_healthy(&mut server);
+}

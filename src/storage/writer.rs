@@ -173,6 +173,19 @@ fn exec(
     Ok(Outcome::Array(outs))
 }
 
+/// The writes `op` applied, for `publish_flush`: itself, and an EXEC's steps when it ran (a
+/// FLUSHALL inside EXEC cancels a pending delayed flush as one outside does).
+fn applied<'a>(op: &'a WriteOp, outcome: &Outcome) -> impl Iterator<Item = &'a WriteOp> {
+    let steps: &'a [Step] = match (op, outcome) {
+        (WriteOp::Exec(x), Outcome::Array(_)) => &x.steps,
+        _ => &[],
+    };
+    std::iter::once(op).chain(steps.iter().filter_map(|s| match s {
+        Step::Write(w) => Some(w),
+        Step::Read(_) => None,
+    }))
+}
+
 /// Group commit with fsync: how long to wait for one more submission, and for all of them.
 const GATHER_GAP: Duration = Duration::from_micros(50);
 const GATHER_MAX: Duration = Duration::from_micros(200);
@@ -481,7 +494,11 @@ impl<T: Send> Writer<T> {
                 watches.publish(&mut touched);
                 let durable = self.cfg.sync != SyncMode::Always || self.sync_log();
                 if durable {
-                    let ops = batch.iter().flat_map(|s| s.reqs.iter().map(|r| &r.op));
+                    let ops = batch
+                        .iter()
+                        .flat_map(|s| s.reqs.iter().map(|r| &r.op))
+                        .zip(outcomes.iter())
+                        .flat_map(|(op, o)| applied(op, o));
                     self.publish_flush(ran_due, ops, ctx.now_ms);
                 } else {
                     // Committed but not known durable: no write of the batch is acknowledged.
@@ -590,7 +607,7 @@ impl<T: Send> Writer<T> {
         self.cas = cas;
         match result {
             Ok(o) => {
-                self.publish_flush(false, std::iter::once(op), ctx.now_ms);
+                self.publish_flush(false, applied(op, &o), ctx.now_ms);
                 o
             }
             Err(StoreError::Full) => Outcome::Full,
