@@ -172,6 +172,86 @@ pub enum WriteOp {
     /// A meta-protocol (`mg` with T/N/R, or a stale item) or binary-protocol write; answers
     /// `Outcome::Meta`.
     Meta(Box<MetaOp>),
+    /// A RESP transaction's EXEC: its commands in order, in the batch's one transaction, with
+    /// nothing between them. Answers `Outcome::Array` (one outcome per step), or `NilArray`
+    /// when a watched key changed.
+    Exec(Box<ExecOp>),
+}
+
+/// EXEC's commands and the keys its connection watches.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExecOp {
+    pub watched: Vec<crate::storage::watch::WatchedKey>,
+    pub steps: Vec<Step>,
+}
+
+/// One command of a transaction.
+#[derive(Debug, Clone)]
+pub enum Step {
+    Write(WriteOp),
+    /// A read, run against the write transaction so it sees the steps before it.
+    Read(std::sync::Arc<dyn TxnRead>),
+}
+
+impl PartialEq for Step {
+    fn eq(&self, other: &Step) -> bool {
+        match (self, other) {
+            (Step::Write(a), Step::Write(b)) => a == b,
+            (Step::Read(a), Step::Read(b)) => std::sync::Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+
+/// A read command that runs without a connection: against any read view of the store (the
+/// writer's transaction inside EXEC), answering the bytes of its reply as `Outcome::Reply`.
+pub trait TxnRead: Send + Sync + std::fmt::Debug {
+    fn run(
+        &self,
+        store: &crate::storage::lmdb::LmdbStore,
+        txn: &heed::RoTxn<'_, heed::WithoutTls>,
+        now_ms: u64,
+    ) -> Outcome;
+}
+
+impl WriteOp {
+    /// Calls `f` with every key the write may change. `FlushAll` and `Exec` name none: the
+    /// writer treats a flush as changing everything, and an EXEC's steps speak for themselves.
+    pub fn for_each_key(&self, f: &mut dyn FnMut(&[u8])) {
+        match self {
+            WriteOp::Store { kv, .. }
+            | WriteOp::Set { kv, .. }
+            | WriteOp::Append { kv }
+            | WriteOp::SetRange { kv, .. } => f(kv.key()),
+            WriteOp::Delete { key }
+            | WriteOp::Arith { key, .. }
+            | WriteOp::Touch { key, .. }
+            | WriteOp::IncrBy { key, .. }
+            | WriteOp::IncrByFloat { key, .. }
+            | WriteOp::GetDel { key }
+            | WriteOp::GetEx { key, .. }
+            | WriteOp::Expire { key, .. }
+            | WriteOp::Persist { key } => f(key),
+            WriteOp::Gat { keys, .. } => keys
+                .split(|&b| b == b' ')
+                .filter(|k| !k.is_empty())
+                .for_each(f),
+            WriteOp::MSet { kvs, .. } => kvs.iter().for_each(|kv| f(kv.key())),
+            WriteOp::Del { keys } => keys.iter().for_each(|k| f(k)),
+            WriteOp::Rename { from, to, .. } => {
+                f(from);
+                f(to);
+            }
+            WriteOp::Coll(c) => c.for_each_key(f),
+            WriteOp::Meta(m) => f(match &**m {
+                MetaOp::Store(s) => s.kv.key(),
+                MetaOp::Delete { key, .. }
+                | MetaOp::Arith { key, .. }
+                | MetaOp::Get { key, .. } => key,
+            }),
+            WriteOp::FlushAll { .. } | WriteOp::Exec(_) => {}
+        }
+    }
 }
 
 /// The writes of memcached's meta commands (`ms`, `md`, `ma`, and `mg` when it changes the
@@ -323,4 +403,6 @@ pub enum Outcome {
     Pairs(Vec<(Outcome, Outcome)>),
     /// A meta or binary write's answer.
     Meta(Box<MetaOut>),
+    /// A reply already encoded (a read run inside EXEC, see `TxnRead`).
+    Reply(Vec<u8>),
 }

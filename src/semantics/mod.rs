@@ -60,6 +60,10 @@ fn apply_inner<S: WriteView>(s: &mut S, op: &WriteOp, ctx: Ctx) -> Result<Outcom
         WriteOp::Coll(_) => Ok(Outcome::Err(
             "ERR collections are not supported by this store",
         )),
+        // Transactions run in the writer (`storage::writer`), which sees the LMDB store.
+        WriteOp::Exec(_) => Ok(Outcome::Err(
+            "ERR transactions are not supported by this store",
+        )),
         WriteOp::Store {
             mode,
             kv,

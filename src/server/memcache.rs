@@ -597,7 +597,8 @@ pub fn complete(
         // A refusal worded for memcached clients (a gat reply over `REPLY_MAX`).
         Outcome::Err(msg) => line(out, msg),
         // RESP-only outcomes never answer a memcached write.
-        Outcome::Int(_)
+        Outcome::Reply(_)
+        | Outcome::Int(_)
         | Outcome::Bulk(_)
         | Outcome::Nil
         | Outcome::Double(_)

@@ -44,7 +44,9 @@ pub struct Shared {
     pub shutdown: AtomicBool,
     /// Client ids for RESP `CLIENT ID` / `HELLO`.
     pub next_client_id: AtomicU64,
-    pub scan_cursors: Mutex<resp::ScanCursors>,
+    pub scan_cursors: Arc<Mutex<resp::ScanCursors>>,
+    /// The keys RESP connections WATCH (shared with the writer, which moves their versions).
+    pub watches: Arc<crate::storage::watch::Watches>,
     pub backups: Arc<crate::backup::Backups>,
     /// memcached ASCII authentication: user -> password, from `auth_file` (-Y).
     pub mc_auth: Option<std::collections::HashMap<Vec<u8>, Vec<u8>>>,
@@ -196,7 +198,8 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         started: Instant::now(),
         shutdown: AtomicBool::new(false),
         next_client_id: AtomicU64::new(0),
-        scan_cursors: Mutex::new(resp::ScanCursors::default()),
+        scan_cursors: Arc::new(Mutex::new(resp::ScanCursors::default())),
+        watches: Arc::default(),
         backups: Arc::new(crate::backup::Backups::default()),
         mc_auth,
         config,
@@ -236,7 +239,8 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         },
         shared.flush_at.clone(),
         handles.iter().map(|h| h.mailbox.clone()).collect(),
-    );
+    )
+    .with_watches(shared.watches.clone());
     let (gate, writer_thread) = writer
         .start()
         .map_err(|e| ServerError(format!("cannot start writer thread: {e}")))?;

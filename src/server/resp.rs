@@ -18,14 +18,26 @@ use log::error;
 use super::conn::{Conn, WRITE_HIGH};
 use super::stats::{Counters, Totals, rusage};
 use super::worker::{Pass, Reply, Stop, Tag};
-use crate::command::{ExpireCond, Expiry, KeyValue, Outcome, SetCond, WriteOp};
+use std::sync::{Arc, Mutex};
+
+use crate::command::{
+    ExecOp, ExpireCond, Expiry, KeyValue, Outcome, SetCond, Step, TxnRead, WriteOp,
+};
 use crate::protocol::resp::{self, Incomplete, Parsed, enc, parse_i64};
+use crate::storage::lmdb::LmdbStore;
+use crate::storage::watch::{WatchedKey, Watches};
 use crate::storage::{ItemRef, Kind, MAX_KEY, StoreError};
 use crate::types::{self, CollOp};
 
 /// Per-connection RESP state.
 #[derive(Debug, Default)]
 pub struct Session {
+    /// MULTI was sent: commands are queued until EXEC or DISCARD.
+    pub multi: Option<Multi>,
+    /// The keys WATCHed, until EXEC, DISCARD, UNWATCH or the connection closes.
+    pub watching: Watching,
+    /// For each EXEC in flight, how to answer each of its writes.
+    pub exec_kinds: std::collections::VecDeque<Vec<RespReply>>,
     pub v3: bool,
     pub authed: bool,
     pub name: Option<Vec<u8>>,
@@ -36,6 +48,84 @@ pub struct Session {
     /// How many bytes the command being run may add to the output before a reply that can be
     /// sent in pieces (MGET) pauses.
     pub room: usize,
+}
+
+/// A transaction being queued.
+#[derive(Debug, Default)]
+pub struct Multi {
+    pub queued: Vec<OwnedArgs>,
+    /// Bytes of the queued commands' arguments.
+    pub bytes: usize,
+    /// A command was refused while queuing (unknown, wrong arity): EXEC answers EXECABORT.
+    pub failed: bool,
+}
+
+/// Most commands one transaction may queue, and (with the item size limit) most bytes: past
+/// either, the transaction is discarded with an error, so a client cannot make the server hold
+/// unbounded work (Redis sets no limit).
+pub const MULTI_MAX_COMMANDS: usize = 100_000;
+const MULTI_MIN_BYTES: usize = 16 << 20;
+/// Most keys one connection may watch.
+pub const WATCH_MAX_KEYS: usize = 4096;
+
+/// The bytes a transaction may queue: 16 MiB, or two of the largest requests if that is more.
+fn multi_max_bytes(item_size_max: usize) -> usize {
+    MULTI_MIN_BYTES.max(item_size_max.saturating_add(2048).saturating_mul(2))
+}
+
+/// The keys one connection watches, registered in the server's `Watches` while held (dropping
+/// it, as closing the connection does, unregisters them).
+#[derive(Debug, Default)]
+pub struct Watching {
+    registry: Option<Arc<Watches>>,
+    pub keys: Vec<WatchedKey>,
+}
+
+impl Watching {
+    pub fn clear(&mut self) {
+        if let Some(r) = &self.registry {
+            for k in self.keys.drain(..) {
+                r.unwatch(&k.key);
+            }
+        }
+    }
+}
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        self.clear();
+    }
+}
+
+/// A request's arguments, copied out of the input buffer (a command queued by MULTI).
+#[derive(Debug, Clone, Default)]
+pub struct OwnedArgs {
+    buf: Vec<u8>,
+    ranges: Vec<Range<usize>>,
+}
+
+impl OwnedArgs {
+    fn new(args: Args<'_>) -> OwnedArgs {
+        let mut o = OwnedArgs::default();
+        for i in 0..args.len() {
+            let a = args.get(i);
+            o.ranges.push(o.buf.len()..o.buf.len() + a.len());
+            o.buf.extend_from_slice(a);
+        }
+        o
+    }
+
+    pub fn args(&self) -> Args<'_> {
+        Args {
+            src: &self.buf,
+            ranges: &self.ranges,
+        }
+    }
+
+    /// What it costs to hold (its bytes, plus its ranges).
+    fn cost(&self) -> usize {
+        self.buf.len() + self.ranges.len() * std::mem::size_of::<Range<usize>>()
+    }
 }
 
 /// Per-connection parse buffers, reused across requests.
@@ -54,6 +144,9 @@ pub enum RespReply {
     Plain,
     /// SETNX: set is 1, not set is 0.
     SetNx,
+    /// EXEC: an array of its steps' outcomes, each answered as its command's kind
+    /// (`Session::exec_kinds`).
+    Exec,
 }
 
 /// The collection families whose commands live in `crate::types`.
@@ -121,6 +214,11 @@ pub enum Cmd {
     Hello,
     BgSave,
     LastSave,
+    Multi,
+    Exec,
+    Discard,
+    Watch,
+    Unwatch,
 }
 
 /// One command: Redis's arity rule (n: exactly n arguments including the name; -n: at least n),
@@ -226,6 +324,11 @@ static COMMANDS: &[Spec] = &[
     spec("hello", -1, R, NOKEY, Cmd::Hello),
     spec("bgsave", -1, R, NOKEY, Cmd::BgSave),
     spec("lastsave", 1, R, NOKEY, Cmd::LastSave),
+    spec("multi", 1, R, NOKEY, Cmd::Multi),
+    spec("exec", 1, R, NOKEY, Cmd::Exec),
+    spec("discard", 1, R, NOKEY, Cmd::Discard),
+    spec("watch", -2, R, (1, -1, 1), Cmd::Watch),
+    spec("unwatch", 1, R, NOKEY, Cmd::Unwatch),
 ];
 
 fn lookup(name: &[u8]) -> Option<&'static Spec> {
@@ -382,10 +485,25 @@ enum Action {
     Immediate(Now),
 }
 
-/// An immediate answer: run a read command, or send an error.
+/// An immediate answer: run a read command, send an error, or change the transaction state
+/// (only when it runs: a request blocked behind writes in flight is dispatched again later).
 enum Now {
     Run(&'static Spec),
     Error(String),
+    Txn(TxnNow),
+}
+
+enum TxnNow {
+    /// MULTI.
+    Begin,
+    /// A command inside MULTI: +QUEUED (or, past the limits, the transaction is discarded).
+    Queue,
+    /// DISCARD.
+    Discard,
+    /// EXEC of a transaction that cannot run: discard it and answer this error.
+    Abort(String),
+    /// A command refused while queuing: answer the error, and EXEC will answer EXECABORT.
+    Refuse(String),
 }
 
 impl Now {
@@ -402,25 +520,245 @@ impl Now {
                 false
             }
             Now::Run(spec) => read(spec.cmd, args, out, sess, pass),
+            Now::Txn(t) => {
+                txn_now(t, args, out, sess, pass);
+                false
+            }
         }
     }
 }
 
-fn dispatch(args: Args<'_>, sess: &Session, pass: &Pass<'_>) -> Action {
+fn txn_now(t: TxnNow, args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session, pass: &Pass<'_>) {
+    match t {
+        TxnNow::Begin => {
+            sess.multi = Some(Multi::default());
+            enc::ok(out);
+        }
+        TxnNow::Queue => {
+            let Some(m) = &mut sess.multi else {
+                return enc::error(out, "ERR EXEC without MULTI");
+            };
+            let q = OwnedArgs::new(args);
+            let cap = multi_max_bytes(pass.limits.item_size_max);
+            let msg = if m.queued.len() >= MULTI_MAX_COMMANDS {
+                format!("ERR Transaction discarded: more than {MULTI_MAX_COMMANDS} commands queued")
+            } else if m.bytes + q.cost() > cap {
+                format!(
+                    "ERR Transaction discarded: the queued commands exceed memkeep's limit of {cap} bytes"
+                )
+            } else {
+                m.bytes += q.cost();
+                m.queued.push(q);
+                return enc::simple(out, "QUEUED");
+            };
+            sess.multi = None;
+            sess.watching.clear();
+            enc::error(out, &msg);
+        }
+        TxnNow::Discard => {
+            sess.multi = None;
+            sess.watching.clear();
+            enc::ok(out);
+        }
+        TxnNow::Abort(msg) => {
+            sess.multi = None;
+            sess.watching.clear();
+            enc::error(out, &msg);
+        }
+        TxnNow::Refuse(msg) => {
+            if let Some(m) = &mut sess.multi {
+                m.failed = true;
+            }
+            enc::error(out, &msg);
+        }
+    }
+}
+
+/// The checks every request passes before it runs or is queued: a known name, authentication,
+/// arity.
+fn check(args: Args<'_>, sess: &Session, pass: &Pass<'_>) -> Result<&'static Spec, String> {
     let name = args.get(0);
     let Some(spec) = lookup(name) else {
-        return Action::Immediate(Now::Error(unknown_command(args)));
+        return Err(unknown_command(args));
     };
     let needs_auth = !pass.shared.config.requirepass.is_empty() && !sess.authed;
     if needs_auth && !matches!(spec.cmd, Cmd::Auth | Cmd::Hello | Cmd::Quit) {
-        return Action::Immediate(Now::Error("NOAUTH Authentication required.".into()));
+        return Err("NOAUTH Authentication required.".into());
     }
     let n = args.len() as i32;
     if (spec.arity > 0 && n != spec.arity) || (spec.arity < 0 && n < -spec.arity) {
-        return Action::Immediate(Now::Error(format!(
+        return Err(format!(
             "ERR wrong number of arguments for '{}' command",
             spec.name
-        )));
+        ));
+    }
+    Ok(spec)
+}
+
+/// A request while MULTI is open: Redis 7.0's rules (multi.c, processCommand).
+fn dispatch_in_multi(args: Args<'_>, sess: &mut Session, pass: &mut Pass<'_>) -> Action {
+    let failed = sess.multi.as_ref().is_some_and(|m| m.failed);
+    let spec = match check(args, sess, pass) {
+        Ok(spec) => spec,
+        // A refused EXEC discards the transaction at once, naming why.
+        Err(msg) if args.is(0, "exec") => {
+            let why = msg.strip_prefix("ERR ").unwrap_or(&msg);
+            return Action::Immediate(Now::Txn(TxnNow::Abort(format!(
+                "EXECABORT Transaction discarded because of: {why}"
+            ))));
+        }
+        Err(msg) => return Action::Immediate(Now::Txn(TxnNow::Refuse(msg))),
+    };
+    let now = match spec.cmd {
+        Cmd::Multi => Now::Error("ERR MULTI calls can not be nested".into()),
+        Cmd::Watch => Now::Error("ERR WATCH inside MULTI is not allowed".into()),
+        Cmd::Discard => Now::Txn(TxnNow::Discard),
+        Cmd::Quit => Now::Run(spec),
+        Cmd::Exec if failed => Now::Txn(TxnNow::Abort(
+            "EXECABORT Transaction discarded because of previous errors.".into(),
+        )),
+        Cmd::Exec => return exec(sess, pass),
+        _ => Now::Txn(TxnNow::Queue),
+    };
+    Action::Immediate(now)
+}
+
+/// EXEC: turns the queued commands into one `WriteOp::Exec` for the writer. Writes are parsed
+/// now (a bad argument becomes that step's error reply, as in Redis); reads of the store run
+/// in the writer's transaction; commands that do not touch the store are answered now.
+fn exec(sess: &mut Session, pass: &mut Pass<'_>) -> Action {
+    let Some(multi) = sess.multi.take() else {
+        return Action::Immediate(Now::Error("ERR EXEC without MULTI".into()));
+    };
+    let mut steps = Vec::with_capacity(multi.queued.len());
+    let mut kinds = Vec::with_capacity(multi.queued.len());
+    for q in multi.queued {
+        let args = q.args();
+        let Some(spec) = lookup(args.get(0)) else {
+            continue;
+        };
+        let (step, kind) = if spec.write {
+            match write_op(spec.cmd, args, pass) {
+                Ok((op, kind)) => (Step::Write(op), kind),
+                Err(msg) => {
+                    let mut out = Vec::new();
+                    enc::error(&mut out, &msg);
+                    (fixed(out), RespReply::Plain)
+                }
+            }
+        } else if reads_store(spec.cmd) {
+            let read = QueuedRead {
+                cmd: spec.cmd,
+                v3: sess.v3,
+                cursors: pass.shared.scan_cursors.clone(),
+                args: q,
+            };
+            (Step::Read(Arc::new(read)), RespReply::Plain)
+        } else {
+            let mut out = Vec::new();
+            if spec.cmd == Cmd::Unwatch {
+                // EXEC unwatches when it is done; the watches still guard this transaction.
+                enc::ok(&mut out);
+            } else {
+                sess.room = usize::MAX;
+                read(spec.cmd, args, &mut out, sess, pass);
+            }
+            (fixed(out), RespReply::Plain)
+        };
+        steps.push(step);
+        kinds.push(kind);
+    }
+    sess.exec_kinds.push_back(kinds);
+    let op = ExecOp {
+        watched: sess.watching.keys.clone(),
+        steps,
+    };
+    Action::Write(WriteOp::Exec(Box::new(op)), RespReply::Exec)
+}
+
+/// Commands whose reply depends on the store: inside EXEC they run in the writer.
+fn reads_store(cmd: Cmd) -> bool {
+    matches!(
+        cmd,
+        Cmd::Coll(..)
+            | Cmd::Get
+            | Cmd::StrLen
+            | Cmd::GetRange
+            | Cmd::MGet
+            | Cmd::Exists
+            | Cmd::Ttl
+            | Cmd::PTtl
+            | Cmd::ExpireTime
+            | Cmd::PExpireTime
+            | Cmd::Type
+            | Cmd::DbSize
+            | Cmd::Keys
+            | Cmd::Scan
+            | Cmd::RandomKey
+    )
+}
+
+/// A step whose reply is known when EXEC is built.
+fn fixed(reply: Vec<u8>) -> Step {
+    Step::Read(Arc::new(FixedReply(reply)))
+}
+
+#[derive(Debug)]
+struct FixedReply(Vec<u8>);
+
+impl TxnRead for FixedReply {
+    fn run(&self, _: &LmdbStore, _: &heed::RoTxn<'_, heed::WithoutTls>, _: u64) -> Outcome {
+        Outcome::Reply(self.0.clone())
+    }
+}
+
+/// A read command queued by MULTI, run by the writer against EXEC's transaction.
+#[derive(Debug)]
+struct QueuedRead {
+    cmd: Cmd,
+    args: OwnedArgs,
+    v3: bool,
+    cursors: Arc<Mutex<ScanCursors>>,
+}
+
+impl TxnRead for QueuedRead {
+    fn run(
+        &self,
+        store: &LmdbStore,
+        txn: &heed::RoTxn<'_, heed::WithoutTls>,
+        now_ms: u64,
+    ) -> Outcome {
+        // The writer ran any due delayed flush at the start of this transaction.
+        let snap = crate::storage::overlay::Snap::within(store, txn);
+        let view = View {
+            store: &snap,
+            txn,
+            now: now_ms,
+            flushed: false,
+            cursors: &self.cursors,
+            counters: None,
+        };
+        let mut out = Vec::new();
+        read_view(self.cmd, self.args.args(), &mut out, self.v3, &view);
+        Outcome::Reply(out)
+    }
+}
+
+fn dispatch(args: Args<'_>, sess: &mut Session, pass: &mut Pass<'_>) -> Action {
+    if sess.multi.is_some() {
+        return dispatch_in_multi(args, sess, pass);
+    }
+    let spec = match check(args, sess, pass) {
+        Ok(spec) => spec,
+        Err(msg) => return Action::Immediate(Now::Error(msg)),
+    };
+    match spec.cmd {
+        Cmd::Multi => return Action::Immediate(Now::Txn(TxnNow::Begin)),
+        Cmd::Exec => return Action::Immediate(Now::Error("ERR EXEC without MULTI".into())),
+        Cmd::Discard => {
+            return Action::Immediate(Now::Error("ERR DISCARD without MULTI".into()));
+        }
+        _ => {}
     }
     if !spec.write {
         return Action::Immediate(Now::Run(spec));
@@ -759,9 +1097,29 @@ fn write_op(cmd: Cmd, args: Args<'_>, pass: &Pass<'_>) -> Result<(WriteOp, RespR
     }
 }
 
-/// Encodes a write's reply once it has committed.
+/// Encodes a write's reply once it has committed. EXEC's ends the transaction: its watches go.
+pub fn complete_write(out: &mut Vec<u8>, sess: &mut Session, kind: RespReply, outcome: Outcome) {
+    if kind != RespReply::Exec {
+        return complete(out, sess.v3, kind, outcome);
+    }
+    let kinds = sess.exec_kinds.pop_front().unwrap_or_default();
+    sess.watching.clear();
+    match outcome {
+        Outcome::Array(items) => {
+            enc::array(out, items.len());
+            for (i, item) in items.into_iter().enumerate() {
+                let kind = kinds.get(i).copied().unwrap_or(RespReply::Plain);
+                complete(out, sess.v3, kind, item);
+            }
+        }
+        other => complete(out, sess.v3, RespReply::Plain, other),
+    }
+}
+
+/// Encodes one outcome as its command's reply.
 pub fn complete(out: &mut Vec<u8>, v3: bool, kind: RespReply, outcome: Outcome) {
     match (kind, outcome) {
+        (_, Outcome::Reply(bytes)) => out.extend_from_slice(&bytes),
         (RespReply::SetNx, Outcome::Done) => enc::int(out, 1),
         (RespReply::SetNx, Outcome::Nil) => enc::int(out, 0),
         (_, Outcome::Done) => enc::ok(out),
@@ -873,9 +1231,60 @@ fn read(
         Cmd::Command => command(args, out, v3),
         Cmd::Info => info(args, out, v3, pass),
         Cmd::MGet => mget(args, out, sess, pass),
+        Cmd::Watch => watch(args, out, sess, pass),
+        Cmd::Unwatch => {
+            sess.watching.clear();
+            enc::ok(out);
+        }
         _ => data_read(cmd, args, out, v3, pass),
     }
     false
+}
+
+/// WATCH key...: remembers each key's version, then (on a fresh snapshot, see
+/// `storage::watch`) whether it is live with a TTL, whose passing will count as a change.
+fn watch(args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session, pass: &mut Pass<'_>) {
+    let shared = pass.shared;
+    let registry = &shared.watches;
+    let w = &mut sess.watching;
+    if w.registry.is_none() {
+        w.registry = Some(registry.clone());
+    }
+    let first_new = w.keys.len();
+    for i in 1..args.len() {
+        let key = args.get(i);
+        if w.keys.iter().any(|k| k.key == key) {
+            continue;
+        }
+        if w.keys.len() >= WATCH_MAX_KEYS {
+            return enc::error(
+                out,
+                &format!(
+                    "ERR too many watched keys (memkeep watches at most {WATCH_MAX_KEYS} per connection)"
+                ),
+            );
+        }
+        let version = registry.watch(key);
+        w.keys.push(WatchedKey {
+            key: key.to_vec(),
+            version,
+            expires: None,
+        });
+    }
+    pass.fresh_snapshot();
+    let (now, flushed) = (pass.now_ms, pass.flushed());
+    if let Ok(store) = pass.snap() {
+        for k in &mut sess.watching.keys[first_new..] {
+            if let Ok(Some(item)) = store.get(&k.key)
+                && !flushed
+                && !item.meta.is_expired(now)
+                && item.meta.expire_at != 0
+            {
+                k.expires = Some(item.meta.expire_at);
+            }
+        }
+    }
+    enc::ok(out);
 }
 
 /// MGET. Once the reply has added `sess.room` bytes it pauses after the value at hand and notes
@@ -885,72 +1294,119 @@ fn read(
 fn mget(args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session, pass: &mut Pass<'_>) {
     let first = sess.mget_resume.max(1);
     sess.mget_resume = 0;
-    let (v3, room, start) = (sess.v3, sess.room, out.len());
-    let (now, flushed, counters) = (pass.now_ms, pass.flushed(), pass.counters);
-    let txn = pass.snap();
-    if let Err(e) = &txn {
-        if !e.is_damage() {
-            error!("cannot open read transaction: {e}");
+    let (v3, room) = (sess.v3, sess.room);
+    let (now, flushed, counters, shared) =
+        (pass.now_ms, pass.flushed(), pass.counters, pass.shared);
+    match pass.snap() {
+        Ok(store) => {
+            let view = View {
+                store,
+                txn: store.txn(),
+                now,
+                flushed,
+                cursors: &shared.scan_cursors,
+                counters: Some(counters),
+            };
+            sess.mget_resume = mget_view(args, out, v3, room, first, &view);
         }
-        if first == 1 {
-            return enc::error(out, &e.resp_reply());
-        }
-    }
-    if first == 1 {
-        enc::array(out, args.len() - 1);
-    }
-    for i in first..args.len() {
-        // Storage errors are logged and read as absent (as is everything after a failed
-        // snapshot in a resumed piece: the array has begun), except damage: the whole reply
-        // is then the error, or, once a piece has been sent, the key's element is.
-        let item = match &txn {
-            Ok(store) => match store.get(args.get(i)) {
-                Ok(Some(item))
-                    if !flushed && !item.meta.is_expired(now) && item.meta.kind == Kind::String =>
-                {
-                    Some(item)
-                }
-                Ok(_) => None,
-                Err(e) if e.is_damage() => {
-                    if first == 1 {
-                        out.truncate(start);
-                    }
-                    enc::error(out, crate::storage::RESP_DAMAGED);
-                    if first == 1 {
-                        return;
-                    }
-                    continue;
-                }
-                Err(e) => {
-                    error!("read of a stored item failed: {e}");
-                    None
-                }
-            },
-            Err(_) => None,
-        };
-        match item {
-            Some(item) => {
-                Counters::bump(&counters.get_hits);
-                enc::bulk(out, item.value);
-                if out.len() - start >= room && i + 1 < args.len() {
-                    sess.mget_resume = i + 1;
-                    return;
-                }
+        Err(e) => {
+            if !e.is_damage() {
+                error!("cannot open read transaction: {e}");
             }
-            None => {
+            if first == 1 {
+                return enc::error(out, &e.resp_reply());
+            }
+            // The array has begun: the rest reads as absent.
+            for _ in first..args.len() {
                 Counters::bump(&counters.get_misses);
-                enc::null(out, v3)
+                enc::null(out, v3);
             }
         }
     }
 }
 
-/// Reads that touch the store.
+/// MGET's keys from `first` on, against `view`; the index of the key to resume at when the
+/// reply paused at `room` bytes, else 0.
+fn mget_view(
+    args: Args<'_>,
+    out: &mut Vec<u8>,
+    v3: bool,
+    room: usize,
+    first: usize,
+    view: &View<'_, '_>,
+) -> usize {
+    let start = out.len();
+    let hit = |found: bool| {
+        if let Some(c) = view.counters {
+            Counters::bump(if found { &c.get_hits } else { &c.get_misses });
+        }
+    };
+    if first == 1 {
+        enc::array(out, args.len() - 1);
+    }
+    for i in first..args.len() {
+        // Storage errors are logged and read as absent, except damage: the whole reply is
+        // then the error, or, once a piece has been sent, the key's element is.
+        let item = match view.store.get(args.get(i)) {
+            Ok(Some(item))
+                if !view.flushed
+                    && !item.meta.is_expired(view.now)
+                    && item.meta.kind == Kind::String =>
+            {
+                Some(item)
+            }
+            Ok(_) => None,
+            Err(e) if e.is_damage() => {
+                if first == 1 {
+                    out.truncate(start);
+                }
+                enc::error(out, crate::storage::RESP_DAMAGED);
+                if first == 1 {
+                    return 0;
+                }
+                continue;
+            }
+            Err(e) => {
+                error!("read of a stored item failed: {e}");
+                None
+            }
+        };
+        match item {
+            Some(item) => {
+                hit(true);
+                enc::bulk(out, item.value);
+                if out.len() - start >= room && i + 1 < args.len() {
+                    return i + 1;
+                }
+            }
+            None => {
+                hit(false);
+                enc::null(out, v3)
+            }
+        }
+    }
+    0
+}
+
+/// What a read of the store runs against: the worker pass's snapshot, or, inside EXEC, the
+/// writer's transaction (seen as a read transaction, so it sees the steps before it).
+#[derive(Clone, Copy)]
+pub struct View<'a, 't> {
+    /// The pass's snapshot, or the writer's transaction (EXEC).
+    pub store: &'a crate::storage::overlay::Snap<'t>,
+    pub txn: &'t heed::RoTxn<'t>,
+    pub now: u64,
+    /// A delayed flush_all has come due: everything reads as missing.
+    pub flushed: bool,
+    pub cursors: &'a Mutex<ScanCursors>,
+    /// Hit and miss counters (a connection's worker; none inside EXEC).
+    pub counters: Option<&'a Counters>,
+}
+
+/// Reads that touch the store, on the pass's snapshot.
 fn data_read(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
-    let now = pass.now_ms;
-    let flushed = pass.flushed();
-    let counters = pass.counters;
-    let shared = pass.shared;
+    let (now, flushed, counters, shared) =
+        (pass.now_ms, pass.flushed(), pass.counters, pass.shared);
     let store = match pass.snap() {
         Ok(t) => t,
         Err(e) => {
@@ -960,6 +1416,27 @@ fn data_read(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut P
             return enc::error(out, &e.resp_reply());
         }
     };
+    let view = View {
+        store,
+        txn: store.txn(),
+        now,
+        flushed,
+        cursors: &shared.scan_cursors,
+        counters: Some(counters),
+    };
+    read_view(cmd, args, out, v3, &view);
+}
+
+/// Runs a read of the store against `view`: callable from a connection's pass or from EXEC.
+pub fn read_view(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, view: &View<'_, '_>) {
+    let View {
+        store,
+        txn,
+        now,
+        flushed,
+        cursors,
+        counters,
+    } = *view;
     // The live item under a key, or None.
     let lookup = |key: &[u8]| -> Result<Option<ItemRef<'_>>, StoreError> {
         Ok(store
@@ -983,18 +1460,18 @@ fn data_read(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut P
         };
     }
     let hit = |found: bool| {
-        Counters::bump(if found {
-            &counters.get_hits
-        } else {
-            &counters.get_misses
-        });
+        if let Some(c) = counters {
+            Counters::bump(if found { &c.get_hits } else { &c.get_misses });
+        }
     };
     match cmd {
+        Cmd::MGet => {
+            mget_view(args, out, v3, usize::MAX, 1, view);
+        }
         Cmd::Coll(family, code) => {
-            let cursors = &shared.scan_cursors;
             let cx = types::ReadCx {
                 store,
-                txn: store.txn(),
+                txn,
                 now,
                 flushed,
                 cursors,
@@ -1098,11 +1575,10 @@ fn data_read(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut P
                 now,
                 flushed,
             },
-            shared,
+            cursors,
         ),
         Cmd::RandomKey => {
-            let seed =
-                shared.clock.now_ms() ^ (out.len() as u64).rotate_left(17) ^ 0x9e37_79b9_7f4a_7c15;
+            let seed = now ^ (out.len() as u64).rotate_left(17) ^ 0x9e37_79b9_7f4a_7c15;
             let probe = splitmix(seed).to_be_bytes();
             use std::ops::Bound::{Included, Unbounded};
             let first = |lo: std::ops::Bound<&[u8]>| {
@@ -1174,7 +1650,7 @@ pub fn scan_opts(
 /// SCAN cursor [MATCH pattern] [COUNT n] [TYPE t]: keys in LMDB's order; the cursor names the
 /// last key returned (kept server-side), so keys present for the whole scan are returned even
 /// while others are written.
-fn scan(args: Args<'_>, out: &mut Vec<u8>, view: ScanView<'_, '_>, shared: &super::Shared) {
+fn scan(args: Args<'_>, out: &mut Vec<u8>, view: ScanView<'_, '_>, cursors: &Mutex<ScanCursors>) {
     let Some(cursor) = std::str::from_utf8(args.get(1))
         .ok()
         .and_then(|s| s.parse::<u64>().ok())
@@ -1192,8 +1668,7 @@ fn scan(args: Args<'_>, out: &mut Vec<u8>, view: ScanView<'_, '_>, shared: &supe
     let after: Option<Vec<u8>> = if cursor == 0 {
         None
     } else {
-        match shared
-            .scan_cursors
+        match cursors
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(cursor)
@@ -1245,8 +1720,7 @@ fn scan(args: Args<'_>, out: &mut Vec<u8>, view: ScanView<'_, '_>, shared: &supe
         }
     }
     let next = match (exhausted, last) {
-        (false, Some(k)) => shared
-            .scan_cursors
+        (false, Some(k)) => cursors
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(k.to_vec()),

@@ -96,6 +96,12 @@ impl<'a> Pass<'a> {
             .ok_or_else(|| StoreError::Backend("read transaction missing".into()))
     }
 
+    /// Closes the pass's read transaction, so the next read opens a newer snapshot (WATCH: the
+    /// reads after it must not come from a snapshot older than the versions it took).
+    pub fn fresh_snapshot(&mut self) {
+        self.snap = None;
+    }
+
     /// A delayed flush_all has come due: every item read now is gone.
     pub fn flushed(&self) -> bool {
         self.flush_at != 0 && self.flush_at <= self.now_ms
@@ -297,7 +303,7 @@ impl Worker {
                     outcome,
                 ),
                 Reply::Resp { kind } => {
-                    super::resp::complete(&mut conn.wbuf, conn.resp.v3, kind, outcome)
+                    super::resp::complete_write(&mut conn.wbuf, &mut conn.resp, kind, outcome)
                 }
             }
             if !conn.dirty {

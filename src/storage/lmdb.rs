@@ -149,6 +149,11 @@ impl<'e> LogTxn<'e> {
         (self.txn, self.log)
     }
 
+    /// Bytes of log records so far: a write that leaves it unchanged changed nothing.
+    pub fn logged(&self) -> usize {
+        self.log.payload_len()
+    }
+
     /// Commits without logging: only for stores that have no log (unit tests, the fuzz
     /// targets); a server's writer always goes through `into_parts`.
     pub fn commit_unlogged(self) -> Result<(), StoreError> {

@@ -11,6 +11,7 @@ pub mod lmdb;
 pub mod model;
 pub mod overlay;
 pub mod wal;
+pub mod watch;
 pub mod writer;
 
 use std::fmt;

@@ -127,11 +127,17 @@ pub fn absorb(map: &mut Map, payload: &[u8]) -> Result<bool, String> {
     Ok(true)
 }
 
-/// A reader's view for one pass: an LMDB snapshot and the overlay state over it.
+/// A reader's view for one pass: an LMDB snapshot and the overlay state over it; or, inside
+/// the writer (EXEC's reads), its own write transaction, which holds everything.
 pub struct Snap<'s> {
     store: &'s LmdbStore,
     state: Arc<State>,
-    txn: RoTxn<'s, WithoutTls>,
+    txn: SnapTxn<'s>,
+}
+
+enum SnapTxn<'s> {
+    Own(RoTxn<'s, WithoutTls>),
+    Within(&'s RoTxn<'s, WithoutTls>),
 }
 
 /// How many times a reader retries when a commit lands between its two loads (each retry is
@@ -144,7 +150,11 @@ impl<'s> Snap<'s> {
             let state = store.overlay().current();
             let txn = store.read_txn()?;
             if state.map.is_empty() || txn.id() == state.base {
-                return Ok(Snap { store, state, txn });
+                return Ok(Snap {
+                    store,
+                    state,
+                    txn: SnapTxn::Own(txn),
+                });
             }
             drop(txn);
             std::thread::yield_now();
@@ -154,8 +164,23 @@ impl<'s> Snap<'s> {
         ))
     }
 
+    /// The writer's view through its own transaction (no overlay: the transaction has it).
+    pub fn within(store: &'s LmdbStore, txn: &'s RoTxn<'s, WithoutTls>) -> Snap<'s> {
+        Snap {
+            store,
+            state: Arc::new(State {
+                base: 0,
+                map: Map::new_sync(),
+            }),
+            txn: SnapTxn::Within(txn),
+        }
+    }
+
     pub fn txn(&self) -> &RoTxn<'s, WithoutTls> {
-        &self.txn
+        match &self.txn {
+            SnapTxn::Own(t) => t,
+            SnapTxn::Within(t) => t,
+        }
     }
 
     /// The item record under `key`, as of this snapshot.
@@ -163,7 +188,7 @@ impl<'s> Snap<'s> {
         if let Some(v) = self.state.map.get(key) {
             return Ok(v.as_deref());
         }
-        Ok(self.store.items().get(&self.txn, key)?)
+        Ok(self.store.items().get(self.txn(), key)?)
     }
 
     pub fn get(&self, key: &[u8]) -> Result<Option<ItemRef<'_>>, StoreError> {
@@ -178,7 +203,7 @@ impl<'s> Snap<'s> {
 
     /// Item records in key order within the bounds.
     pub fn range(&self, lo: Bound<&[u8]>, hi: Bound<&[u8]>) -> Result<ItemsIter<'_>, StoreError> {
-        let lmdb = self.store.items().range(&self.txn, &(lo, hi))?;
+        let lmdb = self.store.items().range(self.txn(), &(lo, hi))?;
         let ov: Box<dyn Iterator<Item = (&[u8], &Val)> + '_> = if self.state.map.is_empty() {
             Box::new(std::iter::empty())
         } else {
@@ -198,9 +223,9 @@ impl<'s> Snap<'s> {
 
     /// The number of keys (live or expired, as LMDB counts them).
     pub fn len(&self) -> Result<u64, StoreError> {
-        let mut n = self.store.items().len(&self.txn)? as i64;
+        let mut n = self.store.items().len(self.txn())? as i64;
         for (k, v) in self.state.map.iter() {
-            let below = self.store.items().get(&self.txn, k)?.is_some();
+            let below = self.store.items().get(self.txn(), k)?.is_some();
             n += i64::from(v.is_some() && !below) - i64::from(v.is_none() && below);
         }
         Ok(n.max(0) as u64)

@@ -25,11 +25,12 @@ use log::{debug, error, warn};
 
 use super::StoreError;
 use super::durable::{Checkpointer, Durable};
-use super::lmdb::{LmdbStore, LmdbWrite, OpenTxn};
+use super::lmdb::{LmdbStore, LmdbWrite, LogTxn, OpenTxn};
 use super::overlay::{self, Map};
 use super::wal::{LogBuf, Wal};
+use super::watch::{Touched, Watches};
 use crate::clock::Clock;
-use crate::command::{Outcome, WriteOp};
+use crate::command::{ExecOp, Outcome, REPLY_MAX, Step, WriteOp};
 use crate::config::SyncMode;
 use crate::semantics::{self, Ctx};
 
@@ -98,15 +99,92 @@ pub struct WriterConfig {
     pub item_size_max: usize,
 }
 
-/// Applies one write: collection commands run on LMDB directly, the rest through `semantics`.
-fn apply(w: &mut LmdbWrite<'_, '_>, op: &WriteOp, ctx: Ctx) -> Result<Outcome, StoreError> {
-    match op {
+/// Applies one write: collection commands run on LMDB directly, EXEC's steps one after the
+/// other, the rest through `semantics`. While anyone watches keys, a write that logged
+/// something notes its keys in `touched` (published once the batch commits).
+fn apply(
+    w: &mut LmdbWrite<'_, '_>,
+    op: &WriteOp,
+    ctx: Ctx,
+    watches: &Watches,
+    touched: &mut Touched,
+) -> Result<Outcome, StoreError> {
+    if let WriteOp::Exec(x) = op {
+        return exec(w, x, ctx, watches, touched);
+    }
+    let watching = watches.active();
+    if watching
+        && let WriteOp::FlushAll { delay } = op
+        && semantics::flush_deadline(*delay, ctx.now_ms).is_none()
+    {
+        let (store, txn) = w.parts();
+        let txn: &LogTxn = txn;
+        watches.note_flush(touched, |k| matches!(store.get(txn, k), Ok(Some(_))));
+    }
+    let before = if watching { w.parts().1.logged() } else { 0 };
+    let outcome = match op {
         WriteOp::Coll(c) => match crate::types::apply(w, c, ctx.now_ms) {
             Err(StoreError::BadKey) => Ok(Outcome::BadKey),
             other => other,
         },
         _ => semantics::apply(w, op, ctx),
+    };
+    if watching && w.parts().1.logged() != before {
+        op.for_each_key(&mut |k| watches.note(k, touched));
     }
+    outcome
+}
+
+/// EXEC: a null array if a watched key changed, else each step in order against the one
+/// transaction (reads see the steps before them). A step's error (WRONGTYPE, ...) is its own
+/// outcome; a failure of the store fails the whole transaction, which then applies nothing.
+fn exec(
+    w: &mut LmdbWrite<'_, '_>,
+    x: &ExecOp,
+    ctx: Ctx,
+    watches: &Watches,
+    touched: &mut Touched,
+) -> Result<Outcome, StoreError> {
+    if x.watched
+        .iter()
+        .any(|k| watches.fired(k, touched, ctx.now_ms))
+    {
+        return Ok(Outcome::NilArray);
+    }
+    let mut outs = Vec::with_capacity(x.steps.len());
+    let mut reply = 0usize;
+    for step in &x.steps {
+        let o = match step {
+            Step::Write(op) => apply(w, op, ctx, watches, touched)?,
+            // Bounds what one EXEC of many large reads can make the server hold.
+            Step::Read(_) if reply > REPLY_MAX => {
+                Outcome::Err("ERR EXEC reply larger than memkeep's limit")
+            }
+            Step::Read(r) => {
+                let (store, txn) = w.parts();
+                let o = r.run(store, txn, ctx.now_ms);
+                if let Outcome::Reply(b) = &o {
+                    reply += b.len();
+                }
+                o
+            }
+        };
+        outs.push(o);
+    }
+    Ok(Outcome::Array(outs))
+}
+
+/// The writes `op` applied, for `publish_flush`: itself, and an EXEC's steps when it ran (a
+/// FLUSHALL inside EXEC cancels a pending delayed flush as one outside does).
+fn applied<'a>(op: &'a WriteOp, outcome: &Outcome) -> impl Iterator<Item = &'a WriteOp> {
+    let steps: &'a [Step] = match (op, outcome) {
+        (WriteOp::Exec(x), Outcome::Array(_)) => &x.steps,
+        _ => &[],
+    };
+    std::iter::once(op).chain(steps.iter().filter_map(|s| match s {
+        Step::Write(w) => Some(w),
+        Step::Read(_) => None,
+    }))
 }
 
 /// Group commit with fsync: how long to wait for one more submission, and for all of them.
@@ -174,6 +252,8 @@ pub struct Writer<T> {
     outboxes: Vec<Vec<Completion<T>>>,
     /// Deleted collections still have elements to reclaim.
     gc_more: bool,
+    /// The keys RESP clients watch: told of every key a logged batch changed.
+    watches: Arc<Watches>,
     /// The LMDB write transaction batches go into (begun and ended on the writer thread only).
     open: Option<OpenTxn>,
     /// What the open transaction changed in `items`, as last published to readers.
@@ -245,6 +325,7 @@ impl<T: Send> Writer<T> {
             mailboxes,
             outboxes,
             gc_more: true,
+            watches: Arc::default(),
             open: None,
             map: Map::new_sync(),
             uncommitted: Vec::new(),
@@ -255,6 +336,12 @@ impl<T: Send> Writer<T> {
             map_size,
             nearly_full: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         }
+    }
+
+    /// Shares the registry of watched keys with the workers (WATCH).
+    pub fn with_watches(mut self, watches: Arc<Watches>) -> Writer<T> {
+        self.watches = watches;
+        self
     }
 
     /// Starts the writer thread; workers submit through the returned gate (and its clones).
@@ -591,9 +678,11 @@ impl<T: Send> Writer<T> {
         let mut ran_due = false;
         let mut gc_more = self.gc_more;
         let mut cas = self.cas;
+        let watches = self.watches.clone();
+        let mut touched = Touched::default();
         let mut open = self.open.take();
         let spare = std::mem::take(&mut self.log);
-        let applied: Result<LogBuf, StoreError> = match (&self.broken, open.as_mut()) {
+        let applied_log: Result<LogBuf, StoreError> = match (&self.broken, open.as_mut()) {
             (Some(_), _) => Err(StoreError::Backend("the write-ahead log is broken".into())),
             (None, None) => Err(StoreError::Backend("no write transaction".into())),
             (None, Some(open)) => {
@@ -603,6 +692,9 @@ impl<T: Send> Writer<T> {
                     let txn = open.txn()?;
                     if due {
                         ran_due = store.run_due_flush(txn, ctx.now_ms)?;
+                        if ran_due && watches.active() {
+                            watches.note_all(&mut touched);
+                        }
                     }
                     if sweep {
                         swept = store.sweep_expired(txn, ctx.now_ms, SWEEP_LIMIT)?;
@@ -610,7 +702,7 @@ impl<T: Send> Writer<T> {
                     for sub in batch.iter() {
                         for req in &sub.reqs {
                             let mut w = store.writer(txn, &mut cas);
-                            outcomes.push(apply(&mut w, &req.op, ctx)?);
+                            outcomes.push(apply(&mut w, &req.op, ctx, &watches, &mut touched)?);
                         }
                     }
                     if cas != self.cas {
@@ -629,7 +721,7 @@ impl<T: Send> Writer<T> {
         self.open = open;
         // CAS uniques handed out by a failed batch are skipped, never reused.
         self.cas = cas;
-        let mut log = match applied {
+        let mut log = match applied_log {
             Ok(log) => {
                 self.gc_more = gc_more;
                 log
@@ -690,9 +782,15 @@ impl<T: Send> Writer<T> {
         }
         log.reset();
         self.log = log;
+        // Logged and visible (or failed): watchers of what it changed must hear of it.
+        watches.publish(&mut touched);
         let durable = self.cfg.sync != SyncMode::Always || self.sync_log();
         if durable {
-            let ops = batch.iter().flat_map(|s| s.reqs.iter().map(|r| &r.op));
+            let ops = batch
+                .iter()
+                .flat_map(|s| s.reqs.iter().map(|r| &r.op))
+                .zip(outcomes.iter())
+                .flat_map(|(op, o)| applied(op, o));
             self.publish_flush(ran_due, ops, ctx.now_ms);
         } else {
             // Not known durable: no write of the batch is acknowledged.
@@ -782,6 +880,8 @@ impl<T: Send> Writer<T> {
         }
         let mut cas = self.cas;
         let store = self.store.clone();
+        let watches = self.watches.clone();
+        let mut touched = Touched::default();
         let mut open = self.open.take();
         let result = (|| -> Result<(Outcome, LogBuf), StoreError> {
             let open = open
@@ -789,7 +889,7 @@ impl<T: Send> Writer<T> {
                 .ok_or_else(|| StoreError::Backend("no write transaction".into()))?;
             let txn = open.txn()?;
             let mut w = store.writer(txn, &mut cas);
-            let outcome = apply(&mut w, op, ctx)?;
+            let outcome = apply(&mut w, op, ctx, &watches, &mut touched)?;
             store.put_cas(txn, cas)?;
             Ok((outcome, txn.take_log(LogBuf::default())))
         })();
@@ -810,7 +910,8 @@ impl<T: Send> Writer<T> {
                         }
                     };
                 }
-                self.publish_flush(false, std::iter::once(op), ctx.now_ms);
+                watches.publish(&mut touched);
+                self.publish_flush(false, applied(op, &o), ctx.now_ms);
                 o
             }
             Err(e) => {
@@ -993,9 +1094,17 @@ pub enum Submitted {
 }
 
 /// Writes a leader leaves to the writer thread: they change collections (readers may see
-/// them only once LMDB has them, and only the writer thread commits) or clear the store.
+/// them only once LMDB has them, and only the writer thread commits) or clear the store, or
+/// are a transaction that may (or reads collections inside the write transaction).
 fn for_writer_thread(op: &WriteOp) -> bool {
-    matches!(op, WriteOp::Coll(_) | WriteOp::FlushAll { .. })
+    match op {
+        WriteOp::Coll(_) | WriteOp::FlushAll { .. } => true,
+        WriteOp::Exec(x) => x.steps.iter().any(|s| match s {
+            Step::Write(w) => for_writer_thread(w),
+            Step::Read(_) => false,
+        }),
+        _ => false,
+    }
 }
 
 impl<T: Send> Gate<T> {

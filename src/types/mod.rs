@@ -38,6 +38,44 @@ pub enum CollOp {
     ZSet(zset::ZSetOp),
 }
 
+impl CollOp {
+    /// Calls `f` with every key the write may change (the destination only, for a STORE).
+    pub fn for_each_key(&self, f: &mut dyn FnMut(&[u8])) {
+        use hash::HashOp as H;
+        use list::ListOp as L;
+        use set::SetOp as S;
+        use zset::ZSetOp as Z;
+        match self {
+            CollOp::List(
+                L::Push { key, .. }
+                | L::Pop { key, .. }
+                | L::Set { key, .. }
+                | L::Rem { key, .. }
+                | L::Trim { key, .. }
+                | L::Insert { key, .. },
+            ) => f(key),
+            CollOp::List(L::Move { src, dst, .. }) | CollOp::Set(S::Move { src, dst, .. }) => {
+                f(src);
+                f(dst);
+            }
+            CollOp::Hash(
+                H::Set { key, .. }
+                | H::Del { key, .. }
+                | H::IncrBy { key, .. }
+                | H::IncrByFloat { key, .. },
+            ) => f(key),
+            CollOp::Set(S::Add { key, .. } | S::Rem { key, .. } | S::Pop { key, .. }) => f(key),
+            CollOp::Set(S::Store { dst, .. }) => f(dst),
+            CollOp::ZSet(
+                Z::Add { key, .. }
+                | Z::Rem { key, .. }
+                | Z::RemRange { key, .. }
+                | Z::Pop { key, .. },
+            ) => f(key),
+        }
+    }
+}
+
 /// Runs a collection write in the writer's transaction.
 pub fn apply(w: &mut LmdbWrite<'_, '_>, op: &CollOp, now: u64) -> Result<Outcome, StoreError> {
     match op {
