@@ -96,6 +96,36 @@ pub fn backup(store: &LmdbStore, dest: &Path, replace: bool) -> Result<u64, Stri
     Ok(size)
 }
 
+/// A consistent copy of a store a running server holds, in the new directory `tmp`, with
+/// every batch the server's log holds applied (acknowledged writes the server has not yet
+/// committed to LMDB included): what `memkeep backup` and `export` read beside a server.
+pub fn live_copy(dir: &Path, tmp: &Path, map_size: u64) -> Result<LmdbStore, String> {
+    use crate::storage::{durable, wal};
+    for _ in 0..5 {
+        let c = wal::read_checkpoint(dir)?
+            .ok_or_else(|| format!("{} has no checkpoint record", dir.display()))?;
+        let _ = std::fs::remove_dir_all(tmp);
+        std::fs::create_dir_all(tmp)
+            .map_err(|e| format!("cannot create {}: {e}", tmp.display()))?;
+        {
+            let (live, _) = LmdbStore::open(dir, map_size, 126).map_err(|e| e.0)?;
+            live.env()
+                .copy_to_path(tmp.join("data.mdb"), CompactionOption::Enabled)
+                .map_err(|e| format!("cannot copy {}: {e}", dir.display()))?;
+        }
+        let (copy, _) = LmdbStore::open(tmp, map_size, 126).map_err(|e| e.0)?;
+        durable::replay_live(dir, &copy, &c)?;
+        if wal::read_checkpoint(dir)?.as_ref() == Some(&c) {
+            return Ok(copy);
+        }
+        // A checkpoint ran meanwhile and may have recycled a segment being read: again.
+    }
+    Err(format!(
+        "{} kept checkpointing while it was copied; try again",
+        dir.display()
+    ))
+}
+
 /// Writes every live string item as a `set` command; returns (items written, collections
 /// skipped: lists, hashes, sets and sorted sets have no memcached form).
 pub fn export(store: &LmdbStore, now_ms: u64, out: &mut dyn Write) -> Result<(u64, u64), String> {

@@ -129,19 +129,36 @@ fn raise_open_files_limit(max_connections: usize) {
     }
 }
 
+/// Removes a directory (a scratch copy) when dropped.
+struct RemoveOnDrop(std::path::PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        if self.0.exists() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
 /// Runs `memkeep backup|export|import` (`check` is `check::run`) against the configured data directory or server.
 fn run_action(action: &Action, config: &Config) -> Result<(), String> {
-    // A store a server holds is read as it is (through the page cache it is whole); any other
+    // A store a server holds is copied as it is (through the page cache it is whole) and the
+    // server's log applied to the copy, so it holds every acknowledged write; any other store
     // is recovered first, as a server would, so a power cut's leftovers are never read.
     let mut recovered = None;
+    // Beside the data directory, removed when done.
+    let copy_dir = {
+        let mut name = config.data_dir.as_os_str().to_owned();
+        name.push(format!(".copy-{}", std::process::id()));
+        std::path::PathBuf::from(name)
+    };
+    let _cleanup = RemoveOnDrop(copy_dir.clone());
     let mut open = || {
         if !config.data_dir.join("data.mdb").exists() {
             return Err(format!("no data in {}", config.data_dir.display()));
         }
         if memkeep::storage::durable::in_use(&config.data_dir) {
-            memkeep::storage::lmdb::LmdbStore::open(&config.data_dir, config.map_size, 126)
-                .map(|(store, _)| store)
-                .map_err(|e| e.0)
+            memkeep::backup::live_copy(&config.data_dir, &copy_dir, config.map_size)
         } else {
             let d = memkeep::storage::durable::open(&config.data_dir, config.map_size, 126)
                 .map_err(|e| e.0)?;

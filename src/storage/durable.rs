@@ -356,6 +356,50 @@ fn replay(
     Ok(w)
 }
 
+/// Applies to `copy` (a copy of the store in `dir` taken after checkpoint `c` was read) every
+/// batch of `dir`'s log after `c`, reading the log as a running server leaves it (never
+/// changing it): the copy then holds every batch the log held, acknowledged ones included,
+/// which LMDB may not have been given yet. Batches the copy already holds are applied again,
+/// which leaves it as it was (records are physical and replayed in order). Returns how many
+/// batches were applied; the caller checks that `c` is still the checkpoint afterwards (else
+/// a segment may have been recycled under the reader) and tries again.
+pub fn replay_live(dir: &Path, copy: &LmdbStore, c: &Checkpoint) -> Result<u64, String> {
+    let segs = wal::segments(dir).map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
+    let mut next_seq = c.seq + 1;
+    let mut txn = copy.env().write_txn().map_err(|e| e.to_string())?;
+    let mut buf = Vec::new();
+    let mut prev: Option<u64> = None;
+    let mut applied = 0u64;
+    for (n, path) in segs {
+        if n < c.segment {
+            continue;
+        }
+        let follows = match prev {
+            None => n == c.segment || n == c.segment + 1,
+            Some(p) => n == p + 1,
+        };
+        if !follows {
+            break;
+        }
+        let mut reader = SegmentReader::open(&path, n, Some(next_seq))
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        while reader
+            .next_batch(&mut buf)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?
+            .is_some()
+        {
+            for op in wal::ops(&buf) {
+                copy.replay(&mut txn, op?)?;
+            }
+            next_seq += 1;
+            applied += 1;
+        }
+        prev = Some(n);
+    }
+    txn.commit().map_err(|e| e.to_string())?;
+    Ok(applied)
+}
+
 /// A checkpoint the writer has prepared: the snapshot to pin and the record to write.
 struct Job {
     pin: Pin,
