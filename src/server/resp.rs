@@ -1686,7 +1686,7 @@ fn scan(args: Args<'_>, out: &mut Vec<u8>, view: ScanView<'_, '_>, cursors: &Mut
     };
     let iter = match view.store.range(range.0, range.1) {
         Ok(it) => it,
-        Err(e) => return enc::error(out, &StoreError::from(e).resp_reply()),
+        Err(e) => return enc::error(out, &e.resp_reply()),
     };
     let mut found: Vec<&[u8]> = Vec::new();
     let mut last: Option<&[u8]> = None;

@@ -204,10 +204,10 @@ impl<'s> Snap<'s> {
     /// Item records in key order within the bounds.
     pub fn range(&self, lo: Bound<&[u8]>, hi: Bound<&[u8]>) -> Result<ItemsIter<'_>, StoreError> {
         let lmdb = self.store.items().range(self.txn(), &(lo, hi))?;
-        let ov: Box<dyn Iterator<Item = (&[u8], &Val)> + '_> = if self.state.map.is_empty() {
+        let ov: OverlayRange<'_> = if self.state.map.is_empty() {
             Box::new(std::iter::empty())
         } else {
-            let own = |b: Bound<&[u8]>| b.map(|k| Box::<[u8]>::from(k));
+            let own = |b: Bound<&[u8]>| b.map(Box::<[u8]>::from);
             Box::new(
                 self.state
                     .map
@@ -222,6 +222,7 @@ impl<'s> Snap<'s> {
     }
 
     /// The number of keys (live or expired, as LMDB counts them).
+    #[allow(clippy::len_without_is_empty)]
     pub fn len(&self) -> Result<u64, StoreError> {
         let mut n = self.store.items().len(self.txn())? as i64;
         for (k, v) in self.state.map.iter() {
@@ -240,11 +241,12 @@ impl std::ops::Deref for Snap<'_> {
 }
 
 type LmdbRange<'a> = heed::RoRange<'a, Bytes, Bytes>;
+type OverlayRange<'a> = Box<dyn Iterator<Item = (&'a [u8], &'a Val)> + 'a>;
 
 /// LMDB's records merged with the overlay's (which win; deletions hide the key).
 pub struct ItemsIter<'a> {
     lmdb: std::iter::Peekable<LmdbRange<'a>>,
-    ov: std::iter::Peekable<Box<dyn Iterator<Item = (&'a [u8], &'a Val)> + 'a>>,
+    ov: std::iter::Peekable<OverlayRange<'a>>,
 }
 
 impl<'a> Iterator for ItemsIter<'a> {
@@ -269,5 +271,136 @@ impl<'a> Iterator for ItemsIter<'a> {
                 return Some(Ok((k, &v[..])));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::Kind;
+    use crate::storage::item::ItemMeta;
+    use crate::storage::wal::LogBuf;
+    use std::ops::Bound::Unbounded;
+
+    fn record(kind: Kind, value: &[u8]) -> Vec<u8> {
+        let (hdr, n) = ItemMeta::new(kind, 0, 0, 1).header();
+        [&hdr[..n], value].concat()
+    }
+
+    fn store(dir: &std::path::Path) -> LmdbStore {
+        LmdbStore::open(dir, 16 << 20, 16).expect("open").0
+    }
+
+    fn put_lmdb(s: &LmdbStore, pairs: &[(&[u8], &[u8])]) {
+        let mut txn = s.write_txn().expect("txn");
+        for (k, v) in pairs {
+            s.items
+                .put(&mut txn, k, &record(Kind::String, v))
+                .expect("put");
+        }
+        txn.commit_unlogged().expect("commit");
+    }
+
+    #[test]
+    fn absorb_takes_strings_and_deletions_and_refuses_collections_and_clears() {
+        let mut map = Map::new_sync();
+        let mut log = LogBuf::default();
+        log.put(
+            crate::storage::lmdb::DB_ITEMS,
+            b"a",
+            &[&record(Kind::String, b"1")],
+        );
+        log.del(crate::storage::lmdb::DB_ITEMS, b"b");
+        log.put(crate::storage::lmdb::DB_EXPIRY, b"x", &[b""]);
+        assert_eq!(absorb(&mut map, log.payload()), Ok(true));
+        assert!(map.get(&b"a"[..]).is_some_and(|v| v.is_some()));
+        assert!(map.get(&b"b"[..]).is_some_and(|v| v.is_none()));
+        assert!(map.get(&b"x"[..]).is_none());
+        for log in [
+            {
+                let mut l = LogBuf::default();
+                l.put(
+                    crate::storage::lmdb::DB_ITEMS,
+                    b"l",
+                    &[&record(Kind::List, &[0; 32])],
+                );
+                l
+            },
+            {
+                let mut l = LogBuf::default();
+                l.put(crate::storage::lmdb::DB_ELEMS, b"e", &[b"v"]);
+                l
+            },
+            {
+                let mut l = LogBuf::default();
+                l.clear(crate::storage::lmdb::DB_ITEMS);
+                l
+            },
+        ] {
+            assert_eq!(absorb(&mut map.clone(), log.payload()), Ok(false));
+        }
+    }
+
+    #[test]
+    fn a_snapshot_merges_the_overlay_over_lmdb_in_key_order() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = store(dir.path());
+        put_lmdb(&s, &[(b"a", b"1"), (b"c", b"3"), (b"e", b"5")]);
+        let base = s.read_txn().expect("txn").id();
+        let mut map = Map::new_sync();
+        map.insert_mut(b"b"[..].into(), Some(Arc::from(record(Kind::String, b"2"))));
+        map.insert_mut(b"c"[..].into(), None);
+        map.insert_mut(
+            b"e"[..].into(),
+            Some(Arc::from(record(Kind::String, b"55"))),
+        );
+        s.overlay().publish(base, map);
+        let snap = Snap::open(&s).expect("snap");
+        let seen: Vec<(Vec<u8>, Vec<u8>)> = snap
+            .range(Unbounded, Unbounded)
+            .expect("range")
+            .map(|r| {
+                let (k, v) = r.expect("entry");
+                (k.to_vec(), item::decode(v).expect("item").value.to_vec())
+            })
+            .collect();
+        let want: Vec<(Vec<u8>, Vec<u8>)> = [("a", "1"), ("b", "2"), ("e", "55")]
+            .iter()
+            .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
+            .collect();
+        assert_eq!(seen, want);
+        assert_eq!(snap.len().expect("len"), 3);
+        assert!(snap.get(b"c").expect("get").is_none());
+        assert_eq!(
+            snap.get(b"b").expect("get").map(|i| i.value),
+            Some(&b"2"[..])
+        );
+        let from_c: Vec<Vec<u8>> = snap
+            .range(Bound::Included(&b"c"[..]), Unbounded)
+            .expect("range")
+            .map(|r| r.expect("entry").0.to_vec())
+            .collect();
+        assert_eq!(from_c, vec![b"e".to_vec()]);
+    }
+
+    #[test]
+    fn a_snapshot_never_pairs_an_overlay_with_another_lmdb_transaction() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = store(dir.path());
+        let base = s.read_txn().expect("txn").id();
+        let mut map = Map::new_sync();
+        map.insert_mut(b"k"[..].into(), Some(Arc::from(record(Kind::String, b"v"))));
+        s.overlay().publish(base, map);
+        // LMDB moves on without the overlay being republished over it: no snapshot may mix
+        // the two.
+        put_lmdb(&s, &[(b"k", b"lmdb")]);
+        assert!(Snap::open(&s).is_err());
+        let now = s.read_txn().expect("txn").id();
+        s.overlay().publish(now, Map::new_sync());
+        let snap = Snap::open(&s).expect("snap");
+        assert_eq!(
+            snap.get(b"k").expect("get").map(|i| i.value),
+            Some(&b"lmdb"[..])
+        );
     }
 }
