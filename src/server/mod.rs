@@ -240,6 +240,7 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         shared.flush_at.clone(),
         handles.iter().map(|h| h.mailbox.clone()).collect(),
     )
+    .map_err(|e| ServerError(format!("cannot start the writer: {e}")))?
     .with_watches(shared.watches.clone());
     let (gate, writer_thread) = writer
         .start()

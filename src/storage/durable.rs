@@ -400,6 +400,17 @@ pub fn replay_live(dir: &Path, copy: &LmdbStore, c: &Checkpoint) -> Result<u64, 
     Ok(applied)
 }
 
+/// Makes `data` at least `need` bytes long. LMDB counts pages it allocated and freed again in
+/// one transaction without ever writing them, so a long transaction can leave the file
+/// shorter than its meta page's page count; the checkpoint (and the truncation check at
+/// open, which refuses copies cut short) wants the file to cover every page it counts.
+pub fn cover(data: &File, need: u64) -> std::io::Result<()> {
+    if data.metadata()?.len() < need {
+        data.set_len(need)?;
+    }
+    Ok(())
+}
+
 /// A checkpoint the writer has prepared: the snapshot to pin and the record to write.
 struct Job {
     pin: Pin,
@@ -548,8 +559,8 @@ fn run(
     prepare_spare(&dir, spare, &stats);
     for mut job in rx {
         let started = Instant::now();
-        let result = data
-            .sync_data()
+        let result = cover(&data, wal::meta_needs(&job.record.page))
+            .and_then(|()| data.sync_data())
             .map_err(|e| format!("cannot sync the data file: {e}"))
             .and_then(|()| {
                 job.record.roots = wal::root_digest(&data, &job.record.page)

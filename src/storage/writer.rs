@@ -1,17 +1,25 @@
-//! The group-commit writer: the only thread that writes to LMDB.
+//! The group-commit writer: the only code that writes to LMDB.
 //!
-//! Workers send `Submission`s (every write a worker parsed in one event-loop pass). The writer
-//! takes everything waiting, up to `max_batch` writes, applies it in one transaction, appends
-//! the transaction's physical changes to the write-ahead log as one batch, commits LMDB without
-//! syncing, fdatasyncs the log (in `always`), and only then hands each write's `Outcome` back
-//! to its worker's `Mailbox` and wakes that worker. So nothing is acknowledged before it is
-//! durable per the sync mode, and one sequential fsync covers every write of the batch.
+//! Workers send `Submission`s (every write a worker parsed in one event-loop pass). A batch
+//! (one submission a leader applies on its own thread, or everything the writer thread found
+//! queued, up to `max_batch` writes) is applied to the open LMDB write transaction, its
+//! physical changes are appended to the write-ahead log as one batch, what it changed in
+//! `items` is published to readers (`overlay.rs`), the log is fdatasynced (in `always`), and
+//! only then does each write's `Outcome` go back to its worker's `Mailbox`. So nothing is
+//! acknowledged before it is durable per the sync mode, and one sequential fsync covers every
+//! write of the batch.
+//!
+//! The LMDB transaction spans many batches and is committed (no sync) every 4 MiB of log or
+//! 250 ms, before checkpoints, and at once for a batch that changes collections (readers see
+//! collections only through LMDB). Only the writer thread begins, commits or aborts it (LMDB's
+//! write lock is owned by a thread); leaders hand it what needs that.
 //!
 //! Between batches the writer starts checkpoints (`durable.rs`) once enough log has built up,
 //! or the log has been idle a moment: the log's length bounds what a recovery replays.
 //!
-//! A write that fails (the map is full) must not fail its batch-mates: the batch is then
-//! aborted and replayed one transaction per write, so each write gets its own outcome.
+//! A write that fails (the map is full) must not fail its batch-mates, nor the acknowledged
+//! batches already in the transaction: the transaction is aborted and rebuilt from their log
+//! records, and the failed batch's writes run one transaction each.
 //!
 //! Housekeeping happens here too, between batches: a delayed `flush_all` that has come due,
 //! the expiry sweep, and the periodic fsync of the log.
@@ -276,6 +284,8 @@ pub struct Writer<T> {
     /// between batches; leaders leave batches to the writer thread while it is set.
     map_size: u64,
     nearly_full: Arc<std::sync::atomic::AtomicBool>,
+    /// LMDB's data file (to keep it covering every page LMDB counts).
+    data: std::fs::File,
 }
 
 /// What a leader's attempt at committing came to.
@@ -295,7 +305,7 @@ impl<T: Send> Writer<T> {
         cfg: WriterConfig,
         flush_at: FlushAt,
         mailboxes: Vec<Arc<Mailbox<T>>>,
-    ) -> Writer<T> {
+    ) -> std::io::Result<Writer<T>> {
         let Durable {
             store,
             persisted,
@@ -307,8 +317,12 @@ impl<T: Send> Writer<T> {
         let checkpoint_pgno = store.env().info().last_page_number as u64;
         let page_size = store.env().stat().page_size as u64;
         let map_size = store.env().info().map_size as u64;
+        let data = store
+            .env()
+            .try_clone_inner_file()
+            .map_err(|e| std::io::Error::other(format!("cannot open LMDB's data file: {e}")))?;
         let outboxes = mailboxes.iter().map(|_| Vec::new()).collect();
-        Writer {
+        Ok(Writer {
             store,
             wal,
             checkpointer,
@@ -335,7 +349,8 @@ impl<T: Send> Writer<T> {
             full_until: None,
             map_size,
             nearly_full: Arc::new(std::sync::atomic::AtomicBool::new(false)),
-        }
+            data,
+        })
     }
 
     /// Shares the registry of watched keys with the workers (WATCH).
@@ -522,6 +537,12 @@ impl<T: Send> Writer<T> {
         }
         let delivered = match result {
             Ok(id) => {
+                // Pages LMDB counts but never wrote (allocated and freed again in the
+                // transaction) must still be inside the file: see `durable::cover`.
+                let need = (self.store.env().info().last_page_number as u64 + 1) * self.page_size;
+                if let Err(e) = super::durable::cover(&self.data, need) {
+                    warn!("cannot extend the data file: {e}");
+                }
                 self.store.overlay().publish(id, Map::new_sync());
                 self.map = Map::new_sync();
                 self.uncommitted.clear();
