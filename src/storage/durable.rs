@@ -196,7 +196,11 @@ pub fn open(dir: &Path, map_size: u64, max_readers: u32) -> Result<Durable, Open
                 )));
             }
             recovery.checkpoint_seq = c.seq;
-            replay(dir, &store, &c, &mut recovery)?
+            let w = replay(dir, &store, &c, &mut recovery)?;
+            // The replay's transactions may count pages they never wrote (see `cover`).
+            let need = (store.env().info().last_page_number as u64 + 1) * page_size as u64;
+            cover(&data, need).map_err(|e| at("cannot extend the data file in", &e))?;
+            w
         }
     };
     let persisted = store
