@@ -367,6 +367,7 @@ impl<T: Send> Writer<T> {
         let (tx, rx) = std::sync::mpsc::channel();
         let paced = self.paced.clone();
         let gate = Gate {
+            always: self.cfg.sync == SyncMode::Always,
             paced,
             core: Arc::new(Mutex::new(self)),
             tx,
@@ -1083,6 +1084,8 @@ fn run<T: Send>(
 /// Either way the outcomes arrive in the worker's mailbox, in commit order.
 pub struct Gate<T> {
     core: Arc<Mutex<Writer<T>>>,
+    /// `--sync always`: a lock holder may be in an fdatasync.
+    always: bool,
     /// Commits are paced (the writer's `paced`): queue, never commit alone.
     paced: Arc<std::sync::atomic::AtomicBool>,
     tx: std::sync::mpsc::Sender<Submission<T>>,
@@ -1095,6 +1098,7 @@ impl<T> Clone for Gate<T> {
     fn clone(&self) -> Self {
         Gate {
             core: self.core.clone(),
+            always: self.always,
             paced: self.paced.clone(),
             tx: self.tx.clone(),
             queued: self.queued.clone(),
@@ -1113,6 +1117,10 @@ pub enum Submitted {
     /// The writer has stopped.
     Refused,
 }
+
+/// How many times a worker tries for the writer's lock (yielding between tries) before it
+/// queues its writes instead, outside `always`.
+const LEAD_TRIES: usize = 8;
 
 /// Writes a leader leaves to the writer thread: they change collections (readers may see
 /// them only once LMDB has them, and only the writer thread commits) or clear the store, or
@@ -1135,7 +1143,7 @@ impl<T: Send> Gate<T> {
         if self.queued.load(Ordering::Acquire) == 0
             && !self.paced.load(Ordering::Acquire)
             && !sub.reqs.iter().any(|r| for_writer_thread(&r.op))
-            && let Ok(mut w) = self.core.try_lock()
+            && let Some(mut w) = self.try_lead()
         {
             let worker = sub.worker;
             let mut batch = vec![sub];
@@ -1166,6 +1174,23 @@ impl<T: Send> Gate<T> {
             return Submitted::Refused;
         }
         Submitted::Queued
+    }
+
+    /// The writer's lock if it can be had without waiting on the disk. In `always` the holder
+    /// may be in an fdatasync, so only an uncontended lock will do; otherwise the holder is
+    /// only applying and logging a batch (a few microseconds), and waiting that long beats
+    /// handing the submission to the writer thread and being woken back.
+    fn try_lead(&self) -> Option<std::sync::MutexGuard<'_, Writer<T>>> {
+        let tries = if self.always { 1 } else { LEAD_TRIES };
+        for i in 0..tries {
+            if let Ok(w) = self.core.try_lock() {
+                return Some(w);
+            }
+            if i + 1 < tries {
+                std::thread::yield_now();
+            }
+        }
+        None
     }
 
     /// Wakes the writer thread (an LMDB commit is due, or held completions wait for one).
