@@ -70,6 +70,8 @@ pub enum ExpireCond {
     Gt,
     /// Only if the new expiry is earlier.
     Lt,
+    /// XX and LT: only if the key has an expiry and the new one is earlier.
+    XxLt,
 }
 
 /// A change to the store, applied by the writer inside a transaction.

@@ -184,6 +184,7 @@ fn apply_inner<S: WriteView>(s: &mut S, op: &WriteOp, ctx: Ctx) -> Result<Outcom
                 // No expiry counts as an infinitely late one.
                 ExpireCond::Gt => current != 0 && *at_ms > current,
                 ExpireCond::Lt => current == 0 || *at_ms < current,
+                ExpireCond::XxLt => current != 0 && *at_ms < current,
             };
             if !apply {
                 return Ok(Outcome::Int(0));

@@ -1033,51 +1033,41 @@ fn write_op(cmd: Cmd, args: Args<'_>, pass: &Pass<'_>) -> Result<(WriteOp, RespR
                 _ => (1, true, "pexpireat"),
             };
             let at_ms = expire_arg(args.get(2), unit, absolute, now, name, false)?;
-            let mut cond = ExpireCond::Always;
+            // Redis reads every option first, then checks how they combine.
+            let (mut nx, mut xx, mut gt, mut lt) = (false, false, false, false);
             for i in 3..args.len() {
-                let c = if args.is(i, "NX") {
-                    ExpireCond::Nx
+                if args.is(i, "NX") {
+                    nx = true;
                 } else if args.is(i, "XX") {
-                    ExpireCond::Xx
+                    xx = true;
                 } else if args.is(i, "GT") {
-                    ExpireCond::Gt
+                    gt = true;
                 } else if args.is(i, "LT") {
-                    ExpireCond::Lt
+                    lt = true;
                 } else {
                     return Err(format!(
                         "ERR Unsupported option {}",
                         String::from_utf8_lossy(args.get(i))
                     ));
-                };
-                let clash = matches!(
-                    (cond, c),
-                    (
-                        ExpireCond::Nx,
-                        ExpireCond::Xx | ExpireCond::Gt | ExpireCond::Lt
-                    )
-                ) || matches!(
-                    (cond, c),
-                    (
-                        ExpireCond::Xx | ExpireCond::Gt | ExpireCond::Lt,
-                        ExpireCond::Nx
-                    )
-                );
-                if clash {
-                    return Err(
-                        "ERR NX and XX, GT or LT options at the same time are not compatible"
-                            .into(),
-                    );
-                }
-                if matches!(
-                    (cond, c),
-                    (ExpireCond::Gt, ExpireCond::Lt) | (ExpireCond::Lt, ExpireCond::Gt)
-                ) {
-                    return Err("ERR GT and LT options at the same time are not compatible".into());
-                }
-                if cond == ExpireCond::Always || cond == ExpireCond::Xx {
-                    cond = c;
                 }
             }
+            if nx && (xx || gt || lt) {
+                return Err(
+                    "ERR NX and XX, GT or LT options at the same time are not compatible".into(),
+                );
+            }
+            if gt && lt {
+                return Err("ERR GT and LT options at the same time are not compatible".into());
+            }
+            let cond = match (nx, xx, gt, lt) {
+                (true, ..) => ExpireCond::Nx,
+                // GT already needs an expiry (none counts as infinitely late), so XX adds nothing.
+                (_, _, true, _) => ExpireCond::Gt,
+                (_, true, _, true) => ExpireCond::XxLt,
+                (_, false, _, true) => ExpireCond::Lt,
+                (_, true, ..) => ExpireCond::Xx,
+                _ => ExpireCond::Always,
+            };
             plain(WriteOp::Expire {
                 key: key.to_vec(),
                 at_ms,

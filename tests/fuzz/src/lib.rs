@@ -874,7 +874,8 @@ fn write_op(op: &Op, now_ms: u64, model: &ModelStore) -> WriteOp {
                 ExpireCond::Xx,
                 ExpireCond::Gt,
                 ExpireCond::Lt,
-            ][usize::from(cond % 5)],
+                ExpireCond::XxLt,
+            ][usize::from(cond % 6)],
         },
         Op::Persist(k) => WriteOp::Persist { key: key(*k) },
         Op::Rename(a, b, nx) => WriteOp::Rename {
