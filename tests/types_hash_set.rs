@@ -1486,3 +1486,33 @@ fn random_operations_match_a_model() {
         }
     }
 }
+
+#[test]
+fn randomkey_draws_every_key_about_equally_often() {
+    // Redis picks a random key uniformly; memkeep's draw is uniform below 4,096 keys. With
+    // 10 keys and 2,000 draws each key's count is ~200 (a 1-in-10^9 test would allow 120-280).
+    let s = start();
+    let mut c = client(&s);
+    for i in 0..10 {
+        let k = format!("key:{i}");
+        assert_eq!(
+            c.call(&[b"SET", k.as_bytes(), b"v"]),
+            Reply::Simple("OK".into())
+        );
+    }
+    let mut counts = HashMap::new();
+    for _ in 0..2000 {
+        match c.call(&[b"RANDOMKEY"]) {
+            Reply::Bulk(k) => *counts.entry(k).or_insert(0usize) += 1,
+            other => panic!("RANDOMKEY answered {other:?}"),
+        }
+    }
+    assert_eq!(counts.len(), 10, "{counts:?}");
+    for (k, n) in &counts {
+        assert!(
+            (120..=280).contains(n),
+            "{} drawn {n} times of 2000: {counts:?}",
+            String::from_utf8_lossy(k)
+        );
+    }
+}

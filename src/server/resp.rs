@@ -1567,26 +1567,61 @@ pub fn read_view(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, view: &V
             },
             cursors,
         ),
-        Cmd::RandomKey => {
-            let seed = now ^ (out.len() as u64).rotate_left(17) ^ 0x9e37_79b9_7f4a_7c15;
-            let probe = splitmix(seed).to_be_bytes();
-            use std::ops::Bound::{Included, Unbounded};
-            let first = |lo: std::ops::Bound<&[u8]>| {
-                store
-                    .range(lo, Unbounded)
-                    .ok()
-                    .and_then(|mut it| it.next())
-                    .and_then(|r| r.ok())
-                    .map(|(k, _)| k.to_vec())
-            };
-            let key = first(Included(&probe[..])).or_else(|| first(Unbounded));
-            match key {
-                Some(k) => enc::bulk(out, &k),
-                None => enc::null(out, v3),
-            }
-        }
+        Cmd::RandomKey => match random_key(store) {
+            Ok(Some(k)) => enc::bulk(out, &k),
+            Ok(None) => enc::null(out, v3),
+            Err(e) => failed(out, e),
+        },
         _ => enc::error(out, "ERR command not available here"),
     }
+}
+
+/// Up to this many keys, RANDOMKEY draws an index and walks to it: exactly uniform.
+const RANDOMKEY_WALK: u64 = 4096;
+
+/// A random key. Small stores: uniform (a random index, walked to). Larger ones: a random
+/// probe between the first and the last key, drawn byte by byte from where they differ, then
+/// the first key at or after it; keys of one shape (`user:0001`.., hex ids) come out close to
+/// uniform, but a key after a wide gap is more likely than one in a dense run.
+fn random_key(store: &crate::storage::overlay::Snap<'_>) -> Result<Option<Vec<u8>>, StoreError> {
+    use std::ops::Bound::{Included, Unbounded};
+    let n = store.len()?;
+    if n == 0 {
+        return Ok(None);
+    }
+    let first_at = |lo: std::ops::Bound<&[u8]>| -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(match store.range(lo, Unbounded)?.next() {
+            Some(r) => Some(r?.0.to_vec()),
+            None => None,
+        })
+    };
+    if n <= RANDOMKEY_WALK {
+        let skip = (types::random_u64() % n) as usize;
+        let mut last = None;
+        for (i, r) in store.range(Unbounded, Unbounded)?.enumerate() {
+            let (k, _) = r?;
+            last = Some(k.to_vec());
+            if i == skip {
+                break;
+            }
+        }
+        return Ok(last);
+    }
+    let Some(first) = first_at(Unbounded)? else {
+        return Ok(None);
+    };
+    let last = store
+        .items()
+        .last(store.txn())?
+        .map(|(k, _)| k.to_vec())
+        .unwrap_or_else(|| first.clone());
+    let common = first.iter().zip(&last).take_while(|(a, b)| a == b).count();
+    let mut probe = first[..common].to_vec();
+    let lo = first.get(common).copied().unwrap_or(0);
+    let hi = last.get(common).copied().unwrap_or(0xff).max(lo);
+    probe.push(lo + (types::random_u64() % (u64::from(hi - lo) + 1)) as u8);
+    probe.extend((0..8).map(|_| types::random_u64() as u8));
+    Ok(first_at(Included(&probe[..]))?.or(Some(first)))
 }
 
 /// What SCAN needs from the pass.
