@@ -276,6 +276,16 @@ fn reply(
                     out.extend_from_slice(b" b");
                 }
             }
+            // memcached 1.6.18: a set that did not store answers the CAS as 0.
+            (b'c', _)
+                if cmd == MetaCmd::Set
+                    && matches!(
+                        code,
+                        MetaCode::Exists | MetaCode::NotFound | MetaCode::NotStored
+                    ) =>
+            {
+                out.extend_from_slice(b" c0");
+            }
             (b'c', Some((i, _))) if cmd != MetaCmd::Delete => {
                 out.extend_from_slice(b" c");
                 number(out, i.cas);
