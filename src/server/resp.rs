@@ -2396,6 +2396,7 @@ fn info(args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
     };
     let used = shared.store.used_bytes();
     let (user, sys) = rusage();
+    let (channels, patterns) = shared.pubsub.sizes();
     let uptime = shared.started.elapsed().as_secs();
     let wanted: Vec<String> = (1..args.len())
         .map(|i| String::from_utf8_lossy(args.get(i)).to_ascii_lowercase())
@@ -2458,12 +2459,13 @@ fn info(args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
         "stats",
         "Stats",
         format!(
-            "total_connections_received:{}\r\ntotal_commands_processed:{}\r\ninstantaneous_ops_per_sec:0\r\nrejected_connections:{}\r\nexpired_keys:0\r\nevicted_keys:0\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\n",
+            "total_connections_received:{}\r\ntotal_commands_processed:{}\r\ninstantaneous_ops_per_sec:0\r\nrejected_connections:{}\r\nexpired_keys:0\r\nevicted_keys:0\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\npubsub_channels:{channels}\r\npubsub_patterns:{patterns}\r\npubsubshard_channels:0\r\nclient_output_buffer_limit_disconnections:{}\r\n",
             t.total_connections,
             t.resp_commands + t.cmd_get + t.cmd_set,
             t.rejected_connections,
             t.get_hits,
-            t.get_misses
+            t.get_misses,
+            t.output_limit_disconnections
         ),
     );
     // Monitoring (redis_exporter and the like) reads the role from here.
