@@ -750,6 +750,7 @@ fn reads_store(cmd: Cmd) -> bool {
             | Cmd::Keys
             | Cmd::Scan
             | Cmd::RandomKey
+            | Cmd::Object
     )
 }
 
@@ -1709,6 +1710,71 @@ fn data_read(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut P
     read_view(cmd, args, out, v3, &view);
 }
 
+const OBJECT_HELP: &[&str] = &[
+    "OBJECT <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+    "ENCODING <key>",
+    "    Return the kind of internal representation used in order to store the value",
+    "    associated with a <key>.",
+    "FREQ <key>",
+    "    Return the access frequency index of the <key>. The returned integer is",
+    "    proportional to the logarithm of the recent access frequency of the key.",
+    "IDLETIME <key>",
+    "    Return the idle time of the <key>, that is the approximated number of",
+    "    seconds elapsed since the last access to the key.",
+    "REFCOUNT <key>",
+    "    Return the number of references of the value associated with the specified",
+    "    <key>.",
+    "HELP",
+    "    Prints this help.",
+];
+
+/// The value as Redis's `string2ll` reads it: a canonical decimal i64 of at most 20 bytes.
+fn redis_int(v: &[u8]) -> Option<i64> {
+    if v.is_empty() || v.len() > 20 {
+        return None;
+    }
+    let n: i64 = std::str::from_utf8(v).ok()?.parse().ok()?;
+    (n.to_string().as_bytes() == v).then_some(n)
+}
+
+/// The encoding Redis 7.0 would report for this value, by its rules and default thresholds:
+/// strings `int` / `embstr` (up to 44 bytes) / `raw`; lists `quicklist`; hashes `listpack` up
+/// to 128 fields of at most 64 bytes each (fields and values), else `hashtable`; sets `intset`
+/// up to 512 integer members, else `hashtable`; sorted sets `listpack` up to 128 members of at
+/// most 64 bytes, else `skiplist`. Small collections are walked (at most 512 elements).
+fn object_encoding(
+    store: &crate::storage::overlay::Snap<'_>,
+    txn: &heed::RoTxn<'_>,
+    item: &ItemRef<'_>,
+) -> Result<&'static str, StoreError> {
+    let small = |max_len: u64, ok: &dyn Fn(&[u8], &[u8]) -> bool| -> Result<bool, StoreError> {
+        let coll = types::CollMeta::decode(item.value)?;
+        if coll.len > max_len {
+            return Ok(false);
+        }
+        for r in store.elems.prefix_iter(txn, &coll.id.to_be_bytes()[..])? {
+            let (k, v) = r?;
+            if !ok(&k[8..], v) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    };
+    Ok(match item.meta.kind {
+        Kind::String if redis_int(item.value).is_some() => "int",
+        Kind::String if item.value.len() <= 44 => "embstr",
+        Kind::String => "raw",
+        Kind::List => "quicklist",
+        Kind::Hash if small(128, &|f, v| f.len() <= 64 && v.len() <= 64)? => "listpack",
+        Kind::Hash => "hashtable",
+        Kind::Set if small(512, &|m, _| redis_int(m).is_some())? => "intset",
+        Kind::Set => "hashtable",
+        // A member's element value is its score's 8 bytes.
+        Kind::ZSet if small(128, &|m, _| m.len() <= 64)? => "listpack",
+        Kind::ZSet => "skiplist",
+    })
+}
+
 /// Runs a read of the store against `view`: callable from a connection's pass or from EXEC.
 pub fn read_view(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, view: &View<'_, '_>) {
     let View {
@@ -1818,6 +1884,47 @@ pub fn read_view(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, view: &V
                 }
             };
             enc::int(out, v);
+        }
+        Cmd::Object => {
+            let sub = String::from_utf8_lossy(args.get(1)).to_ascii_uppercase();
+            let known = ["ENCODING", "REFCOUNT", "IDLETIME", "FREQ"];
+            if sub == "HELP" && args.len() == 2 {
+                return help(out, OBJECT_HELP);
+            }
+            if !known.contains(&sub.as_str()) && sub != "HELP" {
+                return unknown_sub(out, "OBJECT", args);
+            }
+            if args.len() != 3 {
+                return sub_arity(out, "object", args);
+            }
+            let item = match lookup(args.get(2)) {
+                Ok(Some(item)) => item,
+                Ok(None) => return enc::null(out, v3),
+                Err(e) => return failed(out, e),
+            };
+            match sub.as_str() {
+                "ENCODING" => match object_encoding(store, txn, &item) {
+                    Ok(name) => enc::bulk(out, name.as_bytes()),
+                    Err(e) => failed(out, e),
+                },
+                // Redis shares the objects of the integers 0..9999 (OBJ_SHARED_INTEGERS).
+                "REFCOUNT" => enc::int(
+                    out,
+                    if item.meta.kind == Kind::String
+                        && redis_int(item.value).is_some_and(|n| (0..10_000).contains(&n))
+                    {
+                        i32::MAX as i64
+                    } else {
+                        1
+                    },
+                ),
+                // memkeep does not track access times: every key reads as just used.
+                "IDLETIME" => enc::int(out, 0),
+                _ => enc::error(
+                    out,
+                    "ERR An LFU maxmemory policy is not selected, access frequency not tracked. Please note that when switching between policies at runtime LRU and LFU data will take some time to adjust.",
+                ),
+            }
         }
         Cmd::Type => {
             let item = lookup1!();
