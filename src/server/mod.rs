@@ -6,6 +6,7 @@ pub mod binary;
 pub mod conn;
 pub mod memcache;
 pub mod meta;
+pub mod pubsub;
 pub mod resp;
 pub mod stats;
 pub mod worker;
@@ -50,6 +51,8 @@ pub struct Shared {
     pub backups: Arc<crate::backup::Backups>,
     /// memcached ASCII authentication: user -> password, from `auth_file` (-Y).
     pub mc_auth: Option<std::collections::HashMap<Vec<u8>, Vec<u8>>>,
+    /// Redis pub/sub channels and patterns, and each worker's outbox of messages.
+    pub pubsub: Arc<pubsub::PubSub>,
 }
 
 /// A startup failure, one line for the operator.
@@ -188,7 +191,29 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         Some(path) => Some(load_auth_file(path)?),
         None => None,
     };
+    // Workers: a Poll each, whose Waker both the acceptor, the writer and
+    // publishers on other workers use.
+    let mut polls = Vec::new();
+    let mut handles = Vec::new();
+    for _ in 0..threads {
+        let poll = Poll::new().map_err(|e| ServerError(format!("cannot create poll: {e}")))?;
+        let waker = Waker::new(poll.registry(), WAKER)
+            .map_err(|e| ServerError(format!("cannot create waker: {e}")))?;
+        handles.push(Arc::new(WorkerHandle {
+            mailbox: Arc::new(Mailbox::new(waker)),
+            incoming: Mutex::new(Vec::new()),
+        }));
+        polls.push(poll);
+    }
+    let wakers = handles
+        .iter()
+        .map(|h| {
+            let mailbox = h.mailbox.clone();
+            Box::new(move || mailbox.wake()) as Box<dyn Fn() + Send + Sync>
+        })
+        .collect();
     let shared = Arc::new(Shared {
+        pubsub: Arc::new(pubsub::PubSub::new(wakers)),
         clock: Arc::new(clock),
         store: durable.store.clone(),
         flush_at: Arc::new(AtomicU64::new(0)),
@@ -212,20 +237,6 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
             "listening on {} beyond loopback without authentication: anyone who can reach it can read and change every item",
             cfg.listen
         );
-    }
-
-    // Workers: a Poll each, whose Waker both the acceptor and the writer use.
-    let mut polls = Vec::new();
-    let mut handles = Vec::new();
-    for _ in 0..threads {
-        let poll = Poll::new().map_err(|e| ServerError(format!("cannot create poll: {e}")))?;
-        let waker = Waker::new(poll.registry(), WAKER)
-            .map_err(|e| ServerError(format!("cannot create waker: {e}")))?;
-        handles.push(Arc::new(WorkerHandle {
-            mailbox: Arc::new(Mailbox::new(waker)),
-            incoming: Mutex::new(Vec::new()),
-        }));
-        polls.push(poll);
     }
 
     let writer = Writer::new(

@@ -48,6 +48,9 @@ pub struct Session {
     /// How many bytes the command being run may add to the output before a reply that can be
     /// sent in pieces (MGET) pauses.
     pub room: usize,
+    /// SUBSCRIBE/PSUBSCRIBE channels and patterns (RESP2 connections with any are in
+    /// subscribed mode).
+    pub subs: super::pubsub::Subscriptions,
 }
 
 /// A transaction being queued.
@@ -219,6 +222,15 @@ pub enum Cmd {
     Discard,
     Watch,
     Unwatch,
+    Subscribe,
+    Unsubscribe,
+    PSubscribe,
+    PUnsubscribe,
+    Publish,
+    PubSub,
+    Reset,
+    Object,
+    Latency,
 }
 
 /// One command: Redis's arity rule (n: exactly n arguments including the name; -n: at least n),
@@ -329,6 +341,15 @@ static COMMANDS: &[Spec] = &[
     spec("discard", 1, R, NOKEY, Cmd::Discard),
     spec("watch", -2, R, (1, -1, 1), Cmd::Watch),
     spec("unwatch", 1, R, NOKEY, Cmd::Unwatch),
+    spec("subscribe", -2, R, NOKEY, Cmd::Subscribe),
+    spec("unsubscribe", -1, R, NOKEY, Cmd::Unsubscribe),
+    spec("psubscribe", -2, R, NOKEY, Cmd::PSubscribe),
+    spec("punsubscribe", -1, R, NOKEY, Cmd::PUnsubscribe),
+    spec("publish", 3, R, NOKEY, Cmd::Publish),
+    spec("pubsub", -2, R, NOKEY, Cmd::PubSub),
+    spec("reset", 1, R, NOKEY, Cmd::Reset),
+    spec("object", -2, R, (2, 2, 1), Cmd::Object),
+    spec("latency", -2, R, NOKEY, Cmd::Latency),
 ];
 
 fn lookup(name: &[u8]) -> Option<&'static Spec> {
@@ -408,6 +429,11 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
     };
     let mut left = budget;
     loop {
+        if conn.resp.mget_resume == 0 && conn.resp.subs.held_bytes() > 0 {
+            let v3 = conn.resp.v3;
+            let (_, out, _, sess) = conn.resp_io();
+            sess.subs.release(out, v3);
+        }
         if let Some(stop) = conn.why_stop(left, conn.resp.mget_resume > 0) {
             return stop;
         }
@@ -592,6 +618,35 @@ fn check(args: Args<'_>, sess: &Session, pass: &Pass<'_>) -> Result<&'static Spe
             spec.name
         ));
     }
+    // RESP2 subscribed mode (Redis's processCommand): only these may run.
+    let allowed = matches!(
+        spec.cmd,
+        Cmd::Subscribe
+            | Cmd::Unsubscribe
+            | Cmd::PSubscribe
+            | Cmd::PUnsubscribe
+            | Cmd::Ping
+            | Cmd::Quit
+            | Cmd::Reset
+    );
+    if !sess.v3 && sess.subs.count() > 0 && !allowed {
+        let container = matches!(
+            spec.cmd,
+            Cmd::Client | Cmd::Config | Cmd::Command | Cmd::PubSub | Cmd::Object | Cmd::Latency
+        );
+        let name = if container && args.len() > 1 {
+            format!(
+                "{}|{}",
+                spec.name,
+                String::from_utf8_lossy(args.get(1)).to_ascii_lowercase()
+            )
+        } else {
+            spec.name.to_string()
+        };
+        return Err(format!(
+            "ERR Can't execute '{name}': only (P|S)SUBSCRIBE / (P|S)UNSUBSCRIBE / PING / QUIT / RESET are allowed in this context"
+        ));
+    }
     Ok(spec)
 }
 
@@ -613,7 +668,7 @@ fn dispatch_in_multi(args: Args<'_>, sess: &mut Session, pass: &mut Pass<'_>) ->
         Cmd::Multi => Now::Error("ERR MULTI calls can not be nested".into()),
         Cmd::Watch => Now::Error("ERR WATCH inside MULTI is not allowed".into()),
         Cmd::Discard => Now::Txn(TxnNow::Discard),
-        Cmd::Quit => Now::Run(spec),
+        Cmd::Quit | Cmd::Reset => Now::Run(spec),
         Cmd::Exec if failed => Now::Txn(TxnNow::Abort(
             "EXECABORT Transaction discarded because of previous errors.".into(),
         )),
@@ -695,6 +750,7 @@ fn reads_store(cmd: Cmd) -> bool {
             | Cmd::Keys
             | Cmd::Scan
             | Cmd::RandomKey
+            | Cmd::Object
     )
 }
 
@@ -1177,6 +1233,12 @@ fn read(
 ) -> bool {
     let v3 = sess.v3;
     match cmd {
+        // RESP2 subscribed mode answers PING as a message-shaped array.
+        Cmd::Ping if !v3 && sess.subs.count() > 0 => {
+            enc::array(out, 2);
+            enc::bulk(out, b"pong");
+            enc::bulk(out, if args.len() > 1 { args.get(1) } else { b"" });
+        }
         Cmd::Ping => match args.len() {
             1 => enc::simple(out, "PONG"),
             2 => enc::bulk(out, args.get(1)),
@@ -1226,9 +1288,230 @@ fn read(
             sess.watching.clear();
             enc::ok(out);
         }
+        Cmd::Subscribe
+        | Cmd::Unsubscribe
+        | Cmd::PSubscribe
+        | Cmd::PUnsubscribe
+        | Cmd::Publish
+        | Cmd::PubSub => pubsub(cmd, args, out, sess, pass),
+        Cmd::Reset => {
+            // Redis's RESET: the connection as it was when accepted (its id stays).
+            sess.multi = None;
+            sess.exec_kinds.clear();
+            sess.watching.clear();
+            sess.subs.clear();
+            sess.v3 = false;
+            sess.authed = false;
+            sess.name = None;
+            enc::simple(out, "RESET");
+        }
+        Cmd::Latency => latency(args, out, v3),
         _ => data_read(cmd, args, out, v3, pass),
     }
     false
+}
+
+/// A subscribe or unsubscribe confirmation: `[kind, name or null, count]`, a push in RESP3.
+fn confirm(out: &mut Vec<u8>, kind: &str, name: Option<&[u8]>, count: usize, v3: bool) {
+    super::pubsub::push_header(out, 3, v3);
+    enc::bulk(out, kind.as_bytes());
+    match name {
+        Some(n) => enc::bulk(out, n),
+        None => enc::null(out, v3),
+    }
+    enc::int(out, count as i64);
+}
+
+/// An array of help lines as simple strings, as Redis's `addReplyHelp` sends them.
+fn help(out: &mut Vec<u8>, lines: &[&str]) {
+    enc::array(out, lines.len());
+    for l in lines {
+        enc::simple(out, l);
+    }
+}
+
+/// SUBSCRIBE, UNSUBSCRIBE, PSUBSCRIBE, PUNSUBSCRIBE, PUBLISH and PUBSUB.
+fn pubsub(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session, pass: &Pass<'_>) {
+    use super::pubsub::Kind;
+    let registry = &pass.shared.pubsub;
+    let v3 = sess.v3;
+    let (kind, word) = match cmd {
+        Cmd::Subscribe => (Kind::Channel, "subscribe"),
+        Cmd::Unsubscribe => (Kind::Channel, "unsubscribe"),
+        Cmd::PSubscribe => (Kind::Pattern, "psubscribe"),
+        Cmd::PUnsubscribe => (Kind::Pattern, "punsubscribe"),
+        Cmd::Publish => {
+            let mut mine = Vec::new();
+            let n = registry.publish(args.get(1), args.get(2), sess.subs.who, &mut mine);
+            // Redis writes a RESP3 publisher's own message before PUBLISH's reply.
+            for m in mine {
+                m.encode(out, v3);
+            }
+            return enc::int(out, n as i64);
+        }
+        _ => return pubsub_info(args, out, registry),
+    };
+    if matches!(cmd, Cmd::Subscribe | Cmd::PSubscribe) {
+        for i in 1..args.len() {
+            sess.subs.subscribe(registry, kind, args.get(i));
+            confirm(out, word, Some(args.get(i)), sess.subs.count(), v3);
+        }
+        return;
+    }
+    let names: Vec<Vec<u8>> = if args.len() > 1 {
+        (1..args.len()).map(|i| args.get(i).to_vec()).collect()
+    } else {
+        sess.subs.names(kind).iter().map(|n| n.to_vec()).collect()
+    };
+    if names.is_empty() {
+        return confirm(out, word, None, sess.subs.count(), v3);
+    }
+    for n in names {
+        sess.subs.unsubscribe(kind, &n);
+        confirm(out, word, Some(&n), sess.subs.count(), v3);
+    }
+}
+
+/// PUBSUB CHANNELS / NUMSUB / NUMPAT / SHARDCHANNELS / SHARDNUMSUB / HELP (memkeep has no
+/// shard channels: those answer as Redis does with none).
+fn pubsub_info(args: Args<'_>, out: &mut Vec<u8>, registry: &super::pubsub::PubSub) {
+    let n = args.len();
+    let syntax = |out: &mut Vec<u8>| {
+        enc::error(
+            out,
+            &format!(
+                "ERR unknown subcommand or wrong number of arguments for '{}'. Try PUBSUB HELP.",
+                String::from_utf8_lossy(&args.get(1)[..args.get(1).len().min(128)])
+            ),
+        )
+    };
+    if args.is(1, "HELP") && n == 2 {
+        help(
+            out,
+            &[
+                "PUBSUB <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+                "CHANNELS [<pattern>]",
+                "    Return the currently active channels matching a <pattern> (default: '*').",
+                "NUMPAT",
+                "    Return number of subscriptions to patterns.",
+                "NUMSUB [<channel> ...]",
+                "    Return the number of subscribers for the specified channels, excluding",
+                "    pattern subscriptions(default: no channels).",
+                "SHARDCHANNELS [<pattern>]",
+                "    Return the currently active shard level channels matching a <pattern> (default: '*').",
+                "SHARDNUMSUB [<shardchannel> ...]",
+                "    Return the number of subscribers for the specified shard level channel(s)",
+                "HELP",
+                "    Prints this help.",
+            ],
+        );
+    } else if args.is(1, "CHANNELS") {
+        if n > 3 {
+            return syntax(out);
+        }
+        let channels = registry.channels((n == 3).then(|| args.get(2)));
+        enc::array(out, channels.len());
+        for c in channels {
+            enc::bulk(out, &c);
+        }
+    } else if args.is(1, "NUMSUB") || args.is(1, "SHARDNUMSUB") {
+        let shard = args.is(1, "SHARDNUMSUB");
+        enc::array(out, (n - 2) * 2);
+        for i in 2..n {
+            enc::bulk(out, args.get(i));
+            enc::int(
+                out,
+                if shard {
+                    0
+                } else {
+                    registry.numsub(args.get(i)) as i64
+                },
+            );
+        }
+    } else if args.is(1, "NUMPAT") {
+        if n != 2 {
+            return sub_arity(out, "pubsub", args);
+        }
+        enc::int(out, registry.numpat() as i64);
+    } else if args.is(1, "SHARDCHANNELS") {
+        if n > 3 {
+            return syntax(out);
+        }
+        enc::array(out, 0);
+    } else {
+        unknown_sub(out, "PUBSUB", args);
+    }
+}
+
+/// LATENCY: memkeep has no latency monitor and no per-command histograms, so it answers as
+/// Redis does with `latency-monitor-threshold 0` and `latency-tracking no`: no events, nothing
+/// to reset, DOCTOR's "disabled" text.
+fn latency(args: Args<'_>, out: &mut Vec<u8>, v3: bool) {
+    let n = args.len();
+    let arity = |ok: bool, out: &mut Vec<u8>| {
+        if !ok {
+            sub_arity(out, "latency", args);
+        }
+        ok
+    };
+    if args.is(1, "HELP") {
+        if arity(n == 2, out) {
+            help(
+                out,
+                &[
+                    "LATENCY <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+                    "DOCTOR",
+                    "    Return a human readable latency analysis report.",
+                    "GRAPH <event>",
+                    "    Return an ASCII latency graph for the <event> class.",
+                    "HISTORY <event>",
+                    "    Return time-latency samples for the <event> class.",
+                    "LATEST",
+                    "    Return the latest latency samples for all events.",
+                    "RESET [<event> ...]",
+                    "    Reset latency data of one or more <event> classes.",
+                    "    (default: reset all data for all event classes)",
+                    "HISTOGRAM [COMMAND ...]",
+                    "    Return a cumulative distribution of latencies in the format of a histogram for the specified command names.",
+                    "    If no commands are specified then all histograms are replied.",
+                    "HELP",
+                    "    Prints this help.",
+                ],
+            );
+        }
+    } else if args.is(1, "LATEST") {
+        if arity(n == 2, out) {
+            enc::array(out, 0);
+        }
+    } else if args.is(1, "HISTORY") {
+        if arity(n == 3, out) {
+            enc::array(out, 0);
+        }
+    } else if args.is(1, "GRAPH") {
+        if arity(n == 3, out) {
+            enc::error(
+                out,
+                &format!(
+                    "ERR No samples available for event '{}'",
+                    String::from_utf8_lossy(args.get(2))
+                ),
+            );
+        }
+    } else if args.is(1, "RESET") {
+        enc::int(out, 0);
+    } else if args.is(1, "HISTOGRAM") {
+        enc::map(out, 0, v3);
+    } else if args.is(1, "DOCTOR") {
+        if arity(n == 2, out) {
+            enc::verbatim(
+                out,
+                b"I'm sorry, Dave, I can't do that. Latency monitoring is disabled in this Redis instance. You may use \"CONFIG SET latency-monitor-threshold <milliseconds>.\" in order to enable it. If we weren't in a deep space mission I'd suggest to take a look at https://redis.io/topics/latency-monitor.\n",
+                v3,
+            );
+        }
+    } else {
+        unknown_sub(out, "LATENCY", args);
+    }
 }
 
 /// WATCH key...: remembers each key's version, then (on a fresh snapshot, see
@@ -1417,6 +1700,71 @@ fn data_read(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut P
     read_view(cmd, args, out, v3, &view);
 }
 
+const OBJECT_HELP: &[&str] = &[
+    "OBJECT <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+    "ENCODING <key>",
+    "    Return the kind of internal representation used in order to store the value",
+    "    associated with a <key>.",
+    "FREQ <key>",
+    "    Return the access frequency index of the <key>. The returned integer is",
+    "    proportional to the logarithm of the recent access frequency of the key.",
+    "IDLETIME <key>",
+    "    Return the idle time of the <key>, that is the approximated number of",
+    "    seconds elapsed since the last access to the key.",
+    "REFCOUNT <key>",
+    "    Return the number of references of the value associated with the specified",
+    "    <key>.",
+    "HELP",
+    "    Prints this help.",
+];
+
+/// The value as Redis's `string2ll` reads it: a canonical decimal i64 of at most 20 bytes.
+fn redis_int(v: &[u8]) -> Option<i64> {
+    if v.is_empty() || v.len() > 20 {
+        return None;
+    }
+    let n: i64 = std::str::from_utf8(v).ok()?.parse().ok()?;
+    (n.to_string().as_bytes() == v).then_some(n)
+}
+
+/// The encoding Redis 7.0 would report for this value, by its rules and default thresholds:
+/// strings `int` / `embstr` (up to 44 bytes) / `raw`; lists `quicklist`; hashes `listpack` up
+/// to 128 fields of at most 64 bytes each (fields and values), else `hashtable`; sets `intset`
+/// up to 512 integer members, else `hashtable`; sorted sets `listpack` up to 128 members of at
+/// most 64 bytes, else `skiplist`. Small collections are walked (at most 512 elements).
+fn object_encoding(
+    store: &crate::storage::overlay::Snap<'_>,
+    txn: &heed::RoTxn<'_>,
+    item: &ItemRef<'_>,
+) -> Result<&'static str, StoreError> {
+    let small = |max_len: u64, ok: &dyn Fn(&[u8], &[u8]) -> bool| -> Result<bool, StoreError> {
+        let coll = types::CollMeta::decode(item.value)?;
+        if coll.len > max_len {
+            return Ok(false);
+        }
+        for r in store.elems.prefix_iter(txn, &coll.id.to_be_bytes()[..])? {
+            let (k, v) = r?;
+            if !ok(&k[8..], v) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    };
+    Ok(match item.meta.kind {
+        Kind::String if redis_int(item.value).is_some() => "int",
+        Kind::String if item.value.len() <= 44 => "embstr",
+        Kind::String => "raw",
+        Kind::List => "quicklist",
+        Kind::Hash if small(128, &|f, v| f.len() <= 64 && v.len() <= 64)? => "listpack",
+        Kind::Hash => "hashtable",
+        Kind::Set if small(512, &|m, _| redis_int(m).is_some())? => "intset",
+        Kind::Set => "hashtable",
+        // A member's element value is its score's 8 bytes.
+        Kind::ZSet if small(128, &|m, _| m.len() <= 64)? => "listpack",
+        Kind::ZSet => "skiplist",
+    })
+}
+
 /// Runs a read of the store against `view`: callable from a connection's pass or from EXEC.
 pub fn read_view(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, view: &View<'_, '_>) {
     let View {
@@ -1526,6 +1874,47 @@ pub fn read_view(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, view: &V
                 }
             };
             enc::int(out, v);
+        }
+        Cmd::Object => {
+            let sub = String::from_utf8_lossy(args.get(1)).to_ascii_uppercase();
+            let known = ["ENCODING", "REFCOUNT", "IDLETIME", "FREQ"];
+            if sub == "HELP" && args.len() == 2 {
+                return help(out, OBJECT_HELP);
+            }
+            if !known.contains(&sub.as_str()) && sub != "HELP" {
+                return unknown_sub(out, "OBJECT", args);
+            }
+            if args.len() != 3 {
+                return sub_arity(out, "object", args);
+            }
+            let item = match lookup(args.get(2)) {
+                Ok(Some(item)) => item,
+                Ok(None) => return enc::null(out, v3),
+                Err(e) => return failed(out, e),
+            };
+            match sub.as_str() {
+                "ENCODING" => match object_encoding(store, txn, &item) {
+                    Ok(name) => enc::bulk(out, name.as_bytes()),
+                    Err(e) => failed(out, e),
+                },
+                // Redis shares the objects of the integers 0..9999 (OBJ_SHARED_INTEGERS).
+                "REFCOUNT" => enc::int(
+                    out,
+                    if item.meta.kind == Kind::String
+                        && redis_int(item.value).is_some_and(|n| (0..10_000).contains(&n))
+                    {
+                        i32::MAX as i64
+                    } else {
+                        1
+                    },
+                ),
+                // memkeep does not track access times: every key reads as just used.
+                "IDLETIME" => enc::int(out, 0),
+                _ => enc::error(
+                    out,
+                    "ERR An LFU maxmemory policy is not selected, access frequency not tracked. Please note that when switching between policies at runtime LRU and LFU data will take some time to adjust.",
+                ),
+            }
         }
         Cmd::Type => {
             let item = lookup1!();
@@ -2139,6 +2528,7 @@ fn info(args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
     };
     let used = shared.store.used_bytes();
     let (user, sys) = rusage();
+    let (channels, patterns) = shared.pubsub.sizes();
     let uptime = shared.started.elapsed().as_secs();
     let wanted: Vec<String> = (1..args.len())
         .map(|i| String::from_utf8_lossy(args.get(i)).to_ascii_lowercase())
@@ -2201,12 +2591,13 @@ fn info(args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
         "stats",
         "Stats",
         format!(
-            "total_connections_received:{}\r\ntotal_commands_processed:{}\r\ninstantaneous_ops_per_sec:0\r\nrejected_connections:{}\r\nexpired_keys:0\r\nevicted_keys:0\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\n",
+            "total_connections_received:{}\r\ntotal_commands_processed:{}\r\ninstantaneous_ops_per_sec:0\r\nrejected_connections:{}\r\nexpired_keys:0\r\nevicted_keys:0\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\npubsub_channels:{channels}\r\npubsub_patterns:{patterns}\r\npubsubshard_channels:0\r\nclient_output_buffer_limit_disconnections:{}\r\n",
             t.total_connections,
             t.resp_commands + t.cmd_get + t.cmd_set,
             t.rejected_connections,
             t.get_hits,
-            t.get_misses
+            t.get_misses,
+            t.output_limit_disconnections
         ),
     );
     // Monitoring (redis_exporter and the like) reads the role from here.

@@ -59,6 +59,7 @@ counters!(
     idle_kicks,
     auth_cmds,
     auth_errors,
+    output_limit_disconnections,
 );
 
 impl Counters {

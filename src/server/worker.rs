@@ -119,6 +119,7 @@ pub struct Worker {
     completed_here: bool,
     pending: Vec<WriteRequest<Tag>>,
     completions: Vec<Completion<Tag>>,
+    deliveries: Vec<super::pubsub::Delivery>,
     dirty: Vec<usize>,
     next: Vec<usize>,
     next_epoch: u32,
@@ -156,6 +157,7 @@ impl Worker {
             completed_here: false,
             pending: Vec::new(),
             completions: Vec::new(),
+            deliveries: Vec::new(),
             dirty: Vec::new(),
             next: Vec::new(),
             next_epoch: 0,
@@ -311,6 +313,40 @@ impl Worker {
                 self.dirty.push(key);
             }
         }
+        // Published messages for this worker's subscribers.
+        shared.pubsub.drain(self.id, &mut self.deliveries);
+        for d in self.deliveries.drain(..) {
+            let key = d.slot as usize;
+            let Some(conn) = self.conns.get_mut(key) else {
+                continue;
+            };
+            if conn.epoch != d.epoch || conn.broken || !conn.resp.subs.wants(&d.msg) {
+                continue;
+            }
+            let size = d.msg.size();
+            if conn.pending_output() + conn.resp.subs.held_bytes() + size
+                > super::pubsub::OUTPUT_LIMIT
+            {
+                // Redis's pubsub hard limit: a subscriber that does not read is cut off rather
+                // than growing the server.
+                debug!(
+                    "closing {:?}: subscriber output over {} bytes",
+                    conn.peer,
+                    super::pubsub::OUTPUT_LIMIT
+                );
+                Counters::bump(&counters.output_limit_disconnections);
+                conn.broken = true;
+            } else if conn.resp.mget_resume > 0 {
+                // An MGET reply is half written: the message follows it.
+                conn.resp.subs.hold(d.msg);
+            } else {
+                d.msg.encode(&mut conn.wbuf, conn.resp.v3);
+            }
+            if !conn.dirty {
+                conn.dirty = true;
+                self.dirty.push(key);
+            }
+        }
         // Connections left with work from the previous pass.
         for key in std::mem::take(&mut self.next) {
             self.mark(key);
@@ -450,6 +486,11 @@ impl Worker {
         conn.peer = conn.stream.peer_addr().ok();
         debug!("worker {}: connection from {:?}", self.id, conn.peer);
         conn.resp.id = self.shared.next_client_id.fetch_add(1, Ordering::Relaxed) + 1;
+        conn.resp.subs.who = Some(super::pubsub::Sub {
+            worker: self.id as u32,
+            slot: key as u32,
+            epoch: self.next_epoch,
+        });
         entry.insert(conn);
         Counters::bump(&self.shared.counters[self.id].total_connections);
         self.mark(key);

@@ -24,6 +24,8 @@ pub enum Reply {
     Double(String),
     Bool(bool),
     Verbatim(Vec<u8>),
+    /// RESP3 push (pub/sub messages and confirmations).
+    Push(Vec<Reply>),
 }
 
 impl Reply {
@@ -138,6 +140,7 @@ impl Resp {
                 n => Reply::Array(Some((0..n).map(|_| self.read()).collect())),
             },
             "_" => Reply::Null,
+            ">" => Reply::Push((0..num(rest)).map(|_| self.read()).collect()),
             "%" => Reply::Map((0..num(rest)).map(|_| (self.read(), self.read())).collect()),
             "~" => Reply::Set((0..num(rest)).map(|_| self.read()).collect()),
             "," => Reply::Double(rest.to_string()),
