@@ -385,3 +385,44 @@ fn redis_py_pubsub_get_message_loop_resp2() {
 fn redis_py_pubsub_get_message_loop_resp3() {
     redis_py_pubsub(3);
 }
+
+#[test]
+fn the_idle_timeout_spares_subscribers() {
+    let mut server = Server::start_with(
+        BIN,
+        Options {
+            args: vec!["--idle-timeout".into(), "1".into()],
+            resp: true,
+            ..Options::default()
+        },
+    );
+    let mut sub = resp(&server);
+    assert_eq!(sub.cmd("SUBSCRIBE quiet"), confirm("subscribe", "quiet", 1));
+    let mut silent =
+        std::net::TcpStream::connect(server.resp_addr().expect("RESP port")).expect("connect");
+    silent
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    silent.write_all(b"PING\r\n").expect("send");
+    let mut pong = [0u8; 7];
+    silent.read_exact(&mut pong).expect("PONG");
+    assert_eq!(&pong, b"+PONG\r\n");
+    // Past twice the timeout: the silent client is gone, the subscriber still listens.
+    std::thread::sleep(Duration::from_millis(2500));
+    let mut publisher = resp(&server);
+    assert_eq!(publisher.cmd("PUBLISH quiet hello"), Reply::Int(1));
+    sub.set_read_timeout(Duration::from_secs(5));
+    assert_eq!(sub.read(), message("quiet", "hello"));
+    let mut buf = [0u8; 16];
+    // EOF or a reset; a read timeout (the connection still open) is a failure.
+    let closed = match silent.read(&mut buf) {
+        Ok(0) => true,
+        Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        Ok(_) => false,
+    };
+    assert!(
+        closed,
+        "the silent client was not closed by the idle timeout"
+    );
+    assert_healthy(&mut server);
+}

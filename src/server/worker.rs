@@ -218,13 +218,18 @@ impl Worker {
     }
 
     /// Closes connections that have sent nothing for `idle` (slowloris clients holding a
-    /// connection with a partial line); never one whose writes are still in flight.
+    /// connection with a partial line); never one whose writes are still in flight, nor a
+    /// pub/sub subscriber (it only listens; Redis exempts them from its timeout too).
     fn kick_idle(&mut self, idle: Duration) {
         let now = Instant::now();
         let idle_keys: Vec<usize> = self
             .conns
             .iter()
-            .filter(|(_, c)| c.inflight == 0 && now.duration_since(c.last_active) >= idle)
+            .filter(|(_, c)| {
+                c.inflight == 0
+                    && c.resp.subs.count() == 0
+                    && now.duration_since(c.last_active) >= idle
+            })
             .map(|(k, _)| k)
             .collect();
         let shared = self.shared.clone();
