@@ -923,14 +923,7 @@ impl<T: Send> Writer<T> {
                 if !log.is_empty()
                     && let Err(e) = self.log_and_commit(&mut log)
                 {
-                    return match e {
-                        StoreError::Full => Outcome::Full,
-                        StoreError::Damaged(_) => Outcome::Damaged,
-                        e => {
-                            warn!("write failed: {e}");
-                            Outcome::Failed
-                        }
-                    };
+                    return failed_outcome(e);
                 }
                 watches.publish(&mut touched);
                 self.publish_flush(false, applied(op, &o), ctx.now_ms);
@@ -939,14 +932,7 @@ impl<T: Send> Writer<T> {
             Err(e) => {
                 self.poisoned = true;
                 self.rebuild();
-                match e {
-                    StoreError::Full => Outcome::Full,
-                    StoreError::Damaged(_) => Outcome::Damaged,
-                    e => {
-                        warn!("write failed: {e}");
-                        Outcome::Failed
-                    }
-                }
+                failed_outcome(e)
             }
         }
     }
@@ -959,6 +945,18 @@ impl<T: Send> Writer<T> {
         self.checkpoint_now();
         self.open = None;
         self.checkpointer.finish();
+    }
+}
+
+/// What a write that failed in the store answers.
+fn failed_outcome(e: StoreError) -> Outcome {
+    match e {
+        StoreError::Full => Outcome::Full,
+        StoreError::Damaged(_) => Outcome::Damaged,
+        e => {
+            warn!("write failed: {e}");
+            Outcome::Failed
+        }
     }
 }
 
