@@ -3,6 +3,7 @@
 //! finish what is in flight, lets the writer commit and sync, then closes the environment.
 
 pub mod binary;
+pub mod cold;
 pub mod conn;
 pub mod memcache;
 pub mod meta;
@@ -53,6 +54,8 @@ pub struct Shared {
     pub mc_auth: Option<std::collections::HashMap<Vec<u8>, Vec<u8>>>,
     /// Redis pub/sub channels and patterns, and each worker's outbox of messages.
     pub pubsub: Arc<pubsub::PubSub>,
+    /// Reader threads for values not in memory; none with `io_threads = 0`.
+    pub cold: Option<cold::ColdPool>,
 }
 
 /// A startup failure, one line for the operator.
@@ -152,8 +155,9 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
     let durable = crate::storage::durable::open(
         &config.data_dir,
         config.map_size,
-        // Worker passes, the checkpoint pins (two while one is replaced), backups.
-        (threads as u32 + 8).max(126),
+        // Worker passes, reader threads, the checkpoint pins (two while one is replaced),
+        // backups.
+        (threads as u32 + config.io_threads as u32 + 8).max(126),
     )
     .map_err(|e| ServerError(e.0))?;
     let mut mc_listener = if config.port != 0 {
@@ -202,6 +206,7 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         handles.push(Arc::new(WorkerHandle {
             mailbox: Arc::new(Mailbox::new(waker)),
             incoming: Mutex::new(Vec::new()),
+            warmed: Mutex::new(Vec::new()),
         }));
         polls.push(poll);
     }
@@ -212,7 +217,15 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
             Box::new(move || mailbox.wake()) as Box<dyn Fn() + Send + Sync>
         })
         .collect();
+    let cold = match config.io_threads {
+        0 => None,
+        n => Some(
+            cold::ColdPool::start(durable.store.clone(), &config.data_dir, n, handles.clone())
+                .map_err(|e| ServerError(format!("cannot start reader threads: {e}")))?,
+        ),
+    };
     let shared = Arc::new(Shared {
+        cold,
         pubsub: Arc::new(pubsub::PubSub::new(wakers)),
         clock: Arc::new(clock),
         store: durable.store.clone(),
@@ -329,6 +342,9 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
     }
     if writer_thread.join().is_err() {
         error!("the writer thread panicked");
+    }
+    if let Some(pool) = &shared.cold {
+        pool.stop();
     }
     signals_handle.close();
     drop(handles);

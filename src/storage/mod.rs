@@ -10,6 +10,7 @@ pub mod item;
 pub mod lmdb;
 pub mod model;
 pub mod overlay;
+pub mod resident;
 pub mod wal;
 pub mod watch;
 pub mod writer;
