@@ -81,14 +81,19 @@ pub struct ColdPool {
 }
 
 impl ColdPool {
-    /// Starts `threads` readers of `store`, whose file is `data_dir/data.mdb`.
+    /// Opens the data file the readers read: before the server drops root (`-u`), as LMDB
+    /// opened it.
+    pub fn open_file(data_dir: &Path) -> std::io::Result<File> {
+        File::open(data_dir.join("data.mdb"))
+    }
+
+    /// Starts `threads` readers of `store`, whose data file is `file` (`open_file`).
     pub fn start(
         store: LmdbStore,
-        data_dir: &Path,
+        file: File,
         threads: usize,
         workers: Vec<Arc<WorkerHandle>>,
     ) -> std::io::Result<ColdPool> {
-        let file = File::open(data_dir.join("data.mdb"))?;
         // Random reads: no readahead on this descriptor, which would read (and, under a memory
         // cap, evict for) pages nobody asked for.
         {

@@ -170,6 +170,16 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
     } else {
         None
     };
+    // The reader threads' descriptor of the data file, opened while memkeep may still be root.
+    let cold_file = match config.io_threads {
+        0 => None,
+        _ => Some(cold::ColdPool::open_file(&config.data_dir).map_err(|e| {
+            ServerError(format!(
+                "cannot open {} for the reader threads: {e}",
+                config.data_dir.join("data.mdb").display()
+            ))
+        })?),
+    };
     if let Some(user) = &config.user {
         drop_privileges(user)?;
     }
@@ -217,11 +227,16 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
             Box::new(move || mailbox.wake()) as Box<dyn Fn() + Send + Sync>
         })
         .collect();
-    let cold = match config.io_threads {
-        0 => None,
-        n => Some(
-            cold::ColdPool::start(durable.store.clone(), &config.data_dir, n, handles.clone())
-                .map_err(|e| ServerError(format!("cannot start reader threads: {e}")))?,
+    let cold = match cold_file {
+        None => None,
+        Some(file) => Some(
+            cold::ColdPool::start(
+                durable.store.clone(),
+                file,
+                config.io_threads,
+                handles.clone(),
+            )
+            .map_err(|e| ServerError(format!("cannot start reader threads: {e}")))?,
         ),
     };
     let shared = Arc::new(Shared {
