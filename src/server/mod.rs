@@ -53,6 +53,8 @@ pub struct Shared {
     pub mc_auth: Option<std::collections::HashMap<Vec<u8>, Vec<u8>>>,
     /// Redis pub/sub channels and patterns, and each worker's outbox of messages.
     pub pubsub: Arc<pubsub::PubSub>,
+    /// Clients blocked in a blocking pop (shared with the writer, which serves them).
+    pub blocking: Arc<crate::storage::blocking::Blocking<worker::Tag>>,
 }
 
 /// A startup failure, one line for the operator.
@@ -214,6 +216,9 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         .collect();
     let shared = Arc::new(Shared {
         pubsub: Arc::new(pubsub::PubSub::new(wakers)),
+        blocking: Arc::new(crate::storage::blocking::Blocking::new(
+            handles.iter().map(|h| h.mailbox.clone()).collect(),
+        )),
         clock: Arc::new(clock),
         store: durable.store.clone(),
         flush_at: Arc::new(AtomicU64::new(0)),
@@ -252,7 +257,8 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         handles.iter().map(|h| h.mailbox.clone()).collect(),
     )
     .map_err(|e| ServerError(format!("cannot start the writer: {e}")))?
-    .with_watches(shared.watches.clone());
+    .with_watches(shared.watches.clone())
+    .with_blocking(shared.blocking.clone());
     let (gate, writer_thread) = writer
         .start()
         .map_err(|e| ServerError(format!("cannot start writer thread: {e}")))?;

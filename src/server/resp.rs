@@ -51,6 +51,18 @@ pub struct Session {
     /// SUBSCRIBE/PSUBSCRIBE channels and patterns (RESP2 connections with any are in
     /// subscribed mode).
     pub subs: super::pubsub::Subscriptions,
+    /// A blocking pop is outstanding (registered in `Shared::blocking`): the connection reads
+    /// no further request until its completion arrives.
+    pub block: Option<BlockWait>,
+}
+
+/// A connection's outstanding blocking pop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockWait {
+    /// Its id in the registry.
+    pub id: u64,
+    /// When it times out (None: never).
+    pub deadline: Option<std::time::Instant>,
 }
 
 /// A transaction being queued.
@@ -150,6 +162,8 @@ pub enum RespReply {
     /// EXEC: an array of its steps' outcomes, each answered as its command's kind
     /// (`Session::exec_kinds`).
     Exec,
+    /// A blocking pop, by its registry id: answered when it pops, times out or is unblocked.
+    Block(u64),
 }
 
 /// The collection families whose commands live in `crate::types`.
@@ -165,6 +179,8 @@ pub enum Family {
 pub enum Cmd {
     /// A collection command: its family and its code within the family's table.
     Coll(Family, u8),
+    /// A pop that may block, or a multi-key pop (`types::blocking`), by its code.
+    Pop(u8),
     Get,
     Set,
     SetNx,
@@ -265,14 +281,15 @@ pub const NOKEY: (i32, i32, i32) = (0, 0, 0);
 pub const KEY1: (i32, i32, i32) = (1, 1, 1);
 
 /// Every command table: the string, key and server commands here, then each collection family's.
-fn tables() -> [&'static [Spec]; 5] {
-    use crate::types::{hash, list, set, zset};
+fn tables() -> [&'static [Spec]; 6] {
+    use crate::types::{blocking, hash, list, set, zset};
     [
         COMMANDS,
         list::COMMANDS,
         hash::COMMANDS,
         set::COMMANDS,
         zset::COMMANDS,
+        blocking::COMMANDS,
     ]
 }
 
@@ -429,6 +446,10 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
     };
     let mut left = budget;
     loop {
+        if conn.resp.block.is_some() {
+            // Nothing more is read until the blocking pop is answered (reply order).
+            return Stop::Blocked;
+        }
         if conn.resp.mget_resume == 0 && conn.resp.subs.held_bytes() > 0 {
             let v3 = conn.resp.v3;
             let (_, out, _, sess) = conn.resp_io();
@@ -483,6 +504,33 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
                 });
                 conn.inflight += 1;
             }
+            Action::Block(form, timeout) => {
+                // Registered before it is submitted, so the writer always finds its entry.
+                let client = sess.id;
+                let id = pass.shared.blocking.register(pass.worker, client, form, |id| Tag {
+                    slot,
+                    epoch,
+                    reply: Reply::Resp {
+                        kind: RespReply::Block(id),
+                    },
+                });
+                let deadline = timeout.and_then(|t| std::time::Instant::now().checked_add(t));
+                sess.block = Some(BlockWait { id, deadline });
+                if let Some(d) = deadline {
+                    pass.timers.push((d, id));
+                }
+                pass.pending.push(crate::storage::writer::WriteRequest {
+                    tag: Tag {
+                        slot,
+                        epoch,
+                        reply: Reply::Resp {
+                            kind: RespReply::Block(id),
+                        },
+                    },
+                    op: WriteOp::Block { id },
+                });
+                conn.inflight += 1;
+            }
             Action::Immediate(_) if inflight > 0 => return Stop::Blocked,
             Action::Immediate(run) => {
                 sess.room = room;
@@ -505,9 +553,11 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
     }
 }
 
-/// What a request turns into: a write for the writer, or something answered now.
+/// What a request turns into: a write for the writer, a blocking pop (with how long it may
+/// wait; None: forever), or something answered now.
 enum Action {
     Write(WriteOp, RespReply),
+    Block(types::blocking::PopForm, Option<std::time::Duration>),
     Immediate(Now),
 }
 
@@ -819,6 +869,14 @@ fn dispatch(args: Args<'_>, sess: &mut Session, pass: &mut Pass<'_>) -> Action {
     if !spec.write {
         return Action::Immediate(Now::Run(spec));
     }
+    if let Cmd::Pop(code) = spec.cmd
+        && types::blocking::blocks(code)
+    {
+        return match types::blocking::parse(code, args) {
+            Ok(p) => Action::Block(p.form, p.timeout.flatten()),
+            Err(msg) => Action::Immediate(Now::Error(msg)),
+        };
+    }
     match write_op(spec.cmd, args, pass) {
         Ok((op, kind)) => Action::Write(op, kind),
         Err(msg) => Action::Immediate(Now::Error(msg)),
@@ -895,6 +953,11 @@ fn write_op(cmd: Cmd, args: Args<'_>, pass: &Pass<'_>) -> Result<(WriteOp, RespR
             }
             _ => Err(SYNTAX.into()),
         };
+    }
+    if let Cmd::Pop(code) = cmd {
+        // A pop that never waits: LMPOP, ZMPOP, or a blocking pop inside MULTI.
+        let p = types::blocking::parse(code, args)?;
+        return Ok((WriteOp::Coll(CollOp::Pop(p.form)), RespReply::Plain));
     }
     // Every other write names its key first (the command table says so).
     let key = args.get(1);
@@ -1145,6 +1208,10 @@ fn write_op(cmd: Cmd, args: Args<'_>, pass: &Pass<'_>) -> Result<(WriteOp, RespR
 
 /// Encodes a write's reply once it has committed. EXEC's ends the transaction: its watches go.
 pub fn complete_write(out: &mut Vec<u8>, sess: &mut Session, kind: RespReply, outcome: Outcome) {
+    if let RespReply::Block(_) = kind {
+        sess.block = None;
+        return complete(out, sess.v3, RespReply::Plain, outcome);
+    }
     if kind != RespReply::Exec {
         return complete(out, sess.v3, kind, outcome);
     }

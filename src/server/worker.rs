@@ -12,6 +12,7 @@
 //! at once (a read, an error, `stats`) waits until those writes' replies are out: replies leave
 //! strictly in request order.
 
+use std::collections::BTreeSet;
 use std::io;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -74,6 +75,10 @@ pub struct WorkerHandle {
 /// Per-pass context handed to protocol code.
 pub struct Pass<'a> {
     pub shared: &'a Shared,
+    /// The worker running the pass.
+    pub worker: usize,
+    /// Blocking pops begun this pass that time out: (deadline, registry id).
+    pub timers: &'a mut Vec<(Instant, u64)>,
     pub counters: &'a Counters,
     pub limits: Limits,
     pub now_ms: u64,
@@ -120,6 +125,9 @@ pub struct Worker {
     pending: Vec<WriteRequest<Tag>>,
     completions: Vec<Completion<Tag>>,
     deliveries: Vec<super::pubsub::Delivery>,
+    /// Blocking pops of this worker's connections that time out, by deadline: (deadline, id).
+    timers: BTreeSet<(Instant, u64)>,
+    new_timers: Vec<(Instant, u64)>,
     dirty: Vec<usize>,
     next: Vec<usize>,
     next_epoch: u32,
@@ -158,6 +166,8 @@ impl Worker {
             pending: Vec::new(),
             completions: Vec::new(),
             deliveries: Vec::new(),
+            timers: BTreeSet::new(),
+            new_timers: Vec::new(),
             dirty: Vec::new(),
             next: Vec::new(),
             next_epoch: 0,
@@ -175,6 +185,10 @@ impl Worker {
         loop {
             let stopping = self.shared.shutdown.load(Ordering::Acquire);
             if stopping {
+                if give_up.is_none() {
+                    // Blocked clients would wait forever: they get their timeout reply now.
+                    self.unblock_all();
+                }
                 // Finish what is in flight, but never wait forever on a client that stopped reading.
                 let deadline = *give_up.get_or_insert_with(|| Instant::now() + SHUTDOWN_GRACE);
                 if self.drained() || Instant::now() >= deadline {
@@ -193,6 +207,12 @@ impl Worker {
             } else {
                 None
             };
+            // Wake for the next blocking pop to time out.
+            let timeout = match (timeout, self.timers.first()) {
+                (t, None) => t,
+                (None, Some(&(d, _))) => Some(d.saturating_duration_since(Instant::now())),
+                (Some(t), Some(&(d, _))) => Some(t.min(d.saturating_duration_since(Instant::now()))),
+            };
             if let Err(e) = self.poll.poll(&mut events, timeout)
                 && e.kind() != io::ErrorKind::Interrupted
             {
@@ -201,6 +221,7 @@ impl Worker {
             }
             self.phase_one(&events, stopping);
             self.phase_two(&store);
+            self.expire_blocked();
             if let Some(idle) = self.idle
                 && Instant::now() >= self.next_idle_check
             {
@@ -239,12 +260,39 @@ impl Worker {
                 self.conns.get(key).and_then(|c| c.peer)
             );
             Counters::bump(&shared.counters[self.id].idle_kicks);
-            close_conn(&mut self.conns, &self.poll, &shared, key);
+            close_conn(&mut self.conns, &self.poll, &shared, &mut self.timers, key);
             if let Some(pos) = self.next.iter().position(|&k| k == key) {
                 self.next.swap_remove(pos);
             }
         }
         self.next_idle_check = now + (idle / 2).min(Duration::from_secs(1));
+    }
+
+    /// Cancels the blocking pops whose time is up; each one's timeout reply comes back as its
+    /// completion (the registry or the writer sends it, in order with the connection's writes).
+    fn expire_blocked(&mut self) {
+        self.timers.extend(self.new_timers.drain(..));
+        let now = Instant::now();
+        while let Some(&(d, id)) = self.timers.first() {
+            if d > now {
+                break;
+            }
+            self.timers.pop_first();
+            self.shared
+                .blocking
+                .cancel(id, crate::types::blocking::TIMED_OUT);
+        }
+    }
+
+    /// At shutdown: every blocked client gets its timeout reply.
+    fn unblock_all(&mut self) {
+        for (_, c) in self.conns.iter() {
+            if let Some(b) = c.resp.block {
+                self.shared
+                    .blocking
+                    .cancel(b.id, crate::types::blocking::TIMED_OUT);
+            }
+        }
     }
 
     /// During shutdown: nothing is waiting on the writer and no reply is unsent.
@@ -282,11 +330,35 @@ impl Worker {
         self.handle.mailbox.drain_into(&mut self.completions);
         for Completion { tag, outcome } in self.completions.drain(..) {
             let key = tag.slot as usize;
+            let block = match tag.reply {
+                Reply::Resp {
+                    kind: super::resp::RespReply::Block(id),
+                } => Some(id),
+                _ => None,
+            };
+            if let Some(id) = block {
+                // Answered: its registry entry is gone (or, if the writer failed before
+                // applying it, goes now).
+                shared.blocking.forget(id);
+            }
             let Some(conn) = self.conns.get_mut(key) else {
                 continue;
             };
             if conn.epoch != tag.epoch {
                 continue;
+            }
+            if let Some(id) = block {
+                match conn.resp.block {
+                    Some(b) if b.id == id => {
+                        if let Some(d) = b.deadline {
+                            self.timers.remove(&(d, id));
+                        }
+                    }
+                    _ => {
+                        error!("a blocking pop's completion reached a connection not waiting for it");
+                        continue;
+                    }
+                }
             }
             conn.inflight -= 1;
             match tag.reply {
@@ -386,6 +458,8 @@ impl Worker {
         let counters = &shared.counters[self.id];
         let mut pass = Pass {
             shared,
+            worker: self.id,
+            timers: &mut self.new_timers,
             counters,
             limits: self.limits,
             now_ms: shared.clock.now_ms(),
@@ -420,11 +494,15 @@ impl Worker {
                 })
             };
             let more_output = conn.flush(counters);
+            // A client that hangs up while blocked is gone (as in Redis): nothing will be
+            // popped for it.
+            let hung_up_blocked = conn.resp.block.is_some() && (conn.eof || conn.hup);
             let close = conn.broken
+                || hung_up_blocked
                 || (conn.closing && !more_output)
                 || (conn.eof && conn.inflight == 0 && !more_output && stop == Stop::NeedInput);
             if close {
-                close_conn(&mut self.conns, &self.poll, shared, key);
+                close_conn(&mut self.conns, &self.poll, shared, &mut self.timers, key);
                 continue;
             }
             if more_output != conn.want_write {
@@ -503,11 +581,28 @@ impl Worker {
 }
 
 /// Removes a connection: deregisters its socket and closes it. A late write completion for it
-/// finds another epoch (or no connection) and is dropped.
-fn close_conn(conns: &mut Slab<Conn>, poll: &Poll, shared: &Shared, key: usize) {
+/// finds another epoch (or no connection) and is dropped. Its blocking pop, if any, is
+/// cancelled before the slot can be reused: a waiter is never served once it is gone, except
+/// when the writer had already popped for it in a batch not yet delivered (as in Redis, that
+/// element then goes with the connection).
+fn close_conn(
+    conns: &mut Slab<Conn>,
+    poll: &Poll,
+    shared: &Shared,
+    timers: &mut BTreeSet<(Instant, u64)>,
+    key: usize,
+) {
     let Some(conn) = conns.try_remove(key) else {
         return;
     };
+    if let Some(b) = conn.resp.block {
+        shared
+            .blocking
+            .cancel(b.id, crate::types::blocking::TIMED_OUT);
+        if let Some(d) = b.deadline {
+            timers.remove(&(d, b.id));
+        }
+    }
     if let Err(e) = poll.registry().deregister(&mut { conn.stream }) {
         debug!("deregister failed: {e}");
     }
