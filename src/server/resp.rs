@@ -247,6 +247,7 @@ pub enum Cmd {
     Reset,
     Object,
     Latency,
+    Wait,
 }
 
 /// One command: Redis's arity rule (n: exactly n arguments including the name; -n: at least n),
@@ -367,6 +368,7 @@ static COMMANDS: &[Spec] = &[
     spec("reset", 1, R, NOKEY, Cmd::Reset),
     spec("object", -2, R, (2, 2, 1), Cmd::Object),
     spec("latency", -2, R, NOKEY, Cmd::Latency),
+    spec("wait", 3, R, NOKEY, Cmd::Wait),
 ];
 
 fn lookup(name: &[u8]) -> Option<&'static Spec> {
@@ -488,6 +490,10 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
             src: if inline { &bufs.scratch } else { input },
             ranges: &bufs.args,
         };
+        if pass.shared.pause.active() && postponed(args, sess, pass) {
+            // CLIENT PAUSE: the request waits in the input until the pause ends.
+            return Stop::Paused;
+        }
         if sess.mget_resume == 0 {
             Counters::bump(&pass.counters.resp_commands);
         }
@@ -551,6 +557,26 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
         conn.consume(consumed);
         left -= 1;
     }
+}
+
+/// Whether CLIENT PAUSE holds this request back: every command under `ALL`; under `WRITE`,
+/// those that write (queued ones too, and EXEC of a transaction that writes) and PUBLISH, as
+/// Redis 7.0 does.
+fn postponed(args: Args<'_>, sess: &Session, pass: &Pass<'_>) -> bool {
+    let Some(spec) = lookup(args.get(0)) else {
+        return false;
+    };
+    let Some(all) = pass.shared.pause.mode() else {
+        return false;
+    };
+    all || spec.write
+        || spec.cmd == Cmd::Publish
+        || (spec.cmd == Cmd::Exec
+            && sess.multi.as_ref().is_some_and(|m| {
+                m.queued
+                    .iter()
+                    .any(|q| lookup(q.args().get(0)).is_some_and(|s| s.write))
+            }))
 }
 
 /// What a request turns into: a write for the writer, a blocking pop (with how long it may
@@ -1345,7 +1371,7 @@ fn read(
             pass.shared.backups.last_ok.load(Ordering::Acquire) as i64,
         ),
         Cmd::Hello => hello(args, out, sess, pass),
-        Cmd::Client => client(args, out, sess),
+        Cmd::Client => client(args, out, sess, pass),
         Cmd::Config => config(args, out, sess, pass),
         Cmd::Command => command(args, out, v3),
         Cmd::Info => info(args, out, v3, pass),
@@ -1373,6 +1399,16 @@ fn read(
             enc::simple(out, "RESET");
         }
         Cmd::Latency => latency(args, out, v3),
+        Cmd::Wait => {
+            // No replica ever acknowledges: 0 at once (Redis, with none, would wait out the
+            // timeout first). The writes before it are already durable per the sync mode.
+            match (parse_i64(args.get(1)), parse_i64(args.get(2))) {
+                (None, _) => enc::error(out, NOT_INTEGER),
+                (_, None) => enc::error(out, "ERR timeout is not an integer or out of range"),
+                (_, Some(t)) if t < 0 => enc::error(out, "ERR timeout is negative"),
+                _ => enc::int(out, 0),
+            }
+        }
         _ => data_read(cmd, args, out, v3, pass),
     }
     false
@@ -2435,10 +2471,17 @@ fn sub_arity(out: &mut Vec<u8>, cmd: &str, args: Args<'_>) {
     );
 }
 
-fn client(args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session) {
-    let known = ["SETNAME", "GETNAME", "ID", "LIST", "INFO", "SETINFO"];
+fn client(args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session, pass: &Pass<'_>) {
+    let known = [
+        "SETNAME", "GETNAME", "ID", "LIST", "INFO", "SETINFO", "UNBLOCK", "NO-EVICT", "NO-TOUCH",
+        "PAUSE", "UNPAUSE",
+    ];
     let arity_ok = match () {
-        _ if args.is(1, "SETNAME") => args.len() == 3,
+        _ if args.is(1, "SETNAME") || args.is(1, "NO-EVICT") || args.is(1, "NO-TOUCH") => {
+            args.len() == 3
+        }
+        _ if args.is(1, "UNBLOCK") || args.is(1, "PAUSE") => args.len() >= 3,
+        _ if args.is(1, "UNPAUSE") => args.len() == 2,
         _ if args.is(1, "GETNAME") || args.is(1, "ID") || args.is(1, "INFO") => args.len() == 2,
         _ if args.is(1, "SETINFO") => args.len() == 4,
         _ => true,
@@ -2478,7 +2521,58 @@ fn client(args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session) {
         enc::bulk(out, line.as_bytes());
     } else if args.is(1, "SETINFO") && args.len() == 4 {
         enc::ok(out);
+    } else if args.is(1, "UNBLOCK") && args.len() <= 4 {
+        let Some(id) = parse_i64(args.get(2)) else {
+            return enc::error(out, NOT_INTEGER);
+        };
+        let outcome = match args.len() {
+            3 => types::blocking::TIMED_OUT,
+            _ if args.is(3, "TIMEOUT") => types::blocking::TIMED_OUT,
+            _ if args.is(3, "ERROR") => types::blocking::UNBLOCKED,
+            _ => return enc::error(out, "ERR CLIENT UNBLOCK reason should be TIMEOUT or ERROR"),
+        };
+        let done = id > 0 && pass.shared.blocking.unblock_client(id as u64, outcome);
+        enc::int(out, done as i64);
+    } else if args.is(1, "PAUSE") && args.len() <= 4 {
+        let Some(ms) = parse_i64(args.get(2)) else {
+            return enc::error(out, "ERR timeout is not an integer or out of range");
+        };
+        if ms < 0 {
+            return enc::error(out, "ERR timeout is negative");
+        }
+        let all = match args.len() {
+            3 => true,
+            _ if args.is(3, "ALL") => true,
+            _ if args.is(3, "WRITE") => false,
+            _ => return enc::error(out, "ERR CLIENT PAUSE mode must be WRITE or ALL"),
+        };
+        pass.shared.pause.pause(ms as u64, all);
+        enc::ok(out);
+    } else if args.is(1, "UNPAUSE") {
+        pass.shared.pause.unpause();
+        for m in &pass.shared.mailboxes {
+            m.wake();
+        }
+        enc::ok(out);
+    } else if args.is(1, "NO-EVICT") || args.is(1, "NO-TOUCH") {
+        // memkeep evicts nothing, and keeps no access times for eviction to use: both flags
+        // are accepted and change nothing.
+        if args.is(2, "ON") || args.is(2, "OFF") {
+            enc::ok(out);
+        } else {
+            enc::error(out, SYNTAX);
+        }
     } else {
+        // Redis's fallback for a known subcommand with an argument count it does not take.
+        let sub = String::from_utf8_lossy(args.get(1));
+        if args.is(1, "UNBLOCK") || args.is(1, "PAUSE") {
+            return enc::error(
+                out,
+                &format!(
+                    "ERR unknown subcommand or wrong number of arguments for '{sub}'. Try CLIENT HELP."
+                ),
+            );
+        }
         unknown_sub(out, "CLIENT", args);
     }
 }
@@ -2632,9 +2726,10 @@ fn info(args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
         "clients",
         "Clients",
         format!(
-            "connected_clients:{}\r\nmaxclients:{}\r\nblocked_clients:0\r\n",
+            "connected_clients:{}\r\nmaxclients:{}\r\nblocked_clients:{}\r\n",
             shared.gauges.curr_connections.load(Ordering::Relaxed),
-            cfg.max_connections
+            cfg.max_connections,
+            shared.blocking.len(),
         ),
     );
     section(

@@ -62,6 +62,8 @@ pub enum Stop {
     Budget,
     /// Waiting for write completions or for the client to read its replies.
     Blocked,
+    /// Held back by CLIENT PAUSE: revisit when the pause ends.
+    Paused,
     /// Close after flushing.
     Close,
 }
@@ -128,6 +130,8 @@ pub struct Worker {
     /// Blocking pops of this worker's connections that time out, by deadline: (deadline, id).
     timers: BTreeSet<(Instant, u64)>,
     new_timers: Vec<(Instant, u64)>,
+    /// Connections whose next request waits for CLIENT PAUSE to end.
+    paused: Vec<usize>,
     dirty: Vec<usize>,
     next: Vec<usize>,
     next_epoch: u32,
@@ -168,6 +172,7 @@ impl Worker {
             deliveries: Vec::new(),
             timers: BTreeSet::new(),
             new_timers: Vec::new(),
+            paused: Vec::new(),
             dirty: Vec::new(),
             next: Vec::new(),
             next_epoch: 0,
@@ -207,11 +212,18 @@ impl Worker {
             } else {
                 None
             };
-            // Wake for the next blocking pop to time out.
-            let timeout = match (timeout, self.timers.first()) {
+            // Wake for the next blocking pop to time out, and for CLIENT PAUSE to end.
+            let wake_at = self
+                .timers
+                .first()
+                .map(|&(d, _)| d)
+                .into_iter()
+                .chain((!self.paused.is_empty()).then(|| self.shared.pause.ends()).flatten())
+                .min();
+            let timeout = match (timeout, wake_at) {
                 (t, None) => t,
-                (None, Some(&(d, _))) => Some(d.saturating_duration_since(Instant::now())),
-                (Some(t), Some(&(d, _))) => Some(t.min(d.saturating_duration_since(Instant::now()))),
+                (None, Some(d)) => Some(d.saturating_duration_since(Instant::now())),
+                (Some(t), Some(d)) => Some(t.min(d.saturating_duration_since(Instant::now()))),
             };
             if let Err(e) = self.poll.poll(&mut events, timeout)
                 && e.kind() != io::ErrorKind::Interrupted
@@ -222,6 +234,9 @@ impl Worker {
             self.phase_one(&events, stopping);
             self.phase_two(&store);
             self.expire_blocked();
+            if !self.paused.is_empty() && !self.shared.pause.active() {
+                self.next.append(&mut self.paused);
+            }
             if let Some(idle) = self.idle
                 && Instant::now() >= self.next_idle_check
             {
@@ -526,7 +541,9 @@ impl Worker {
             // Blocked on unsent output that has now all gone out: no writable event will come.
             let unblocked =
                 stop == Stop::Blocked && !more_output && conn.inflight == 0 && !stopping;
-            if stop == Stop::Budget || reread || unblocked || conn.broken {
+            if stop == Stop::Paused {
+                self.paused.push(key);
+            } else if stop == Stop::Budget || reread || unblocked || conn.broken {
                 self.next.push(key);
             }
         }
