@@ -2726,9 +2726,12 @@ fn info(args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
         "clients",
         "Clients",
         format!(
-            "connected_clients:{}\r\nmaxclients:{}\r\nblocked_clients:{}\r\n",
+            // memkeep_blocking_entries: blocking pops known to the registry in any state
+            // (queued, or on their way to the writer); 0 when nobody blocks.
+            "connected_clients:{}\r\nmaxclients:{}\r\nblocked_clients:{}\r\nmemkeep_blocking_entries:{}\r\n",
             shared.gauges.curr_connections.load(Ordering::Relaxed),
             cfg.max_connections,
+            shared.blocking.queued(),
             shared.blocking.len(),
         ),
     );

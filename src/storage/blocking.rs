@@ -160,7 +160,13 @@ impl<T: Clone> Blocking<T> {
         self.queued.load(Ordering::Acquire) > 0
     }
 
-    /// Entries of any state (for INFO's `blocked_clients` and tests).
+    /// Waiters queued under their keys (INFO's `blocked_clients`): a pop the writer has not
+    /// tried yet does not count until it finds nothing.
+    pub fn queued(&self) -> usize {
+        self.queued.load(Ordering::Acquire)
+    }
+
+    /// Entries of any state.
     pub fn len(&self) -> usize {
         self.lock().entries.len()
     }
