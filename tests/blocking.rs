@@ -286,6 +286,22 @@ fn a_client_that_hangs_up_while_blocked_leaves_the_element_for_the_next() {
     s.read_to_end(&mut rest).expect("closed, not reset");
     assert!(rest.is_empty(), "a reply for a client that hung up: {rest:?}");
     wait_registry_empty(&mut admin);
+    // But what is there is still popped for a client that sends and half-closes at once
+    // (`printf ... | nc -q1`): as Redis, it answers what it read before the EOF.
+    let mut s = TcpStream::connect(server.resp_addr().expect("RESP")).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut req = Resp::encode(&[b"RPUSH", b"now", b"v"]);
+    req.extend(Resp::encode(&[b"BLPOP", b"now", b"0"]));
+    s.write_all(&req).unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut got = Vec::new();
+    s.read_to_end(&mut got).expect("replies, then a close");
+    assert_eq!(
+        String::from_utf8_lossy(&got),
+        ":1\r\n*2\r\n$3\r\nnow\r\n$1\r\nv\r\n"
+    );
+    wait_registry_empty(&mut admin);
+    assert_eq!(admin.cmd("EXISTS now"), Reply::Int(0));
     assert_healthy(&mut server);
 }
 

@@ -26,6 +26,7 @@ use super::Shared;
 use super::conn::{Conn, Proto};
 use super::memcache::{self, McReply};
 use super::stats::Counters;
+use crate::command::Outcome;
 use crate::protocol::memcache::Limits;
 use crate::storage::StoreError;
 use crate::storage::lmdb::LmdbStore;
@@ -368,6 +369,17 @@ impl Worker {
                         if let Some(d) = b.deadline {
                             self.timers.remove(&(d, id));
                         }
+                        if b.hung_up && outcome == Outcome::NilArray {
+                            // Nothing popped for a client that hung up: it gets no reply, and
+                            // its connection closes (it is at EOF).
+                            conn.inflight -= 1;
+                            conn.resp.block = None;
+                            if !conn.dirty {
+                                conn.dirty = true;
+                                self.dirty.push(key);
+                            }
+                            continue;
+                        }
                     }
                     _ => {
                         error!("a blocking pop's completion reached a connection not waiting for it");
@@ -509,11 +521,16 @@ impl Worker {
                 })
             };
             let more_output = conn.flush(counters);
-            // A client that hangs up while blocked is gone (as in Redis): nothing will be
-            // popped for it.
-            let hung_up_blocked = conn.resp.block.is_some() && (conn.eof || conn.hup);
+            // A client that hangs up while blocked is gone (as in Redis): nothing more will be
+            // popped for it, and it closes once the pop is settled.
+            if let Some(b) = conn.resp.block.as_mut()
+                && (conn.eof || conn.hup)
+                && !b.hung_up
+            {
+                b.hung_up = true;
+                shared.blocking.hang_up(b.id);
+            }
             let close = conn.broken
-                || hung_up_blocked
                 || (conn.closing && !more_output)
                 || (conn.eof && conn.inflight == 0 && !more_output && stop == Stop::NeedInput);
             if close {

@@ -39,6 +39,8 @@ use crate::types::blocking::PopForm;
 enum State {
     /// Registered by its worker; the writer has not applied its `WriteOp::Block` yet.
     Pending,
+    /// As `Pending`, but its client hung up: the writer pops if it can and never queues it.
+    HungUp,
     /// Cancelled before the writer applied it: the writer answers this without popping.
     Cancelled(Outcome),
     /// Queued under its keys since an earlier batch, at this position.
@@ -58,6 +60,7 @@ enum State {
 #[derive(Debug, Clone, PartialEq)]
 enum Prior {
     Pending,
+    HungUp,
     Cancelled(Outcome),
     Waiting(u64),
 }
@@ -102,8 +105,9 @@ impl<T> std::fmt::Debug for Blocking<T> {
 /// What the writer found when it began applying a `WriteOp::Block`.
 #[derive(Debug)]
 pub enum Begin {
-    /// Try the pop (and queue the waiter if nothing is there).
-    Pop(Arc<PopForm>),
+    /// Try the pop, and queue the waiter if nothing is there, unless `once` (its client hung
+    /// up): then nothing there is a timeout.
+    Pop { form: Arc<PopForm>, once: bool },
     /// Cancelled before it ran: answer this.
     Cancelled(Outcome),
     /// Nothing to answer: it was answered already (a batch that ran it failed, and a cancel
@@ -211,7 +215,7 @@ impl<T: Clone> Blocking<T> {
             return false;
         };
         match &mut e.state {
-            State::Pending => {
+            State::Pending | State::HungUp => {
                 e.state = State::Cancelled(outcome);
                 true
             }
@@ -241,9 +245,35 @@ impl<T: Clone> Blocking<T> {
         let mut g = self.lock();
         if matches!(
             g.entries.get(&id).map(|e| &e.state),
-            Some(State::Pending | State::Cancelled(_))
+            Some(State::Pending | State::HungUp | State::Cancelled(_))
         ) {
             self.remove(&mut g, id, None);
+        }
+    }
+
+    /// The client of blocking pop `id` hung up (read EOF) while it waits. As Redis, which
+    /// answers what it can before it sees the EOF: a pop the writer has not tried yet still
+    /// pops if it finds something, but never waits; a waiter goes at once. Its completion (the
+    /// element, or a timeout the worker drops) follows as for any cancel.
+    pub fn hang_up(&self, id: u64) {
+        let mut g = self.lock();
+        let Some(e) = g.entries.get_mut(&id) else {
+            return;
+        };
+        match &mut e.state {
+            State::Pending => e.state = State::HungUp,
+            State::HungUp | State::Cancelled(_) => {}
+            State::Batch { cancel, .. } => {
+                cancel.get_or_insert(Outcome::NilArray);
+            }
+            State::Waiting(pos) => {
+                let pos = *pos;
+                let e = self.remove(&mut g, id, Some(pos));
+                drop(g);
+                if let Some(e) = e {
+                    self.send(e.worker, e.tag, Outcome::NilArray);
+                }
+            }
         }
     }
 
@@ -321,6 +351,7 @@ impl<T: Clone> WriterView<'_, T> {
         let prior = match &e.state {
             State::Batch { .. } => return Some(&mut e.state),
             State::Pending => Prior::Pending,
+            State::HungUp => Prior::HungUp,
             State::Cancelled(o) => Prior::Cancelled(o.clone()),
             State::Waiting(pos) => Prior::Waiting(*pos),
         };
@@ -338,6 +369,10 @@ impl<T: Clone> WriterView<'_, T> {
         let Some(e) = self.g.entries.get(&id) else {
             return Begin::Gone;
         };
+        if !matches!(e.state, State::Pending | State::HungUp | State::Cancelled(_)) {
+            // Applied twice cannot happen; answer nothing rather than twice.
+            return Begin::Gone;
+        }
         let form = e.form.clone();
         match self.touch(id, journal) {
             Some(State::Batch {
@@ -346,10 +381,12 @@ impl<T: Clone> WriterView<'_, T> {
             }) => Begin::Cancelled(o.clone()),
             Some(State::Batch {
                 prior: Prior::Pending,
-                queued: None,
                 ..
-            }) => Begin::Pop(form),
-            // Applied twice in one batch cannot happen; answer nothing rather than twice.
+            }) => Begin::Pop { form, once: false },
+            Some(State::Batch {
+                prior: Prior::HungUp,
+                ..
+            }) => Begin::Pop { form, once: true },
             _ => Begin::Gone,
         }
     }
@@ -468,7 +505,8 @@ impl<T: Clone> WriterView<'_, T> {
             };
             match (prior, cancel) {
                 (Prior::Pending, None) => e.state = State::Pending,
-                (Prior::Pending, Some(o)) | (Prior::Cancelled(o), _) => {
+                (Prior::HungUp, None) => e.state = State::HungUp,
+                (Prior::Pending | Prior::HungUp, Some(o)) | (Prior::Cancelled(o), _) => {
                     e.state = State::Cancelled(o)
                 }
                 (Prior::Waiting(pos), None) => {
@@ -514,7 +552,7 @@ mod tests {
     fn queue(r: &Blocking<u32>, id: u64) {
         let mut j = Journal::default();
         let mut w = r.writer();
-        assert!(matches!(w.begin(id, &mut j), Begin::Pop(_)));
+        assert!(matches!(w.begin(id, &mut j), Begin::Pop { once: false, .. }));
         w.wait(id);
         let mut out = Vec::new();
         w.finalize(&mut j, false, &mut out);
@@ -580,7 +618,7 @@ mod tests {
         let a = r.register(0, 1, form(&["k"]), |_| 7);
         let mut j = Journal::default();
         let mut w = r.writer();
-        assert!(matches!(w.begin(a, &mut j), Begin::Pop(_)));
+        assert!(matches!(w.begin(a, &mut j), Begin::Pop { once: false, .. }));
         w.wait(a);
         drop(w);
         // The batch is being synced: the cancel is recorded, nothing is delivered yet.
@@ -618,9 +656,9 @@ mod tests {
         let mut j = Journal::default();
         let mut w = r.writer();
         w.served(a, &mut j);
-        assert!(matches!(w.begin(b, &mut j), Begin::Pop(_)));
+        assert!(matches!(w.begin(b, &mut j), Begin::Pop { once: false, .. }));
         w.wait(b);
-        assert!(matches!(w.begin(c, &mut j), Begin::Pop(_)));
+        assert!(matches!(w.begin(c, &mut j), Begin::Pop { once: false, .. }));
         drop(w);
         assert!(!r.cancel(c, Outcome::NilArray));
         r.writer().rollback(&mut j);
@@ -632,9 +670,29 @@ mod tests {
         drop(w);
         let mut j = Journal::default();
         let mut w = r.writer();
-        assert!(matches!(w.begin(b, &mut j), Begin::Pop(_)));
+        assert!(matches!(w.begin(b, &mut j), Begin::Pop { once: false, .. }));
         assert!(matches!(w.begin(c, &mut j), Begin::Cancelled(_)));
         w.rollback(&mut j);
+    }
+
+    #[test]
+    fn a_hang_up_pops_what_is_there_but_never_waits() {
+        let (r, m) = registry();
+        let a = r.register(0, 1, form(&["k"]), |_| 7);
+        r.hang_up(a);
+        let mut j = Journal::default();
+        let mut w = r.writer();
+        assert!(matches!(w.begin(a, &mut j), Begin::Pop { once: true, .. }));
+        let mut out = Vec::new();
+        w.finalize(&mut j, false, &mut out);
+        drop(w);
+        assert!(r.is_empty() && out.is_empty());
+        // Hung up while queued: out at once, with a timeout its worker drops.
+        let b = r.register(0, 2, form(&["k"]), |_| 8);
+        queue(&r, b);
+        r.hang_up(b);
+        assert_eq!(drained(&m), vec![(8, Outcome::NilArray)]);
+        assert!(r.is_empty() && !r.any_queued());
     }
 
     #[test]
@@ -643,7 +701,7 @@ mod tests {
         let a = r.register(0, 1, form(&["k"]), |_| 1);
         let mut j = Journal::default();
         let mut w = r.writer();
-        assert!(matches!(w.begin(a, &mut j), Begin::Pop(_)));
+        assert!(matches!(w.begin(a, &mut j), Begin::Pop { once: false, .. }));
         w.wait(a);
         let mut out = Vec::new();
         w.finalize(&mut j, true, &mut out);

@@ -279,7 +279,7 @@ fn apply_req<T: Clone>(
         match reg.begin(*id, &mut waiters.journal) {
             Begin::Gone => Outcome::Blocked,
             Begin::Cancelled(o) => o,
-            Begin::Pop(form) => {
+            Begin::Pop { form, once } => {
                 let before = w.parts().1.logged();
                 match crate::types::blocking::try_all(w, &form, ctx.now_ms)? {
                     Some(o) => {
@@ -291,6 +291,8 @@ fn apply_req<T: Clone>(
                         }
                         o
                     }
+                    // Its client hung up: it does not wait (the worker drops this answer).
+                    None if once => crate::types::blocking::TIMED_OUT,
                     None => {
                         reg.wait(*id);
                         Outcome::Blocked
