@@ -411,6 +411,37 @@ impl<T: Clone> WriterView<'_, T> {
         self.g.keys.contains_key(key)
     }
 
+    /// Takes the first waiter queued under `key` after position `after` out of the queues for
+    /// the writer to try a pop for (without the lock held): a cancel meanwhile only records
+    /// itself. The writer then either keeps it (`finalize` removes it) or puts it back
+    /// (`unclaim`).
+    pub fn claim(
+        &mut self,
+        key: &[u8],
+        after: u64,
+        journal: &mut Journal,
+    ) -> Option<(u64, Candidate<T>)> {
+        let (pos, c) = self.next_waiter(key, after)?;
+        if let Some(State::Batch { queued, .. }) = self.touch(c.id, journal) {
+            *queued = None;
+        }
+        self.reg.unqueue(&mut self.g, &c.form, pos);
+        Some((pos, c))
+    }
+
+    /// A claimed waiter could not be served from that key: back into the queues where it was.
+    pub fn unclaim(&mut self, id: u64, pos: u64) {
+        let Some(e) = self.g.entries.get_mut(&id) else {
+            return;
+        };
+        let State::Batch { queued, .. } = &mut e.state else {
+            return;
+        };
+        *queued = Some(pos);
+        let form = e.form.clone();
+        self.reg.enqueue(&mut self.g, &form, id, pos);
+    }
+
     /// The first waiter queued under `key` after position `after`, and its position.
     pub fn next_waiter(&self, key: &[u8], after: u64) -> Option<(u64, Candidate<T>)> {
         let q = self.g.keys.get(key)?;
@@ -425,24 +456,6 @@ impl<T: Clone> WriterView<'_, T> {
                 form: e.form.clone(),
             },
         ))
-    }
-
-    /// The writer popped for waiter `id`: it leaves the queues; `finalize` removes it.
-    pub fn served(&mut self, id: u64, journal: &mut Journal) {
-        let pos = match self.g.entries.get(&id).map(|e| &e.state) {
-            Some(State::Waiting(pos)) => Some(*pos),
-            Some(State::Batch { queued, .. }) => *queued,
-            _ => None,
-        };
-        let Some(form) = self.g.entries.get(&id).map(|e| e.form.clone()) else {
-            return;
-        };
-        if let Some(State::Batch { queued, .. }) = self.touch(id, journal) {
-            *queued = None;
-        }
-        if let Some(pos) = pos {
-            self.reg.unqueue(&mut self.g, &form, pos);
-        }
     }
 
     /// The batch is durable (or `failed`: it is known not to be) and its completions are being
@@ -576,7 +589,7 @@ mod tests {
         drop(w);
         let mut j = Journal::default();
         let mut w = r.writer();
-        w.served(a, &mut j);
+        assert_eq!(w.claim(b"k", 0, &mut j).map(|c| c.1.id), Some(a));
         assert_eq!(w.next_waiter(b"k", 0).map(|c| c.1.id), Some(b));
         let mut out = Vec::new();
         w.finalize(&mut j, false, &mut out);
@@ -637,7 +650,7 @@ mod tests {
         let a = r.register(0, 1, form(&["k"]), |_| 7);
         queue(&r, a);
         let mut j = Journal::default();
-        r.writer().served(a, &mut j);
+        assert!(r.writer().claim(b"k", 0, &mut j).is_some());
         assert!(!r.cancel(a, Outcome::NilArray), "too late: it is being served");
         let mut out = Vec::new();
         r.writer().finalize(&mut j, false, &mut out);
@@ -655,7 +668,7 @@ mod tests {
         // A batch serves a, queues b, then fails; c was cancelled during it.
         let mut j = Journal::default();
         let mut w = r.writer();
-        w.served(a, &mut j);
+        assert!(w.claim(b"k", 0, &mut j).is_some());
         assert!(matches!(w.begin(b, &mut j), Begin::Pop { once: false, .. }));
         w.wait(b);
         assert!(matches!(w.begin(c, &mut j), Begin::Pop { once: false, .. }));
@@ -673,6 +686,32 @@ mod tests {
         assert!(matches!(w.begin(b, &mut j), Begin::Pop { once: false, .. }));
         assert!(matches!(w.begin(c, &mut j), Begin::Cancelled(_)));
         w.rollback(&mut j);
+    }
+
+    #[test]
+    fn an_unclaimed_waiter_keeps_its_place_and_a_cancel_meanwhile() {
+        let (r, m) = registry();
+        let a = r.register(0, 1, form(&["k"]), |_| 1);
+        let b = r.register(0, 2, form(&["k"]), |_| 2);
+        queue(&r, a);
+        queue(&r, b);
+        let mut j = Journal::default();
+        let (pos, c) = r.writer().claim(b"k", 0, &mut j).expect("a");
+        assert_eq!(c.id, a);
+        // The writer found another type there: a goes back ahead of b.
+        r.writer().unclaim(a, pos);
+        assert_eq!(r.writer().next_waiter(b"k", 0).map(|c| c.1.id), Some(a));
+        // Claimed and put back while a cancel came: the cancel is answered at delivery.
+        let (pos, _) = r.writer().claim(b"k", pos, &mut j).expect("b");
+        assert!(!r.cancel(b, Outcome::NilArray));
+        r.writer().unclaim(b, pos);
+        let mut out = Vec::new();
+        r.writer().finalize(&mut j, false, &mut out);
+        assert!(drained(&m).is_empty());
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].1.tag, 2);
+        assert_eq!(r.writer().next_waiter(b"k", 0).map(|c| c.1.id), Some(a));
+        assert_eq!(r.len(), 1);
     }
 
     #[test]

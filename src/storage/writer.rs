@@ -274,9 +274,11 @@ fn apply_req<T: Clone>(
     waiters: &mut Waiters<T>,
 ) -> Result<Outcome, StoreError> {
     let mut fed: Vec<Vec<u8>> = Vec::new();
+    // The registry's lock is taken for each step and never held across LMDB work (which may
+    // fault pages in from disk): workers take it too.
     let outcome = if let WriteOp::Block { id } = op {
-        let mut reg = blocking.writer();
-        match reg.begin(*id, &mut waiters.journal) {
+        let begin = blocking.writer().begin(*id, &mut waiters.journal);
+        match begin {
             Begin::Gone => Outcome::Blocked,
             Begin::Cancelled(o) => o,
             Begin::Pop { form, once } => {
@@ -294,7 +296,7 @@ fn apply_req<T: Clone>(
                     // Its client hung up: it does not wait (the worker drops this answer).
                     None if once => crate::types::blocking::TIMED_OUT,
                     None => {
-                        reg.wait(*id);
+                        blocking.writer().wait(*id);
                         Outcome::Blocked
                     }
                 }
@@ -326,24 +328,32 @@ fn serve<T: Clone>(
     waiters: &mut Waiters<T>,
 ) -> Result<(), StoreError> {
     use crate::types::blocking::{Try, try_key};
-    let mut reg = blocking.writer();
     let mut i = 0;
-    // Each pass either serves a waiter (who leaves the registry) or moves on: it ends.
+    // Each pass either serves a waiter (who leaves the registry) or moves past one: it ends.
     while i < ready.len() {
         let key = std::mem::take(&mut ready[i]);
         i += 1;
-        if !reg.has_waiters(&key) {
-            continue;
-        }
         let mut after = 0;
-        while let Some((pos, c)) = reg.next_waiter(&key, after) {
+        loop {
+            let claimed = blocking.writer().claim(&key, after, &mut waiters.journal);
+            let Some((pos, c)) = claimed else { break };
             after = pos;
-            let outcome = match try_key(w, &c.form, &key, ctx.now_ms)? {
-                Try::Empty => break,
-                Try::WrongType => continue,
-                Try::Popped(o) => o,
+            let tried = try_key(w, &c.form, &key, ctx.now_ms);
+            let outcome = match tried {
+                Ok(Try::Popped(o)) => o,
+                Ok(Try::Empty) => {
+                    blocking.writer().unclaim(c.id, pos);
+                    break;
+                }
+                Ok(Try::WrongType) => {
+                    blocking.writer().unclaim(c.id, pos);
+                    continue;
+                }
+                Err(e) => {
+                    // The batch fails and is rolled back, claim included.
+                    return Err(e);
+                }
             };
-            reg.served(c.id, &mut waiters.journal);
             if outcome != Outcome::WrongType {
                 if watches.active() {
                     c.form.for_each_key(&mut |k| {
