@@ -3,6 +3,7 @@
 //! finish what is in flight, lets the writer commit and sync, then closes the environment.
 
 pub mod binary;
+pub mod clients;
 pub mod conn;
 pub mod memcache;
 pub mod meta;
@@ -55,6 +56,8 @@ pub struct Shared {
     pub pubsub: Arc<pubsub::PubSub>,
     /// CLIENT PAUSE.
     pub pause: Pause,
+    /// Every RESP client (CLIENT LIST, CLIENT KILL).
+    pub clients: clients::Clients,
     /// Each worker's mailbox (to wake them all: CLIENT UNPAUSE).
     pub mailboxes: Vec<Arc<Mailbox<worker::Tag>>>,
     /// Clients blocked in a blocking pop (shared with the writer, which serves them).
@@ -290,6 +293,7 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
     let shared = Arc::new(Shared {
         pubsub: Arc::new(pubsub::PubSub::new(wakers)),
         pause: Pause::default(),
+        clients: clients::Clients::new(threads),
         mailboxes: handles.iter().map(|h| h.mailbox.clone()).collect(),
         blocking: Arc::new(crate::storage::blocking::Blocking::new(
             handles.iter().map(|h| h.mailbox.clone()).collect(),

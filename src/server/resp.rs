@@ -54,6 +54,45 @@ pub struct Session {
     /// A blocking pop is outstanding (registered in `Shared::blocking`): the connection reads
     /// no further request until its completion arrives.
     pub block: Option<BlockWait>,
+    /// This connection in `Shared::clients` (CLIENT LIST, CLIENT KILL).
+    pub info: Option<Arc<super::clients::ClientInfo>>,
+    /// The last command run (CLIENT LIST's `cmd`), and the one `info` was last told of.
+    pub last_cmd: Option<&'static str>,
+    shown_cmd: Option<&'static str>,
+}
+
+/// Tells the connection's entry in `Shared::clients` what changed in its session (its worker,
+/// after each pass that ran its requests).
+pub fn refresh_info(
+    info: &super::clients::ClientInfo,
+    sess: &mut Session,
+    last_active: std::time::Instant,
+) {
+    if let Some(cmd) = sess.last_cmd
+        && sess.shown_cmd.is_none_or(|s| !std::ptr::eq(s, cmd))
+    {
+        info.set_cmd(cmd);
+        sess.shown_cmd = Some(cmd);
+    }
+    use super::clients::{FLAG_BLOCKED, FLAG_MULTI, FLAG_PUBSUB};
+    let (sub, psub) = sess.subs.counts();
+    let flags = if sess.multi.is_some() { FLAG_MULTI } else { 0 }
+        | if sub + psub > 0 { FLAG_PUBSUB } else { 0 }
+        | if sess.block.is_some() { FLAG_BLOCKED } else { 0 };
+    info.flags.store(flags, Ordering::Relaxed);
+    info.resp.store(if sess.v3 { 3 } else { 2 }, Ordering::Relaxed);
+    info.sub.store(sub as u32, Ordering::Relaxed);
+    info.multi.store(
+        sess.multi.as_ref().map_or(0, |m| m.queued.len() as u32 + 1),
+        Ordering::Relaxed,
+    );
+    info.psub.store(psub as u32, Ordering::Relaxed);
+    info.active_ms.store(
+        last_active
+            .saturating_duration_since(info.connected)
+            .as_millis() as u64,
+        Ordering::Relaxed,
+    );
 }
 
 /// A connection's outstanding blocking pop.
@@ -736,7 +775,10 @@ fn check(args: Args<'_>, sess: &Session, pass: &Pass<'_>) -> Result<&'static Spe
 fn dispatch_in_multi(args: Args<'_>, sess: &mut Session, pass: &mut Pass<'_>) -> Action {
     let failed = sess.multi.as_ref().is_some_and(|m| m.failed);
     let spec = match check(args, sess, pass) {
-        Ok(spec) => spec,
+        Ok(spec) => {
+            sess.last_cmd = Some(spec.name);
+            spec
+        }
         // A refused EXEC discards the transaction at once, naming why.
         Err(msg) if args.is(0, "exec") => {
             let why = msg.strip_prefix("ERR ").unwrap_or(&msg);
@@ -890,6 +932,7 @@ fn dispatch(args: Args<'_>, sess: &mut Session, pass: &mut Pass<'_>) -> Action {
         Ok(spec) => spec,
         Err(msg) => return Action::Immediate(Now::Error(msg)),
     };
+    sess.last_cmd = Some(spec.name);
     match spec.cmd {
         Cmd::Multi => return Action::Immediate(Now::Txn(TxnNow::Begin)),
         Cmd::Exec => return Action::Immediate(Now::Error("ERR EXEC without MULTI".into())),
@@ -1377,7 +1420,7 @@ fn read(
             pass.shared.backups.last_ok.load(Ordering::Acquire) as i64,
         ),
         Cmd::Hello => hello(args, out, sess, pass),
-        Cmd::Client => client(args, out, sess, pass),
+        Cmd::Client => return client(args, out, sess, pass),
         Cmd::Config => config(args, out, sess, pass),
         Cmd::Command => command(args, out, v3),
         Cmd::Info => info(args, out, v3, pass),
@@ -1402,6 +1445,9 @@ fn read(
             sess.v3 = false;
             sess.authed = false;
             sess.name = None;
+            if let Some(i) = &sess.info {
+                i.set_name(None);
+            }
             enc::simple(out, "RESET");
         }
         Cmd::Latency => latency(args, out, v3),
@@ -2438,6 +2484,9 @@ fn hello(args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session, pass: &Pass<'_>)
     sess.authed = authed;
     if name.is_some() {
         sess.name = name;
+        if let Some(i) = &sess.info {
+            i.set_name(sess.name.as_deref());
+        }
     }
     enc::map(out, 7, v3);
     enc::bulk(out, b"server");
@@ -2477,24 +2526,250 @@ fn sub_arity(out: &mut Vec<u8>, cmd: &str, args: Args<'_>) {
     );
 }
 
-fn client(args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session, pass: &Pass<'_>) {
+/// One client's CLIENT LIST line, in Redis 7.0's field order. memkeep does not account a
+/// connection's memory the way Redis does: the buffer and memory fields answer 0. `own` is the
+/// session asking (its fields are fresher than the table's, and its command names its
+/// subcommand, as Redis's `client|list`).
+fn client_line(c: &super::clients::ClientInfo, own: Option<(&Session, Args<'_>)>) -> String {
+    use super::clients::{FLAG_BLOCKED, FLAG_MULTI, FLAG_PUBSUB};
+    let elapsed = c.connected.elapsed();
+    let idle_ms = (elapsed.as_millis() as u64).saturating_sub(c.active_ms.load(Ordering::Relaxed));
+    let mut name = c.name();
+    let mut flags_bits = c.flags.load(Ordering::Relaxed);
+    let mut multi = c.multi.load(Ordering::Relaxed) as i64 - 1;
+    let mut cmd = c.cmd().to_string();
+    let mut resp = c.resp.load(Ordering::Relaxed);
+    let (mut sub, mut psub) = (
+        c.sub.load(Ordering::Relaxed) as usize,
+        c.psub.load(Ordering::Relaxed) as usize,
+    );
+    let mut idle = idle_ms / 1000;
+    if let Some((sess, args)) = own {
+        name = sess.name.clone().unwrap_or_default();
+        (sub, psub) = sess.subs.counts();
+        flags_bits = if sess.multi.is_some() { FLAG_MULTI } else { 0 }
+            | if sub + psub > 0 { FLAG_PUBSUB } else { 0 };
+        multi = sess.multi.as_ref().map_or(-1, |m| m.queued.len() as i64);
+        cmd = format!(
+            "client|{}",
+            String::from_utf8_lossy(args.get(1)).to_ascii_lowercase()
+        );
+        resp = if sess.v3 { 3 } else { 2 };
+        idle = 0;
+    }
+    let mut flags = String::new();
+    if flags_bits & FLAG_BLOCKED != 0 {
+        flags.push('b');
+    }
+    if flags_bits & FLAG_PUBSUB != 0 {
+        flags.push('P');
+    }
+    if flags_bits & FLAG_MULTI != 0 {
+        flags.push('x');
+    }
+    if flags.is_empty() {
+        flags.push('N');
+    }
+    let addr = |a: Option<std::net::SocketAddr>| a.map(|a| a.to_string()).unwrap_or_default();
+    format!(
+        "id={} addr={} laddr={} fd={} name={} age={} idle={} flags={} db=0 sub={} psub={} ssub=0 \
+         multi={} qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 \
+         tot-mem=0 events=r cmd={} user=default redir=-1 resp={}\n",
+        c.id,
+        addr(c.addr),
+        addr(c.laddr),
+        c.fd,
+        String::from_utf8_lossy(&name),
+        elapsed.as_secs(),
+        idle,
+        flags,
+        sub,
+        psub,
+        multi,
+        cmd,
+        resp,
+    )
+}
+
+/// CLIENT LIST [TYPE type] [ID id ...].
+fn client_list(args: Args<'_>, out: &mut Vec<u8>, sess: &Session, pass: &Pass<'_>) {
+    let mut ids: Option<Vec<u64>> = None;
+    let mut pubsub: Option<bool> = None;
+    let mut none = false;
+    let mut i = 2;
+    while i < args.len() {
+        if args.is(i, "TYPE") && i + 1 < args.len() {
+            match client_type(args.get(i + 1)) {
+                Ok(t) => {
+                    pubsub = t;
+                    none = t.is_none();
+                }
+                Err(msg) => return enc::error(out, &msg),
+            }
+            i += 2;
+        } else if args.is(i, "ID") && i + 1 < args.len() {
+            let mut v = Vec::new();
+            i += 1;
+            while i < args.len() {
+                match parse_i64(args.get(i)) {
+                    Some(n) if n > 0 => v.push(n as u64),
+                    _ => return enc::error(out, "ERR Invalid client ID"),
+                }
+                i += 1;
+            }
+            ids = Some(v);
+        } else {
+            return enc::error(out, SYNTAX);
+        }
+    }
+    let mut text = String::new();
+    for c in pass.shared.clients.all() {
+        let is_pubsub = c.flags.load(Ordering::Relaxed) & super::clients::FLAG_PUBSUB != 0;
+        if none
+            || pubsub.is_some_and(|p| p != is_pubsub)
+            || ids.as_ref().is_some_and(|v| !v.contains(&c.id))
+        {
+            continue;
+        }
+        let own = (c.id == sess.id).then_some((sess, args));
+        text.push_str(&client_line(&c, own));
+    }
+    enc::verbatim(out, text.as_bytes(), sess.v3);
+}
+
+/// A client TYPE: Some(false) normal, Some(true) pubsub, None a kind memkeep never has
+/// (master, replica, slave).
+fn client_type(t: &[u8]) -> Result<Option<bool>, String> {
+    match t.to_ascii_lowercase().as_slice() {
+        b"normal" => Ok(Some(false)),
+        b"pubsub" => Ok(Some(true)),
+        b"master" | b"replica" | b"slave" => Ok(None),
+        _ => Err(format!(
+            "ERR Unknown client type '{}'",
+            String::from_utf8_lossy(t)
+        )),
+    }
+}
+
+/// CLIENT KILL addr:port, or CLIENT KILL [ID id] [TYPE type] [ADDR a] [LADDR a] [USER u]
+/// [SKIPME yes|no]. Returns whether the calling connection is among the killed (it closes
+/// once its reply is out).
+fn client_kill(args: Args<'_>, out: &mut Vec<u8>, sess: &Session, pass: &Pass<'_>) -> bool {
+    use super::clients::Filter;
+    let shared = pass.shared;
+    let wake = |w: usize| {
+        if let Some(m) = shared.mailboxes.get(w) {
+            m.wake();
+        }
+    };
+    let own = sess.info.as_deref();
+    if args.len() == 3 {
+        // The old form: one address, the caller included; an error when nobody has it.
+        let filter = Filter {
+            addr: Some(String::from_utf8_lossy(args.get(2)).into_owned()),
+            ..Filter::default()
+        };
+        let n = shared.clients.kill(&filter, Some(sess.id), wake);
+        if n == 0 {
+            enc::error(out, "ERR No such client");
+            return false;
+        }
+        enc::ok(out);
+        return own.is_some_and(|c| filter.matches(c));
+    }
+    if args.len() % 2 != 0 {
+        enc::error(out, SYNTAX);
+        return false;
+    }
+    let mut filter = Filter {
+        skip: Some(sess.id),
+        ..Filter::default()
+    };
+    for i in (2..args.len()).step_by(2) {
+        let v = args.get(i + 1);
+        let text = || String::from_utf8_lossy(v).into_owned();
+        if args.is(i, "ID") {
+            match parse_i64(v) {
+                Some(n) if n > 0 => filter.id = Some(n as u64),
+                _ => {
+                    enc::error(out, "ERR client-id should be greater than 0");
+                    return false;
+                }
+            }
+        } else if args.is(i, "TYPE") {
+            match client_type(v) {
+                Ok(Some(p)) => filter.pubsub = Some(p),
+                Ok(None) => filter.none = true,
+                Err(msg) => {
+                    enc::error(out, &msg);
+                    return false;
+                }
+            }
+        } else if args.is(i, "ADDR") {
+            filter.addr = Some(text());
+        } else if args.is(i, "LADDR") {
+            filter.laddr = Some(text());
+        } else if args.is(i, "USER") {
+            // memkeep's one user is Redis's `default`.
+            if v != b"default" {
+                enc::error(out, &format!("ERR No such user '{}'", text()));
+                return false;
+            }
+        } else if args.is(i, "SKIPME") {
+            if v.eq_ignore_ascii_case(b"yes") {
+                filter.skip = Some(sess.id);
+            } else if v.eq_ignore_ascii_case(b"no") {
+                filter.skip = None;
+            } else {
+                enc::error(out, SYNTAX);
+                return false;
+            }
+        } else {
+            enc::error(out, SYNTAX);
+            return false;
+        }
+    }
+    let n = shared.clients.kill(&filter, Some(sess.id), wake);
+    enc::int(out, n as i64);
+    own.is_some_and(|c| filter.matches(c))
+}
+
+/// CLIENT's subcommands; returns true when the connection should close after its reply
+/// (CLIENT KILL of itself).
+fn client(args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session, pass: &Pass<'_>) -> bool {
     let known = [
         "SETNAME", "GETNAME", "ID", "LIST", "INFO", "SETINFO", "UNBLOCK", "NO-EVICT", "NO-TOUCH",
-        "PAUSE", "UNPAUSE",
+        "PAUSE", "UNPAUSE", "KILL",
     ];
     let arity_ok = match () {
         _ if args.is(1, "SETNAME") || args.is(1, "NO-EVICT") || args.is(1, "NO-TOUCH") => {
             args.len() == 3
         }
-        _ if args.is(1, "UNBLOCK") || args.is(1, "PAUSE") => args.len() >= 3,
+        _ if args.is(1, "UNBLOCK") || args.is(1, "PAUSE") || args.is(1, "KILL") => {
+            args.len() >= 3
+        }
         _ if args.is(1, "UNPAUSE") => args.len() == 2,
         _ if args.is(1, "GETNAME") || args.is(1, "ID") || args.is(1, "INFO") => args.len() == 2,
         _ if args.is(1, "SETINFO") => args.len() == 4,
         _ => true,
     };
     if known.iter().any(|k| args.is(1, k)) && !arity_ok {
-        return sub_arity(out, "client", args);
+        sub_arity(out, "client", args);
+        return false;
     }
+    if args.is(1, "KILL") {
+        return client_kill(args, out, sess, pass);
+    }
+    if args.is(1, "LIST") {
+        client_list(args, out, sess, pass);
+    } else {
+        client_other(args, out, sess, pass);
+    }
+    false
+}
+
+/// The CLIENT subcommands that answer only this connection (arity already checked).
+fn client_other(args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session, pass: &Pass<'_>) {
     if args.is(1, "SETNAME") && args.len() == 3 {
         let name = args.get(2);
         if name.iter().any(|&b| b <= b' ' || b > b'~') {
@@ -2504,6 +2779,9 @@ fn client(args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session, pass: &Pass<'_>
             );
         }
         sess.name = (!name.is_empty()).then(|| name.to_vec());
+        if let Some(i) = &sess.info {
+            i.set_name(sess.name.as_deref());
+        }
         enc::ok(out);
     } else if args.is(1, "GETNAME") && args.len() == 2 {
         match &sess.name {
@@ -2512,19 +2790,14 @@ fn client(args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session, pass: &Pass<'_>
         }
     } else if args.is(1, "ID") && args.len() == 2 {
         enc::int(out, sess.id as i64);
-    } else if (args.is(1, "LIST") || args.is(1, "INFO")) && args.len() >= 2 {
-        let name = sess
-            .name
-            .as_deref()
-            .map(String::from_utf8_lossy)
-            .unwrap_or_default();
-        let line = format!(
-            "id={} name={} db=0 resp={}\n",
-            sess.id,
-            name,
-            if sess.v3 { 3 } else { 2 }
-        );
-        enc::bulk(out, line.as_bytes());
+    } else if args.is(1, "INFO") {
+        match &sess.info {
+            Some(c) => {
+                let line = client_line(c, Some((sess, args)));
+                enc::verbatim(out, line.as_bytes(), sess.v3);
+            }
+            None => enc::bulk(out, b""),
+        }
     } else if args.is(1, "SETINFO") && args.len() == 4 {
         enc::ok(out);
     } else if args.is(1, "UNBLOCK") && args.len() <= 4 {

@@ -133,6 +133,8 @@ pub struct Worker {
     new_timers: Vec<(Instant, u64)>,
     /// Connections whose next request waits for CLIENT PAUSE to end.
     paused: Vec<usize>,
+    /// Connections CLIENT KILL asked this worker to close: (slot, epoch).
+    kills: Vec<(u32, u32)>,
     dirty: Vec<usize>,
     next: Vec<usize>,
     next_epoch: u32,
@@ -174,6 +176,7 @@ impl Worker {
             timers: BTreeSet::new(),
             new_timers: Vec::new(),
             paused: Vec::new(),
+            kills: Vec::new(),
             dirty: Vec::new(),
             next: Vec::new(),
             next_epoch: 0,
@@ -245,6 +248,9 @@ impl Worker {
             }
         }
         for conn in self.conns.drain() {
+            if let Some(info) = &conn.resp.info {
+                self.shared.clients.remove(info.id);
+            }
             drop(conn);
             self.shared
                 .gauges
@@ -451,6 +457,19 @@ impl Worker {
                 self.dirty.push(key);
             }
         }
+        // CLIENT KILL from any worker: close them this pass.
+        shared.clients.take_kills(self.id, &mut self.kills);
+        for (slot, epoch) in self.kills.drain(..) {
+            if let Some(conn) = self.conns.get_mut(slot as usize)
+                && conn.epoch == epoch
+            {
+                conn.broken = true;
+                if !conn.dirty {
+                    conn.dirty = true;
+                    self.dirty.push(slot as usize);
+                }
+            }
+        }
         // Connections left with work from the previous pass.
         for key in std::mem::take(&mut self.next) {
             self.mark(key);
@@ -520,6 +539,10 @@ impl Worker {
                     Stop::Blocked
                 })
             };
+            if let Some(info) = conn.resp.info.take() {
+                super::resp::refresh_info(&info, &mut conn.resp, conn.last_active);
+                conn.resp.info = Some(info);
+            }
             let more_output = conn.flush(counters);
             // A client that hangs up while blocked is gone (as in Redis): nothing more will be
             // popped for it, and it closes once the pop is settled.
@@ -608,6 +631,18 @@ impl Worker {
             slot: key as u32,
             epoch: self.next_epoch,
         });
+        if proto == Proto::Resp {
+            use std::os::fd::AsRawFd;
+            conn.resp.info = Some(self.shared.clients.add(
+                conn.resp.id,
+                self.id,
+                key as u32,
+                self.next_epoch,
+                conn.peer,
+                conn.stream.local_addr().ok(),
+                conn.stream.as_raw_fd(),
+            ));
+        }
         entry.insert(conn);
         Counters::bump(&self.shared.counters[self.id].total_connections);
         self.mark(key);
@@ -629,6 +664,9 @@ fn close_conn(
     let Some(conn) = conns.try_remove(key) else {
         return;
     };
+    if let Some(info) = &conn.resp.info {
+        shared.clients.remove(info.id);
+    }
     if let Some(b) = conn.resp.block {
         shared
             .blocking
