@@ -67,7 +67,10 @@ fn wait_blocked(r: &mut Resp, n: u64) {
         if got == n {
             return;
         }
-        assert!(Instant::now() < deadline, "blocked_clients stuck at {got}, want {n}");
+        assert!(
+            Instant::now() < deadline,
+            "blocked_clients stuck at {got}, want {n}"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
 }
@@ -128,7 +131,12 @@ fn a_push_from_another_connection_wakes_the_waiter_on_either_worker() {
         assert_eq!(waiter.read(), popped(&key, "hello"));
         assert_eq!(pusher.cmd(&format!("EXISTS {key}")), Reply::Int(0));
         // A sorted set, fed by ZADD and by ZINCRBY.
-        waiter.send(&[b"BZPOPMAX", b"nothing", format!("z{round}").as_bytes(), b"0"]);
+        waiter.send(&[
+            b"BZPOPMAX",
+            b"nothing",
+            format!("z{round}").as_bytes(),
+            b"0",
+        ]);
         wait_blocked(&mut admin, 1);
         assert_eq!(
             pusher.cmd(&format!("ZINCRBY z{round} 2.5 m")),
@@ -186,7 +194,10 @@ fn timeouts_answer_a_null_array_in_resp2_and_resp3_and_never_early() {
             let t0 = Instant::now();
             assert_eq!(r.cmd(cmd), want, "{cmd}");
             // The deadline is at least 0.2 s after the request arrived.
-            assert!(t0.elapsed() >= Duration::from_millis(200), "{cmd} answered early");
+            assert!(
+                t0.elapsed() >= Duration::from_millis(200),
+                "{cmd} answered early"
+            );
         }
     }
     // A fractional timeout well under a second, and one under a millisecond (Redis: still a
@@ -279,12 +290,16 @@ fn a_client_that_hangs_up_while_blocked_leaves_the_element_for_the_next() {
     // A client that half-closes after BLPOP is gone too, as in Redis.
     let mut s = TcpStream::connect(server.resp_addr().expect("RESP")).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.write_all(&Resp::encode(&[b"BLPOP", b"empty", b"0"])).unwrap();
+    s.write_all(&Resp::encode(&[b"BLPOP", b"empty", b"0"]))
+        .unwrap();
     wait_blocked(&mut admin, 1);
     s.shutdown(std::net::Shutdown::Write).unwrap();
     let mut rest = Vec::new();
     s.read_to_end(&mut rest).expect("closed, not reset");
-    assert!(rest.is_empty(), "a reply for a client that hung up: {rest:?}");
+    assert!(
+        rest.is_empty(),
+        "a reply for a client that hung up: {rest:?}"
+    );
     wait_registry_empty(&mut admin);
     // But what is there is still popped for a client that sends and half-closes at once
     // (`printf ... | nc -q1`): as Redis, it answers what it read before the EOF.
@@ -352,7 +367,10 @@ fn client_unblock_answers_timeout_or_error() {
     ] {
         waiter.send(&[b"BLMOVE", b"a", b"b", b"LEFT", b"LEFT", b"0"]);
         wait_blocked(&mut admin, 1);
-        assert_eq!(admin.cmd(&format!("CLIENT UNBLOCK {id}{mode}")), Reply::Int(1));
+        assert_eq!(
+            admin.cmd(&format!("CLIENT UNBLOCK {id}{mode}")),
+            Reply::Int(1)
+        );
         assert_eq!(waiter.read(), want, "UNBLOCK{mode}");
     }
     // Unblocked, the connection goes on; a push now pops nothing for it.
@@ -367,9 +385,8 @@ fn wrong_types_are_refused_or_skipped_as_in_redis() {
     let mut server = start(&[]);
     let mut admin = resp(&server);
     let mut w = resp(&server);
-    let wrongtype = Reply::Error(
-        "WRONGTYPE Operation against a key holding the wrong kind of value".into(),
-    );
+    let wrongtype =
+        Reply::Error("WRONGTYPE Operation against a key holding the wrong kind of value".into());
     assert_eq!(admin.cmd("SET s str"), Reply::Simple("OK".into()));
     assert_eq!(admin.cmd("RPUSH l v"), Reply::Int(1));
     // The first key that exists decides, even with data further on.
@@ -560,7 +577,9 @@ impl Client {
             },
             Some(b'*') => match n()? {
                 -1 => R::Array(None),
-                len => R::Array(Some((0..len).map(|_| self.read()).collect::<io::Result<_>>()?)),
+                len => R::Array(Some(
+                    (0..len).map(|_| self.read()).collect::<io::Result<_>>()?,
+                )),
             },
             _ => R::Other(l.to_string()),
         })
@@ -616,8 +635,7 @@ fn producer(addr: SocketAddr, id: usize, stop: Arc<AtomicBool>, ledger: Arc<Mute
 /// BRPOP consumer: records what it is handed, until told to stop and the queue is drained.
 fn brpop_consumer(addr: SocketAddr, id: usize, stop: Arc<AtomicBool>, ledger: Arc<Mutex<Ledger>>) {
     let mut c = reconnect(addr, &AtomicBool::new(false));
-    loop {
-        let Some(conn) = c.as_mut() else { break };
+    while let Some(conn) = c.as_mut() {
         match conn.call(&[b"BRPOP", b"queue", b"0.2"]) {
             Ok(R::Array(Some(kv))) if kv.len() == 2 => {
                 let R::Bulk(Some(v)) = &kv[1] else {
@@ -645,8 +663,7 @@ fn blmove_consumer(addr: SocketAddr, id: usize, stop: Arc<AtomicBool>, ledger: A
     let mut mine: HashSet<String> = HashSet::new();
     let mut c = reconnect(addr, &AtomicBool::new(false));
     let mut recover = true;
-    loop {
-        let Some(conn) = c.as_mut() else { break };
+    while let Some(conn) = c.as_mut() {
         let step = (|| -> io::Result<bool> {
             if recover {
                 let R::Array(Some(items)) =
@@ -664,7 +681,14 @@ fn blmove_consumer(addr: SocketAddr, id: usize, stop: Arc<AtomicBool>, ledger: A
                 }
                 recover = false;
             }
-            match conn.call(&[b"BLMOVE", b"queue", processing.as_bytes(), b"RIGHT", b"LEFT", b"0.2"])? {
+            match conn.call(&[
+                b"BLMOVE",
+                b"queue",
+                processing.as_bytes(),
+                b"RIGHT",
+                b"LEFT",
+                b"0.2",
+            ])? {
                 R::Bulk(Some(v)) => {
                     let v = String::from_utf8_lossy(&v).into_owned();
                     if mine.insert(v.clone()) {
@@ -760,7 +784,10 @@ fn check_queue(ledger: &Ledger, rest: &[String], may_lose: usize) {
         }
     }
     for m in rest {
-        assert!(!seen.contains_key(m.as_str()), "{m} delivered and still queued");
+        assert!(
+            !seen.contains_key(m.as_str()),
+            "{m} delivered and still queued"
+        );
     }
     for m in seen.keys().copied().chain(rest.iter().map(String::as_str)) {
         assert!(
@@ -779,9 +806,24 @@ fn check_queue(ledger: &Ledger, rest: &[String], may_lose: usize) {
          the kill took): {lost:?}",
         lost.len()
     );
-    eprintln!("queue: {} acked, {} unsure, {} delivered, {} left, {} lost", ledger.acked.len(), ledger.unsure.len(), ledger.delivered.len(), rest.len(), lost.len());
-    assert!(ledger.acked.len() > 400, "the queue barely ran: {} pushes", ledger.acked.len());
-    assert!(ledger.delivered.len() > 400, "barely delivered: {}", ledger.delivered.len());
+    eprintln!(
+        "queue: {} acked, {} unsure, {} delivered, {} left, {} lost",
+        ledger.acked.len(),
+        ledger.unsure.len(),
+        ledger.delivered.len(),
+        rest.len(),
+        lost.len()
+    );
+    assert!(
+        ledger.acked.len() > 400,
+        "the queue barely ran: {} pushes",
+        ledger.acked.len()
+    );
+    assert!(
+        ledger.delivered.len() > 400,
+        "barely delivered: {}",
+        ledger.delivered.len()
+    );
 }
 
 #[test]

@@ -143,7 +143,10 @@ fn client_list_shows_every_worker_s_clients_and_their_state() {
     assert_eq!(text(me.cmd("CLIENT LIST TYPE master")), "");
     // CLIENT INFO is this connection's line.
     let info = text(me.cmd("CLIENT INFO"));
-    assert!(info.starts_with(&format!("id={my_id} addr={my_addr} ")), "{info}");
+    assert!(
+        info.starts_with(&format!("id={my_id} addr={my_addr} ")),
+        "{info}"
+    );
     assert!(info.contains(" cmd=client|info "), "{info}");
     assert_healthy(&mut server);
 }
@@ -161,14 +164,20 @@ fn client_kill_closes_matching_clients_on_any_worker() {
     }
     // By address, old and new forms.
     let (_, addr, mut sock) = client(&server);
-    assert_eq!(admin.cmd(&format!("CLIENT KILL {addr}")), Reply::Simple("OK".into()));
+    assert_eq!(
+        admin.cmd(&format!("CLIENT KILL {addr}")),
+        Reply::Simple("OK".into())
+    );
     assert!(closed(&mut sock));
     assert_eq!(
         admin.cmd(&format!("CLIENT KILL {addr}")),
         Reply::Error("ERR No such client".into())
     );
     let (_, addr, mut sock) = client(&server);
-    assert_eq!(admin.cmd(&format!("CLIENT KILL ADDR {addr} SKIPME yes")), Reply::Int(1));
+    assert_eq!(
+        admin.cmd(&format!("CLIENT KILL ADDR {addr} SKIPME yes")),
+        Reply::Int(1)
+    );
     assert!(closed(&mut sock));
     // By type: a subscriber, and a blocked client (whose pop is cancelled, not served).
     let (mut sub, _, mut sub_sock) = client(&server);
@@ -180,10 +189,17 @@ fn client_kill_closes_matching_clients_on_any_worker() {
     });
     assert_eq!(admin.cmd("CLIENT KILL TYPE pubsub"), Reply::Int(1));
     assert!(closed(&mut sub_sock));
-    assert_eq!(admin.cmd("CLIENT KILL TYPE normal USER default"), Reply::Int(1));
+    assert_eq!(
+        admin.cmd("CLIENT KILL TYPE normal USER default"),
+        Reply::Int(1)
+    );
     assert!(closed(&mut blocked_sock));
     assert_eq!(admin.cmd("RPUSH kq x"), Reply::Int(1));
-    assert_eq!(admin.cmd("LLEN kq"), Reply::Int(1), "popped for a killed client");
+    assert_eq!(
+        admin.cmd("LLEN kq"),
+        Reply::Int(1),
+        "popped for a killed client"
+    );
     // SKIPME no: the caller too, after its reply.
     let (mut me, _, mut my_sock) = client(&server);
     assert_eq!(me.cmd("CLIENT KILL TYPE normal SKIPME no"), Reply::Int(2));
@@ -199,28 +215,44 @@ fn client_pause_holds_writes_or_everything_until_it_ends() {
     let (mut admin, _, _) = client(&server);
     let (mut w, _, _) = client(&server);
     // WRITE: reads go on, a write waits until CLIENT UNPAUSE.
-    assert_eq!(admin.cmd("CLIENT PAUSE 60000 WRITE"), Reply::Simple("OK".into()));
+    assert_eq!(
+        admin.cmd("CLIENT PAUSE 60000 WRITE"),
+        Reply::Simple("OK".into())
+    );
     assert_eq!(w.cmd("GET k"), Reply::Bulk(None));
     w.send(&[b"SET", b"k", b"v"]);
     w.set_read_timeout(Duration::from_millis(200));
     let probe = TcpStream::connect(server.resp_addr().expect("RESP")).unwrap();
-    probe.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    probe
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
     let mut p = Resp::from_stream(probe);
-    assert_eq!(p.cmd("GET k"), Reply::Bulk(None), "the write ran during the pause");
+    assert_eq!(
+        p.cmd("GET k"),
+        Reply::Bulk(None),
+        "the write ran during the pause"
+    );
     assert_eq!(admin.cmd("CLIENT UNPAUSE"), Reply::Simple("OK".into()));
     w.set_read_timeout(Duration::from_secs(10));
     assert_eq!(w.read(), Reply::Simple("OK".into()));
     assert_eq!(p.cmd("GET k"), Reply::bulk("v"));
     // A short pause ends by itself, and what it held runs then.
-    assert_eq!(admin.cmd("CLIENT PAUSE 100 WRITE"), Reply::Simple("OK".into()));
+    assert_eq!(
+        admin.cmd("CLIENT PAUSE 100 WRITE"),
+        Reply::Simple("OK".into())
+    );
     assert_eq!(w.cmd("SET k v2"), Reply::Simple("OK".into()));
     assert_eq!(p.cmd("GET k"), Reply::bulk("v2"));
     // ALL: even a PING waits, and so does CLIENT UNPAUSE (as in Redis).
-    assert_eq!(admin.cmd("CLIENT PAUSE 60000 ALL"), Reply::Simple("OK".into()));
+    assert_eq!(
+        admin.cmd("CLIENT PAUSE 60000 ALL"),
+        Reply::Simple("OK".into())
+    );
     let mut raw = TcpStream::connect(server.resp_addr().expect("RESP")).unwrap();
     raw.write_all(&Resp::encode(&[b"PING"])).unwrap();
     admin.send(&[b"CLIENT", b"UNPAUSE"]);
-    raw.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+    raw.set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
     let mut buf = [0u8; 64];
     match raw.read(&mut buf) {
         Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}

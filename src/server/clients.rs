@@ -86,9 +86,9 @@ impl Filter {
             && self.id.is_none_or(|id| id == c.id)
             && self.addr.as_ref().is_none_or(|a| *a == shown(&c.addr))
             && self.laddr.as_ref().is_none_or(|a| *a == shown(&c.laddr))
-            && self.pubsub.is_none_or(|p| {
-                p == (c.flags.load(Ordering::Relaxed) & FLAG_PUBSUB != 0)
-            })
+            && self
+                .pubsub
+                .is_none_or(|p| p == (c.flags.load(Ordering::Relaxed) & FLAG_PUBSUB != 0))
     }
 }
 

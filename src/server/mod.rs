@@ -94,7 +94,10 @@ impl Pause {
         let end = self.now_ms().saturating_add(ms);
         let running = self.active();
         if all || !running {
-            self.all.store(all || (running && self.all.load(Ordering::Acquire)), Ordering::Release);
+            self.all.store(
+                all || (running && self.all.load(Ordering::Acquire)),
+                Ordering::Release,
+            );
         }
         self.until_ms.fetch_max(end, Ordering::AcqRel);
         if !running {

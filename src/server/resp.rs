@@ -78,9 +78,14 @@ pub fn refresh_info(
     let (sub, psub) = sess.subs.counts();
     let flags = if sess.multi.is_some() { FLAG_MULTI } else { 0 }
         | if sub + psub > 0 { FLAG_PUBSUB } else { 0 }
-        | if sess.block.is_some() { FLAG_BLOCKED } else { 0 };
+        | if sess.block.is_some() {
+            FLAG_BLOCKED
+        } else {
+            0
+        };
     info.flags.store(flags, Ordering::Relaxed);
-    info.resp.store(if sess.v3 { 3 } else { 2 }, Ordering::Relaxed);
+    info.resp
+        .store(if sess.v3 { 3 } else { 2 }, Ordering::Relaxed);
     info.sub.store(sub as u32, Ordering::Relaxed);
     info.multi.store(
         sess.multi.as_ref().map_or(0, |m| m.queued.len() as u32 + 1),
@@ -554,13 +559,16 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
             Action::Block(form, timeout) => {
                 // Registered before it is submitted, so the writer always finds its entry.
                 let client = sess.id;
-                let id = pass.shared.blocking.register(pass.worker, client, form, |id| Tag {
-                    slot,
-                    epoch,
-                    reply: Reply::Resp {
-                        kind: RespReply::Block(id),
-                    },
-                });
+                let id = pass
+                    .shared
+                    .blocking
+                    .register(pass.worker, client, form, |id| Tag {
+                        slot,
+                        epoch,
+                        reply: Reply::Resp {
+                            kind: RespReply::Block(id),
+                        },
+                    });
                 let deadline = timeout.and_then(|t| std::time::Instant::now().checked_add(t));
                 sess.block = Some(BlockWait {
                     id,
@@ -2677,7 +2685,7 @@ fn client_kill(args: Args<'_>, out: &mut Vec<u8>, sess: &Session, pass: &Pass<'_
         enc::ok(out);
         return own.is_some_and(|c| filter.matches(c));
     }
-    if args.len() % 2 != 0 {
+    if !args.len().is_multiple_of(2) {
         enc::error(out, SYNTAX);
         return false;
     }
@@ -2745,9 +2753,7 @@ fn client(args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session, pass: &Pass<'_>
         _ if args.is(1, "SETNAME") || args.is(1, "NO-EVICT") || args.is(1, "NO-TOUCH") => {
             args.len() == 3
         }
-        _ if args.is(1, "UNBLOCK") || args.is(1, "PAUSE") || args.is(1, "KILL") => {
-            args.len() >= 3
-        }
+        _ if args.is(1, "UNBLOCK") || args.is(1, "PAUSE") || args.is(1, "KILL") => args.len() >= 3,
         _ if args.is(1, "UNPAUSE") => args.len() == 2,
         _ if args.is(1, "GETNAME") || args.is(1, "ID") || args.is(1, "INFO") => args.len() == 2,
         _ if args.is(1, "SETINFO") => args.len() == 4,

@@ -222,7 +222,11 @@ impl Worker {
                 .first()
                 .map(|&(d, _)| d)
                 .into_iter()
-                .chain((!self.paused.is_empty()).then(|| self.shared.pause.ends()).flatten())
+                .chain(
+                    (!self.paused.is_empty())
+                        .then(|| self.shared.pause.ends())
+                        .flatten(),
+                )
                 .min();
             let timeout = match (timeout, wake_at) {
                 (t, None) => t,
@@ -388,7 +392,9 @@ impl Worker {
                         }
                     }
                     _ => {
-                        error!("a blocking pop's completion reached a connection not waiting for it");
+                        error!(
+                            "a blocking pop's completion reached a connection not waiting for it"
+                        );
                         continue;
                     }
                 }

@@ -322,7 +322,10 @@ impl<T: Clone> Blocking<T> {
         form.for_each_wait_key(&mut |k| {
             match g.keys.get_mut(k) {
                 Some(q) => q.insert(pos, id),
-                None => g.keys.insert(k.to_vec(), BTreeMap::from([(pos, id)])).and(None),
+                None => g
+                    .keys
+                    .insert(k.to_vec(), BTreeMap::from([(pos, id)]))
+                    .and(None),
             };
         });
         self.queued.fetch_add(1, Ordering::AcqRel);
@@ -369,7 +372,10 @@ impl<T: Clone> WriterView<'_, T> {
         let Some(e) = self.g.entries.get(&id) else {
             return Begin::Gone;
         };
-        if !matches!(e.state, State::Pending | State::HungUp | State::Cancelled(_)) {
+        if !matches!(
+            e.state,
+            State::Pending | State::HungUp | State::Cancelled(_)
+        ) {
             // Applied twice cannot happen; answer nothing rather than twice.
             return Begin::Gone;
         }
@@ -484,7 +490,13 @@ impl<T: Clone> WriterView<'_, T> {
                         cancel.unwrap_or(Outcome::NilArray)
                     };
                     if let Some(e) = self.reg.remove(&mut self.g, id, Some(pos)) {
-                        out.push((e.worker, Completion { tag: e.tag, outcome }));
+                        out.push((
+                            e.worker,
+                            Completion {
+                                tag: e.tag,
+                                outcome,
+                            },
+                        ));
                     }
                 }
                 (None, _) => {
@@ -565,7 +577,10 @@ mod tests {
     fn queue(r: &Blocking<u32>, id: u64) {
         let mut j = Journal::default();
         let mut w = r.writer();
-        assert!(matches!(w.begin(id, &mut j), Begin::Pop { once: false, .. }));
+        assert!(matches!(
+            w.begin(id, &mut j),
+            Begin::Pop { once: false, .. }
+        ));
         w.wait(id);
         let mut out = Vec::new();
         w.finalize(&mut j, false, &mut out);
@@ -603,10 +618,16 @@ mod tests {
         let (r, m) = registry();
         let a = r.register(0, 1, form(&["k"]), |_| 7);
         assert!(r.cancel(a, Outcome::NilArray));
-        assert!(!r.cancel(a, Outcome::Nil), "a second cancel changes nothing");
+        assert!(
+            !r.cancel(a, Outcome::Nil),
+            "a second cancel changes nothing"
+        );
         let mut j = Journal::default();
         let mut w = r.writer();
-        assert!(matches!(w.begin(a, &mut j), Begin::Cancelled(Outcome::NilArray)));
+        assert!(matches!(
+            w.begin(a, &mut j),
+            Begin::Cancelled(Outcome::NilArray)
+        ));
         let mut out = Vec::new();
         w.finalize(&mut j, false, &mut out);
         drop(w);
@@ -651,7 +672,10 @@ mod tests {
         queue(&r, a);
         let mut j = Journal::default();
         assert!(r.writer().claim(b"k", 0, &mut j).is_some());
-        assert!(!r.cancel(a, Outcome::NilArray), "too late: it is being served");
+        assert!(
+            !r.cancel(a, Outcome::NilArray),
+            "too late: it is being served"
+        );
         let mut out = Vec::new();
         r.writer().finalize(&mut j, false, &mut out);
         assert!(out.is_empty() && drained(&m).is_empty());

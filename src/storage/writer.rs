@@ -82,10 +82,7 @@ impl<T> Mailbox<T> {
 
     /// Leaves one completion and wakes the worker (a cancelled blocking pop's answer).
     pub fn push(&self, c: Completion<T>) {
-        self.queue
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(c);
+        self.queue.lock().unwrap_or_else(|p| p.into_inner()).push(c);
         self.wake();
     }
 
@@ -222,10 +219,13 @@ impl<T: Clone> Waiters<T> {
     fn finish(&mut self, blocking: &Blocking<T>, failed: bool) -> Vec<(usize, Completion<T>)> {
         let mut out = std::mem::take(&mut self.served);
         if failed {
-            out.iter_mut().for_each(|(_, c)| c.outcome = Outcome::Failed);
+            out.iter_mut()
+                .for_each(|(_, c)| c.outcome = Outcome::Failed);
         }
         if !self.journal.is_empty() {
-            blocking.writer().finalize(&mut self.journal, failed, &mut out);
+            blocking
+                .writer()
+                .finalize(&mut self.journal, failed, &mut out);
         }
         out
     }

@@ -43,12 +43,7 @@ const BZPOPMAX: u8 = 7;
 const BZMPOP: u8 = 8;
 const ZMPOP: u8 = 9;
 
-const fn pop(
-    name: &'static str,
-    arity: i32,
-    keys: (i32, i32, i32),
-    code: u8,
-) -> Spec {
+const fn pop(name: &'static str, arity: i32, keys: (i32, i32, i32), code: u8) -> Spec {
     spec(name, arity, W, keys, Cmd::Pop(code))
 }
 
@@ -209,9 +204,7 @@ fn keys_of(args: Args<'_>, range: std::ops::Range<usize>) -> Result<Vec<Vec<u8>>
 
 /// LMPOP/BLMPOP/ZMPOP/BZMPOP after the timeout: `numkeys key... WHERE [COUNT n]` from `at`.
 fn mpop(args: Args<'_>, at: usize, zset: bool) -> Result<PopForm, String> {
-    let numkeys = parse_i64(args.get(at))
-        .filter(|&n| n >= 1)
-        .ok_or(NUMKEYS)? as u64;
+    let numkeys = parse_i64(args.get(at)).filter(|&n| n >= 1).ok_or(NUMKEYS)? as u64;
     let first = at + 1;
     if numkeys > (args.len() - first) as u64 {
         return Err(SYNTAX.into());
@@ -221,7 +214,11 @@ fn mpop(args: Args<'_>, at: usize, zset: bool) -> Result<PopForm, String> {
         return Err(SYNTAX.into());
     }
     let keys = keys_of(args, first..where_at)?;
-    let (a, b) = if zset { ("MIN", "MAX") } else { ("LEFT", "RIGHT") };
+    let (a, b) = if zset {
+        ("MIN", "MAX")
+    } else {
+        ("LEFT", "RIGHT")
+    };
     let first_side = if args.is(where_at, a) {
         true
     } else if args.is(where_at, b) {
@@ -233,7 +230,9 @@ fn mpop(args: Args<'_>, at: usize, zset: bool) -> Result<PopForm, String> {
     let mut i = where_at + 1;
     while i < args.len() {
         if args.is(i, "COUNT") && count.is_none() && i + 1 < args.len() {
-            let n = parse_i64(args.get(i + 1)).filter(|&n| n >= 1).ok_or(COUNT)?;
+            let n = parse_i64(args.get(i + 1))
+                .filter(|&n| n >= 1)
+                .ok_or(COUNT)?;
             count = Some(n as u64);
             i += 2;
         } else {
@@ -429,7 +428,11 @@ mod tests {
             assert_eq!(parse_timeout(neg.as_bytes()), Err(NEGATIVE.into()), "{neg}");
         }
         for bad in ["", "abc", "nan", " 1", "1 ", "1s"] {
-            assert_eq!(parse_timeout(bad.as_bytes()), Err(NOT_FLOAT.into()), "{bad}");
+            assert_eq!(
+                parse_timeout(bad.as_bytes()),
+                Err(NOT_FLOAT.into()),
+                "{bad}"
+            );
         }
     }
 }
