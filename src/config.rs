@@ -43,6 +43,9 @@ pub struct Config {
     pub max_connections: usize,
     /// Worker threads running event loops; 0 means one per core.
     pub threads: usize,
+    /// Reader threads that bring values not in memory in from disk, so event loops never
+    /// wait on it; 0 reads them in the event loop.
+    pub io_threads: usize,
     /// Largest value accepted, in bytes (suffixes k, m, g in the file and on the command line).
     #[serde(deserialize_with = "de_size")]
     pub max_item_size: u64,
@@ -79,6 +82,7 @@ impl Default for Config {
             listen: "127.0.0.1".to_string(),
             max_connections: 1024,
             threads: 0,
+            io_threads: 16,
             max_item_size: 1024 * 1024,
             data_dir: PathBuf::from("./data"),
             sync: SyncMode::Always,
@@ -122,6 +126,9 @@ pub struct Cli {
     /// Worker threads (0 = number of cores) [default: 0]
     #[arg(short = 't', long)]
     pub threads: Option<usize>,
+    /// Reader threads for values not in memory (0 = event loops read them) [default: 16]
+    #[arg(long)]
+    pub io_threads: Option<usize>,
     /// Maximum item size, e.g. 1m, 512k [default: 1m]
     #[arg(short = 'I', long, value_parser = parse_size)]
     pub max_item_size: Option<u64>,
@@ -331,6 +338,7 @@ impl Config {
             listen,
             max_connections,
             threads,
+            io_threads,
             max_item_size,
             data_dir,
             sync,
@@ -385,6 +393,9 @@ impl Config {
         }
         if self.max_batch == 0 {
             return err("max_batch must be at least 1");
+        }
+        if self.io_threads > 256 {
+            return err("io_threads must be at most 256");
         }
         if self.sync == SyncMode::Periodic && self.sync_interval_ms == 0 {
             return err("sync_interval_ms must be at least 1 with sync = periodic");
@@ -458,6 +469,7 @@ mod tests {
             "listen",
             "max_connections",
             "threads",
+            "io_threads",
             "max_item_size",
             "data_dir",
             "sync",

@@ -17,6 +17,7 @@ use crate::command::{KeyValue, MetaCode, MetaOp, MetaStore, Outcome, StoreMode, 
 use crate::protocol::binary::{
     self as bin, ARITH_NO_CREATE, Command, Frame, Request, auth_exempt, opcode, parse, status,
 };
+use crate::storage::overlay::Found;
 use crate::storage::writer::WriteRequest;
 use crate::storage::{ItemRef, Kind};
 
@@ -118,6 +119,10 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
                         immediate(&req, out, pass, sasl)
                     }
                 };
+                if pass.deferred() {
+                    // A get whose item is being read in: the request stays, and runs again then.
+                    return Stop::Blocked;
+                }
                 match auth {
                     Some(AuthResult::Authenticated) => {
                         conn.mc_authed = true;
@@ -365,7 +370,6 @@ fn get(req: &Request<'_>, key: &[u8], with_key: bool, out: &mut Vec<u8>, pass: &
     let flushed = pass.flushed();
     let now = pass.now_ms;
     let counters = pass.counters;
-    Counters::bump(&counters.cmd_get);
     let store = match pass.snap() {
         Ok(t) => t,
         Err(e) => {
@@ -377,7 +381,15 @@ fn get(req: &Request<'_>, key: &[u8], with_key: bool, out: &mut Vec<u8>, pass: &
         }
     };
     let echo_key: &[u8] = if with_key { key } else { b"" };
-    match store.get(key) {
+    let found = match store.lookup(key) {
+        // Not in memory: no answer yet; the request runs again once it is read in.
+        Ok(Found::Cold) => return,
+        Ok(Found::Item(item)) => Ok(Some(item)),
+        Ok(Found::Missing) => Ok(None),
+        Err(e) => Err(e),
+    };
+    Counters::bump(&counters.cmd_get);
+    match found {
         Ok(Some(ItemRef { meta, value })) if !flushed && !meta.is_expired(now) => {
             if meta.kind != Kind::String {
                 return wrong_type(out, op, opaque);

@@ -73,6 +73,12 @@ pub struct Conn {
     /// A memcached `get`/`gets` whose reply was paused at `WRITE_HIGH`: the offset in its key
     /// list of the next key to answer; 0 when none is paused. The request stays in the input.
     pub get_resume: usize,
+    /// A request waits for a reader thread to bring its values into memory (`cold.rs`).
+    pub cold_wait: bool,
+    /// Requests in a row that waited so (see `worker::COLD_TRIES`).
+    pub cold_tries: u8,
+    /// What the reader thread read for it, for its next run.
+    pub fetched: Vec<crate::storage::resident::Fetched>,
     /// RESP state (protocol version, authentication, name); unused on the memcached port.
     pub resp: super::resp::Session,
     resp_bufs: super::resp::ArgBufs,
@@ -107,6 +113,9 @@ impl Conn {
             sasl_continue: false,
             last_active: std::time::Instant::now(),
             get_resume: 0,
+            cold_wait: false,
+            cold_tries: 0,
+            fetched: Vec::new(),
             resp: super::resp::Session::default(),
             resp_bufs: super::resp::ArgBufs::default(),
             meta_echo: Default::default(),

@@ -12,6 +12,7 @@ use super::stats::{Counters, Totals, rusage};
 use super::worker::{Pass, Reply, Stop, Tag};
 use crate::command::{KeyValue, Outcome, StoreMode, WriteOp};
 use crate::protocol::memcache::{Frame, Incomplete, KeyList, Request, parse};
+use crate::storage::overlay::Found;
 use crate::storage::{ItemRef, Kind, StoreError};
 
 /// How to answer a memcached write once it commits.
@@ -156,7 +157,12 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
                 }
                 Frame::Request(Request::Meta(m)) => {
                     // A fetch that turns out to change the item (a stale one's win token).
-                    if let Some(op) = super::meta::immediate(&m, out, pass) {
+                    let op = super::meta::immediate(&m, out, pass);
+                    if pass.deferred() {
+                        // Its item is being read in: the request stays, and runs again then.
+                        return Stop::Blocked;
+                    }
+                    if let Some(op) = op {
                         echoes.push_back(Echo::new(&m));
                         let tag = tag(false, McReply::Meta);
                         pass.pending
@@ -380,6 +386,10 @@ fn immediate(req: Request<'_>, out: &mut Vec<u8>, pass: &mut Pass<'_>) -> bool {
     false
 }
 
+/// A multi-key read that stopped at a cold key looks this many keys further for other cold
+/// ones, so that their reads go to the disk together.
+pub(super) const COLD_AHEAD: usize = 64;
+
 /// Answers `get`/`gets` from byte `from` of the key list on (0 for a new request). Once the reply
 /// has added `room` bytes it stops after the value at hand and returns the offset of the next
 /// key: the caller keeps the request and resumes it when the client has read its replies, so one
@@ -415,8 +425,22 @@ fn get(
         if key.is_empty() {
             continue;
         }
+        let found = match store.lookup(key) {
+            Ok(Found::Cold) => {
+                // Not in memory: answer from this key on once a reader has read it in (and
+                // the cold ones among the next few keys with it).
+                let rest = keys.0.get(at..).unwrap_or_default();
+                for k in rest.split(|&b| b == b' ').take(COLD_AHEAD) {
+                    store.note_cold(k);
+                }
+                return Some(at - key.len() - 1);
+            }
+            Ok(Found::Item(item)) => Ok(Some(item)),
+            Ok(Found::Missing) => Ok(None),
+            Err(e) => Err(e),
+        };
         Counters::bump(&counters.cmd_get);
-        match store.get(key) {
+        match found {
             Ok(Some(ItemRef { meta, .. }))
                 if !flushed && !meta.is_expired(now) && meta.kind != Kind::String =>
             {
@@ -688,6 +712,17 @@ pub(super) fn stats(args: &[u8], out: &mut Vec<u8>, pass: &mut Pass<'_>) {
             stat(out, "evicted_unfetched", 0);
             stat(out, "evictions", 0);
             stat(out, "reclaimed", 0);
+            // Memory: what memkeep allocates, and the resident part of LMDB's map (page cache).
+            let mem = super::stats::resident();
+            stat(out, "rss_anon", mem.anon);
+            stat(out, "rss_mapped", mem.file);
+            // Reads of values not in memory, done by reader threads (`cold.rs`).
+            if let Some(pool) = &shared.cold {
+                let c = pool.stats();
+                stat(out, "cold_reads", c.waits.load(Ordering::Relaxed));
+                stat(out, "cold_read_bytes", c.bytes.load(Ordering::Relaxed));
+                stat(out, "cold_read_errors", c.errors.load(Ordering::Relaxed));
+            }
             line(out, "END");
         }
         b"settings" => {
@@ -706,6 +741,7 @@ pub(super) fn stats(args: &[u8], out: &mut Vec<u8>, pass: &mut Pass<'_>) {
             stat(out, "sync", cfg.sync);
             stat(out, "sync_interval_ms", cfg.sync_interval_ms);
             stat(out, "resp_port", cfg.resp_port);
+            stat(out, "io_threads", cfg.io_threads);
             line(out, "END");
         }
         b"reset" => {

@@ -13,6 +13,7 @@ use super::worker::Pass;
 use crate::command::{KeyValue, MetaCode, MetaItem, MetaOp, MetaStore, Outcome, WriteOp};
 use crate::protocol::meta::{MetaCmd, MetaRequest, flag_tokens};
 use crate::semantics::meta::ttl_secs;
+use crate::storage::overlay::Found;
 use crate::storage::{ItemRef, Kind};
 
 /// What a meta write's reply needs from its request, kept on the connection until the write
@@ -105,8 +106,13 @@ pub fn immediate(m: &MetaRequest<'_>, out: &mut Vec<u8>, pass: &mut Pass<'_>) ->
         MetaCmd::Noop => line(out, "MN"),
         MetaCmd::Get => {
             let (counters, now) = (pass.counters, pass.now_ms);
-            Counters::bump(&counters.cmd_get);
-            match lookup(m, pass) {
+            let found = lookup(m, pass);
+            if !matches!(found, Err(COLD)) {
+                Counters::bump(&counters.cmd_get);
+            }
+            match found {
+                // Not in memory: nothing is answered; the request runs again once it is read in.
+                Err(COLD) => {}
                 Err(msg) => line(out, msg),
                 Ok(None) => {
                     Counters::bump(&counters.get_misses);
@@ -133,6 +139,7 @@ pub fn immediate(m: &MetaRequest<'_>, out: &mut Vec<u8>, pass: &mut Pass<'_>) ->
         MetaCmd::Debug => {
             let now = pass.now_ms;
             match lookup(m, pass) {
+                Err(COLD) => {}
                 Err(msg) => line(out, msg),
                 Ok(None) => line(out, "EN"),
                 Ok(Some((item, value))) => {
@@ -156,6 +163,9 @@ pub fn immediate(m: &MetaRequest<'_>, out: &mut Vec<u8>, pass: &mut Pass<'_>) ->
     None
 }
 
+/// `lookup`'s answer for an item not in memory (`Pass::deferred` then holds).
+const COLD: &str = "";
+
 /// The live string item under the request's key, and its value borrowed from the snapshot.
 fn lookup<'p>(
     m: &MetaRequest<'_>,
@@ -169,7 +179,13 @@ fn lookup<'p>(
         }
         e.mc_read_reply()
     })?;
-    match store.get(&m.key) {
+    let found = match store.lookup(&m.key) {
+        Ok(Found::Cold) => return Err(COLD),
+        Ok(Found::Item(item)) => Ok(Some(item)),
+        Ok(Found::Missing) => Ok(None),
+        Err(e) => Err(e),
+    };
+    match found {
         Ok(Some(ItemRef { meta, value })) if !flushed && !meta.is_expired(now) => {
             if meta.kind != Kind::String {
                 return Err(WRONGTYPE);

@@ -4,6 +4,7 @@
 
 pub mod binary;
 pub mod clients;
+pub mod cold;
 pub mod conn;
 pub mod memcache;
 pub mod meta;
@@ -62,6 +63,8 @@ pub struct Shared {
     pub mailboxes: Vec<Arc<Mailbox<worker::Tag>>>,
     /// Clients blocked in a blocking pop (shared with the writer, which serves them).
     pub blocking: Arc<crate::storage::blocking::Blocking<worker::Tag>>,
+    /// Reader threads for values not in memory; none with `io_threads = 0`.
+    pub cold: Option<cold::ColdPool>,
 }
 
 /// CLIENT PAUSE's state: until when (ms since `origin`, 0 = not paused) and whether it holds
@@ -233,8 +236,9 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
     let durable = crate::storage::durable::open(
         &config.data_dir,
         config.map_size,
-        // Worker passes, the checkpoint pins (two while one is replaced), backups.
-        (threads as u32 + 8).max(126),
+        // Worker passes, reader threads, the checkpoint pins (two while one is replaced),
+        // backups.
+        (threads as u32 + config.io_threads as u32 + 8).max(126),
     )
     .map_err(|e| ServerError(e.0))?;
     let mut mc_listener = if config.port != 0 {
@@ -283,6 +287,7 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         handles.push(Arc::new(WorkerHandle {
             mailbox: Arc::new(Mailbox::new(waker)),
             incoming: Mutex::new(Vec::new()),
+            warmed: Mutex::new(Vec::new()),
         }));
         polls.push(poll);
     }
@@ -293,7 +298,15 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
             Box::new(move || mailbox.wake()) as Box<dyn Fn() + Send + Sync>
         })
         .collect();
+    let cold = match config.io_threads {
+        0 => None,
+        n => Some(
+            cold::ColdPool::start(durable.store.clone(), &config.data_dir, n, handles.clone())
+                .map_err(|e| ServerError(format!("cannot start reader threads: {e}")))?,
+        ),
+    };
     let shared = Arc::new(Shared {
+        cold,
         pubsub: Arc::new(pubsub::PubSub::new(wakers)),
         pause: Pause::default(),
         clients: clients::Clients::new(threads),
@@ -417,6 +430,9 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
     }
     if writer_thread.join().is_err() {
         error!("the writer thread panicked");
+    }
+    if let Some(pool) = &shared.cold {
+        pool.stop();
     }
     signals_handle.close();
     drop(handles);

@@ -25,6 +25,7 @@ use crate::command::{
 };
 use crate::protocol::resp::{self, Incomplete, Parsed, enc, parse_i64};
 use crate::storage::lmdb::LmdbStore;
+use crate::storage::overlay::Found;
 use crate::storage::watch::{WatchedKey, Watches};
 use crate::storage::{ItemRef, Kind, MAX_KEY, StoreError};
 use crate::types::{self, CollOp};
@@ -595,7 +596,14 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
                 sess.room = room;
                 let close = run.run(args, out, sess, pass);
                 if sess.mget_resume > 0 {
-                    // Paused at the output limit: run it again, from where it stopped, later.
+                    // Paused at the output limit, or at a value being read in: run it again,
+                    // from where it stopped, later.
+                    return Stop::Blocked;
+                }
+                if pass.deferred() {
+                    // A value it reads is being read in: it runs again, whole, then (and is
+                    // counted then).
+                    pass.counters.resp_commands.fetch_sub(1, Ordering::Relaxed);
                     return Stop::Blocked;
                 }
                 conn.consume(consumed);
@@ -1783,7 +1791,24 @@ fn mget_view(
     for i in first..args.len() {
         // Storage errors are logged and read as absent, except damage: the whole reply is
         // then the error, or, once a piece has been sent, the key's element is.
-        let item = match view.store.get(args.get(i)) {
+        let item = match view.store.lookup(args.get(i)) {
+            Ok(Found::Cold) => {
+                // Not in memory: go on from this key once it is read in (with the cold ones
+                // among the next few). Nothing sent yet: the request runs again whole.
+                for j in (i + 1..args.len()).take(super::memcache::COLD_AHEAD) {
+                    view.store.note_cold(args.get(j));
+                }
+                if i == 1 {
+                    out.truncate(start);
+                    return 0;
+                }
+                return i;
+            }
+            Ok(Found::Item(item)) => Ok(Some(item)),
+            Ok(Found::Missing) => Ok(None),
+            Err(e) => Err(e),
+        };
+        let item = match item {
             Ok(Some(item))
                 if !view.flushed
                     && !item.meta.is_expired(view.now)
@@ -1860,7 +1885,25 @@ fn data_read(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut P
         cursors: &shared.scan_cursors,
         counters: Some(counters),
     };
+    let start = out.len();
     read_view(cmd, args, out, v3, &view);
+    if store.found_cold() {
+        // An item is being read in: no answer yet (`Pass::deferred`); it runs again then.
+        out.truncate(start);
+    }
+}
+
+/// INFO memory's resident figures: memkeep's own allocations (anonymous) apart from the
+/// resident part of LMDB's map (page cache, which the kernel takes back when it must).
+fn memory_detail(cfg: &crate::config::Config) -> String {
+    let mem = super::stats::resident();
+    format!(
+        "used_memory_rss:{}\r\nmemkeep_rss_anon:{}\r\nmemkeep_rss_mapped:{}\r\nmemkeep_data_file_bytes:{}\r\n",
+        mem.anon + mem.file,
+        mem.anon,
+        mem.file,
+        std::fs::metadata(cfg.data_dir.join("data.mdb")).map_or(0, |m| m.len()),
+    )
 }
 
 const OBJECT_HELP: &[&str] = &[
@@ -1938,11 +1981,14 @@ pub fn read_view(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, view: &V
         cursors,
         counters,
     } = *view;
-    // The live item under a key, or None.
+    // The live item under a key, or None. An item not in memory reads as None here, but the
+    // snapshot notes it, and the caller throws this reply away (`data_read`).
     let lookup = |key: &[u8]| -> Result<Option<ItemRef<'_>>, StoreError> {
-        Ok(store
-            .get(key)?
-            .filter(|item| !flushed && !item.meta.is_expired(now)))
+        Ok(match store.lookup(key)? {
+            Found::Item(item) => Some(item),
+            Found::Missing | Found::Cold => None,
+        }
+        .filter(|item| !flushed && !item.meta.is_expired(now)))
     };
     // Answers a failed read (damage is logged where it was found).
     let failed = |out: &mut Vec<u8>, e: StoreError| {
@@ -1961,7 +2007,9 @@ pub fn read_view(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, view: &V
         };
     }
     let hit = |found: bool| {
-        if let Some(c) = counters {
+        if let Some(c) = counters
+            && !store.found_cold()
+        {
             Counters::bump(if found { &c.get_hits } else { &c.get_misses });
         }
     };
@@ -3027,7 +3075,7 @@ fn info(args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
             "used_memory:{used}\r\nused_memory_human:{:.2}M\r\nmaxmemory:{}\r\nmaxmemory_policy:noeviction\r\n",
             used as f64 / 1048576.0,
             cfg.map_size
-        ),
+        ) + &memory_detail(cfg),
     );
     section(
         "persistence",

@@ -93,3 +93,35 @@ pub fn rusage() -> (f64, f64) {
     let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     (secs(ru.ru_utime), secs(ru.ru_stime))
 }
+
+/// This process's resident memory, in bytes: anonymous (heap, stacks: what memkeep allocates)
+/// and file-backed (LMDB's map of `data.mdb` that is resident and mapped here: page cache the
+/// kernel may take back at any time). Zero where `/proc/self/status` is unreadable.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Resident {
+    pub anon: u64,
+    pub file: u64,
+}
+
+pub fn resident() -> Resident {
+    let mut r = Resident::default();
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return r;
+    };
+    for l in status.lines() {
+        let kib = |rest: &str| {
+            rest.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .unwrap_or(0)
+                * 1024
+        };
+        if let Some(rest) = l.strip_prefix("RssAnon:") {
+            r.anon = kib(rest);
+        } else if let Some(rest) = l.strip_prefix("RssFile:") {
+            r.file = kib(rest);
+        }
+    }
+    r
+}

@@ -31,6 +31,7 @@ use crate::protocol::memcache::Limits;
 use crate::storage::StoreError;
 use crate::storage::lmdb::LmdbStore;
 use crate::storage::overlay::Snap;
+use crate::storage::resident::Fetched;
 use crate::storage::writer::{Completion, Gate, Mailbox, Submission, Submitted, WriteRequest};
 
 pub const WAKER: Token = Token(usize::MAX);
@@ -73,7 +74,13 @@ pub enum Stop {
 pub struct WorkerHandle {
     pub mailbox: Arc<Mailbox<Tag>>,
     pub incoming: Mutex<Vec<(std::net::TcpStream, Proto)>>,
+    /// Connections (slot, epoch) whose cold values a reader thread has read (`cold.rs`).
+    pub warmed: Mutex<Vec<(u32, u32, Vec<Fetched>)>>,
 }
+
+/// How many times in a row one connection's request may wait for a reader thread; past that
+/// (its pages were evicted again before it ran: memory is very short) it reads from the map.
+const COLD_TRIES: u8 = 3;
 
 /// Per-pass context handed to protocol code.
 pub struct Pass<'a> {
@@ -89,6 +96,11 @@ pub struct Pass<'a> {
     pub pending: &'a mut Vec<WriteRequest<Tag>>,
     store: &'a LmdbStore,
     snap: Option<Snap<'a>>,
+    /// Whether reads check large records for residency (`storage/resident.rs`) for the
+    /// connection at hand.
+    cold_checks: bool,
+    /// Records read for the connection at hand, until the snapshot opens.
+    fetched: Vec<Fetched>,
 }
 
 impl<'a> Pass<'a> {
@@ -97,7 +109,10 @@ impl<'a> Pass<'a> {
     /// so it holds every write acknowledged before a request of this pass was read.
     pub fn snap(&mut self) -> Result<&Snap<'a>, StoreError> {
         if self.snap.is_none() {
-            self.snap = Some(Snap::open(self.store)?);
+            let mut snap = Snap::open(self.store)?;
+            snap.set_cold_checks(self.cold_checks);
+            snap.set_fetched(std::mem::take(&mut self.fetched));
+            self.snap = Some(snap);
         }
         self.snap
             .as_ref()
@@ -108,6 +123,32 @@ impl<'a> Pass<'a> {
     /// reads after it must not come from a snapshot older than the versions it took).
     pub fn fresh_snapshot(&mut self) {
         self.snap = None;
+    }
+
+    /// Whether a read of this connection's found a cold record: the request that found it
+    /// stays in the input (or keeps its resume point), and runs again once it is read in.
+    pub fn deferred(&self) -> bool {
+        self.snap.as_ref().is_some_and(|s| s.found_cold())
+    }
+
+    /// Sets up reads for the next connection: residency checks on or off, and the records
+    /// read for it (replacing the previous connection's, which are dropped).
+    fn for_conn(&mut self, checks: bool, fetched: Vec<Fetched>) {
+        self.cold_checks = checks;
+        match &mut self.snap {
+            Some(s) => {
+                s.set_cold_checks(checks);
+                s.set_fetched(fetched);
+            }
+            None => self.fetched = fetched,
+        }
+    }
+
+    fn take_cold(&mut self) -> Vec<Box<[u8]>> {
+        self.snap
+            .as_ref()
+            .map(|s| s.take_cold())
+            .unwrap_or_default()
     }
 
     /// A delayed flush_all has come due: every item read now is gone.
@@ -429,6 +470,24 @@ impl Worker {
                 self.dirty.push(key);
             }
         }
+        // Connections whose cold values are now in memory.
+        let warmed =
+            std::mem::take(&mut *self.handle.warmed.lock().unwrap_or_else(|p| p.into_inner()));
+        for (slot, epoch, fetched) in warmed {
+            let key = slot as usize;
+            if let Some(conn) = self.conns.get_mut(key)
+                && conn.epoch == epoch
+            {
+                conn.cold_wait = false;
+                // Records to answer from: the request will get further this time. Only waits
+                // that brought none count towards reading from the map instead.
+                if !fetched.is_empty() {
+                    conn.cold_tries = 0;
+                }
+                conn.fetched = fetched;
+                self.mark(key);
+            }
+        }
         // Published messages for this worker's subscribers.
         shared.pubsub.drain(self.id, &mut self.deliveries);
         for d in self.deliveries.drain(..) {
@@ -519,16 +578,23 @@ impl Worker {
             pending: &mut self.pending,
             store,
             snap: None,
+            cold_checks: false,
+            fetched: Vec::new(),
         };
+        let cold = shared.cold.as_ref();
         let stopping = shared.shutdown.load(Ordering::Acquire);
         for key in self.dirty.drain(..) {
             let Some(conn) = self.conns.get_mut(key) else {
                 continue;
             };
             conn.dirty = false;
-            let stop = if stopping || conn.broken {
+            let stop = if stopping || conn.broken || conn.cold_wait {
                 Stop::Blocked
             } else {
+                pass.for_conn(
+                    cold.is_some() && conn.cold_tries < COLD_TRIES,
+                    std::mem::take(&mut conn.fetched),
+                );
                 // A bug that panics on some request must cost that client its connection, not
                 // the worker and every other client on it.
                 let run =
@@ -536,14 +602,29 @@ impl Worker {
                         Proto::Memcache => memcache::process(conn, &mut pass, key as u32, BUDGET),
                         Proto::Resp => super::resp::process(conn, &mut pass, key as u32, BUDGET),
                     }));
-                run.unwrap_or_else(|_| {
+                let stop = run.unwrap_or_else(|_| {
                     error!(
                         "a request made worker {} panic; its connection is closed",
                         self.id
                     );
                     conn.broken = true;
                     Stop::Blocked
-                })
+                });
+                let keys = pass.take_cold();
+                match cold {
+                    Some(pool) if !keys.is_empty() => {
+                        pool.submit(super::cold::Job {
+                            worker: self.id,
+                            slot: key as u32,
+                            epoch: conn.epoch,
+                            keys,
+                        });
+                        conn.cold_wait = true;
+                        conn.cold_tries += 1;
+                    }
+                    _ => conn.cold_tries = 0,
+                }
+                stop
             };
             if let Some(info) = conn.resp.info.take() {
                 super::resp::refresh_info(&info, &mut conn.resp, conn.last_active);
@@ -585,14 +666,18 @@ impl Worker {
             // Input left unprocessed, or a socket not yet drained that now has room: next pass.
             let reread = conn.readable && conn.may_read() && stop != Stop::Blocked;
             // Blocked on unsent output that has now all gone out: no writable event will come.
-            let unblocked =
-                stop == Stop::Blocked && !more_output && conn.inflight == 0 && !stopping;
+            let unblocked = stop == Stop::Blocked
+                && !more_output
+                && conn.inflight == 0
+                && !conn.cold_wait
+                && !stopping;
             if stop == Stop::Paused {
                 self.paused.push(key);
             } else if stop == Stop::Budget || reread || unblocked || conn.broken {
                 self.next.push(key);
             }
         }
+        pass.for_conn(false, Vec::new());
         drop(pass);
         if !self.pending.is_empty() {
             let reqs = std::mem::take(&mut self.pending);

@@ -23,6 +23,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use super::resident::MapSpan;
 use heed::types::Bytes;
 use heed::{Database, Env, EnvFlags, EnvOpenOptions, RoTxn, RwTxn, WithoutTls};
 
@@ -183,6 +184,8 @@ pub struct LmdbStore {
     has_colls: Arc<AtomicBool>,
     /// Acknowledged writes LMDB has not committed yet, as readers must see them.
     overlay: Arc<Overlay>,
+    /// Where `data.mdb` is mapped: for asking whether a record is in memory (`resident.rs`).
+    map: Option<MapSpan>,
 }
 
 /// The writer's write transaction, kept open across batches (see `overlay.rs` for why).
@@ -413,6 +416,17 @@ impl LmdbStore {
             .get(&rtxn, META_COLLS)
             .map_err(|e| at("cannot read", &e))?
             .is_some();
+        // Any record LMDB returns points into its map: the format marker finds the mapping.
+        let map = match meta.get(&rtxn, META_FORMAT) {
+            Ok(Some(b)) => MapSpan::find(&data_file, b.as_ptr()),
+            _ => None,
+        };
+        if map.is_none() {
+            log::warn!(
+                "cannot find where {} is mapped: reads of values not in memory will wait in the event loop",
+                data_file.display()
+            );
+        }
         drop(rtxn);
         super::note_data_dir(dir);
         Ok((
@@ -426,6 +440,7 @@ impl LmdbStore {
                 gc,
                 has_colls: Arc::new(AtomicBool::new(has_colls)),
                 overlay: Arc::new(Overlay::new(0)),
+                map,
             },
             Persisted { cas, flush_at },
         ))
@@ -459,6 +474,18 @@ impl LmdbStore {
 
     pub fn overlay(&self) -> &Overlay {
         &self.overlay
+    }
+
+    /// Whether some of `record` (borrowed from this store) is not in memory; false when it
+    /// all is, or when that cannot be told.
+    pub fn cold(&self, record: &[u8]) -> bool {
+        self.map.as_ref().is_some_and(|m| m.cold(record))
+    }
+
+    /// Where `record` (borrowed from this store) starts in `data.mdb`; None for a record that
+    /// is not in the map.
+    pub fn file_offset(&self, record: &[u8]) -> Option<u64> {
+        self.map.as_ref()?.offset(record)
     }
 
     pub fn read_txn(&self) -> Result<RoTxn<'_, WithoutTls>, StoreError> {

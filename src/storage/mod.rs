@@ -11,6 +11,7 @@ pub mod item;
 pub mod lmdb;
 pub mod model;
 pub mod overlay;
+pub mod resident;
 pub mod wal;
 pub mod watch;
 pub mod writer;

@@ -22,6 +22,7 @@
 //! - After an LMDB commit the writer publishes an empty state on the new transaction; states
 //!   still held by readers stay valid (their transaction is older, their map covers the rest).
 
+use std::cell::{Cell, RefCell};
 use std::ops::Bound;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -32,6 +33,7 @@ use heed::{RoTxn, WithoutTls};
 use super::StoreError;
 use super::item::{self, ItemRef};
 use super::lmdb::LmdbStore;
+use super::resident::Fetched;
 
 /// An item record, or None for a deleted key.
 pub type Val = Option<Arc<[u8]>>;
@@ -133,6 +135,21 @@ pub struct Snap<'s> {
     store: &'s LmdbStore,
     state: Arc<State>,
     txn: SnapTxn<'s>,
+    /// Whether `lookup` checks large records for residency (`resident.rs`), and the keys it
+    /// found cold, for the caller to have read before it asks again.
+    cold_checks: Cell<bool>,
+    cold: RefCell<Vec<Box<[u8]>>>,
+    /// Records a reader thread read for the connection at hand (`server/cold.rs`): `lookup`
+    /// answers from them first.
+    fetched: Vec<Fetched>,
+}
+
+/// What `Snap::lookup` found under a key.
+pub enum Found<'a> {
+    Item(ItemRef<'a>),
+    Missing,
+    /// The record is not in memory: its key is noted (`Snap::take_cold`), nothing touched.
+    Cold,
 }
 
 enum SnapTxn<'s> {
@@ -154,6 +171,9 @@ impl<'s> Snap<'s> {
                     store,
                     state,
                     txn: SnapTxn::Own(txn),
+                    cold_checks: Cell::new(false),
+                    cold: RefCell::new(Vec::new()),
+                    fetched: Vec::new(),
                 });
             }
             drop(txn);
@@ -173,6 +193,67 @@ impl<'s> Snap<'s> {
                 map: Map::new_sync(),
             }),
             txn: SnapTxn::Within(txn),
+            cold_checks: Cell::new(false),
+            cold: RefCell::new(Vec::new()),
+            fetched: Vec::new(),
+        }
+    }
+
+    /// Turns residency checks in `lookup` on or off (off: `lookup` is `get`).
+    pub fn set_cold_checks(&self, on: bool) {
+        self.cold_checks.set(on);
+    }
+
+    /// The cold keys `lookup` and `note_cold` noted since the last call.
+    pub fn take_cold(&self) -> Vec<Box<[u8]>> {
+        std::mem::take(&mut self.cold.borrow_mut())
+    }
+
+    /// Records read for the connection about to run (replacing any earlier ones).
+    pub fn set_fetched(&mut self, fetched: Vec<Fetched>) {
+        self.fetched = fetched;
+    }
+
+    /// Whether a lookup has found a cold record since the last `take_cold`.
+    pub fn found_cold(&self) -> bool {
+        !self.cold.borrow().is_empty()
+    }
+
+    /// Like `get`, but with residency checks on, a record some of whose pages are not in
+    /// memory is not touched (not even its header): its range is noted and `Cold` returned.
+    pub fn lookup(&self, key: &[u8]) -> Result<Found<'_>, StoreError> {
+        if key.is_empty() || key.len() > super::MAX_KEY {
+            return Ok(Found::Missing);
+        }
+        if let Some(f) = self.fetched.iter().find(|f| *f.key == *key) {
+            return item::decode(&f.record).map(Found::Item);
+        }
+        let Some(bytes) = self.record(key)? else {
+            return Ok(Found::Missing);
+        };
+        if self.cold_checks.get() && self.store.cold(bytes) {
+            self.cold.borrow_mut().push(key.into());
+            return Ok(Found::Cold);
+        }
+        item::decode(bytes).map(Found::Item)
+    }
+
+    /// Notes `key`'s record for reading in if it is cold (a multi-key read that stopped at an
+    /// earlier cold key asks for the ones after it too, so they arrive together). Returns
+    /// whether it was.
+    pub fn note_cold(&self, key: &[u8]) -> bool {
+        if !self.cold_checks.get() || key.is_empty() || key.len() > super::MAX_KEY {
+            return false;
+        }
+        if self.fetched.iter().any(|f| *f.key == *key) {
+            return false;
+        }
+        match self.record(key) {
+            Ok(Some(bytes)) if self.store.cold(bytes) => {
+                self.cold.borrow_mut().push(key.into());
+                true
+            }
+            _ => false,
         }
     }
 
