@@ -205,6 +205,14 @@ fn timeouts_answer_a_null_array_in_resp2_and_resp3_and_never_early() {
     assert_eq!(r2.cmd("BLPOP nothing 0.05"), Reply::Array(None));
     assert_eq!(r2.cmd("BLPOP nothing 0.0001"), Reply::Array(None));
     assert_eq!(r2.cmd("PING"), Reply::Simple("PONG".into()));
+    // However short the timeout, an element already there is popped (it never waited).
+    for i in 0..50 {
+        assert_eq!(r2.cmd(&format!("RPUSH short v{i}")), Reply::Int(1));
+        assert_eq!(
+            r2.cmd("BLPOP short 0.0001"),
+            popped("short", &format!("v{i}"))
+        );
+    }
     wait_registry_empty(&mut r2);
     assert_healthy(&mut server);
 }

@@ -347,7 +347,7 @@ impl Worker {
             self.timers.pop_first();
             self.shared
                 .blocking
-                .cancel(id, crate::types::blocking::TIMED_OUT);
+                .settle(id, crate::types::blocking::TIMED_OUT);
         }
     }
 
@@ -357,7 +357,7 @@ impl Worker {
             if let Some(b) = c.resp.block {
                 self.shared
                     .blocking
-                    .cancel(b.id, crate::types::blocking::TIMED_OUT);
+                    .settle(b.id, crate::types::blocking::TIMED_OUT);
             }
         }
     }
@@ -638,7 +638,9 @@ impl Worker {
                 && !b.hung_up
             {
                 b.hung_up = true;
-                shared.blocking.hang_up(b.id);
+                shared
+                    .blocking
+                    .settle(b.id, crate::types::blocking::TIMED_OUT);
             }
             let close = conn.broken
                 || (conn.closing && !more_output)

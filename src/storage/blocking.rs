@@ -39,8 +39,9 @@ use crate::types::blocking::PopForm;
 enum State {
     /// Registered by its worker; the writer has not applied its `WriteOp::Block` yet.
     Pending,
-    /// As `Pending`, but its client hung up: the writer pops if it can and never queues it.
-    HungUp,
+    /// As `Pending`, but settled before the writer tried it (a timeout, CLIENT UNBLOCK, a
+    /// hang-up): the writer pops if it can, else answers this; it never queues it.
+    Once(Outcome),
     /// Cancelled before the writer applied it: the writer answers this without popping.
     Cancelled(Outcome),
     /// Queued under its keys since an earlier batch, at this position.
@@ -60,7 +61,7 @@ enum State {
 #[derive(Debug, Clone, PartialEq)]
 enum Prior {
     Pending,
-    HungUp,
+    Once(Outcome),
     Cancelled(Outcome),
     Waiting(u64),
 }
@@ -105,9 +106,12 @@ impl<T> std::fmt::Debug for Blocking<T> {
 /// What the writer found when it began applying a `WriteOp::Block`.
 #[derive(Debug)]
 pub enum Begin {
-    /// Try the pop, and queue the waiter if nothing is there, unless `once` (its client hung
-    /// up): then nothing there is a timeout.
-    Pop { form: Arc<PopForm>, once: bool },
+    /// Try the pop, and queue the waiter if nothing is there, unless `once`: then nothing
+    /// there answers that (it was settled before the writer tried it).
+    Pop {
+        form: Arc<PopForm>,
+        once: Option<Outcome>,
+    },
     /// Cancelled before it ran: answer this.
     Cancelled(Outcome),
     /// Nothing to answer: it was answered already (a batch that ran it failed, and a cancel
@@ -206,20 +210,42 @@ impl<T: Clone> Blocking<T> {
         id
     }
 
-    /// Cancels a blocking pop (worker: timeout, disconnect, CLIENT UNBLOCK) with the outcome
-    /// its client should get. Returns whether the cancel takes effect (false: it is being
-    /// served, or was answered already). Either way exactly one completion follows.
+    /// Ends a blocking pop whose connection closed, with the outcome its (dropped) completion
+    /// carries: nothing is ever popped for it from now on. Returns whether it takes effect
+    /// (false: it is being served, or was answered already). Either way exactly one completion
+    /// follows.
     pub fn cancel(&self, id: u64, outcome: Outcome) -> bool {
+        self.end(id, outcome, false)
+    }
+
+    /// Ends a blocking pop with `outcome` (a timeout, CLIENT UNBLOCK, its client hanging up,
+    /// the server stopping), as Redis, which only ends a client that really waits: one the
+    /// writer has not tried yet still pops what is there, but will not wait. Returns whether
+    /// it takes effect (false: it is being served, or was answered already). Either way exactly
+    /// one completion follows.
+    pub fn settle(&self, id: u64, outcome: Outcome) -> bool {
+        self.end(id, outcome, true)
+    }
+
+    fn end(&self, id: u64, outcome: Outcome, pop_first: bool) -> bool {
         let mut g = self.lock();
         let Some(e) = g.entries.get_mut(&id) else {
             return false;
         };
         match &mut e.state {
-            State::Pending | State::HungUp => {
+            State::Pending => {
+                e.state = if pop_first {
+                    State::Once(outcome)
+                } else {
+                    State::Cancelled(outcome)
+                };
+                true
+            }
+            State::Once(_) if !pop_first => {
                 e.state = State::Cancelled(outcome);
                 true
             }
-            State::Cancelled(_) => false,
+            State::Once(_) | State::Cancelled(_) => false,
             State::Batch { queued, cancel, .. } => {
                 let effective = queued.is_some() && cancel.is_none();
                 if cancel.is_none() {
@@ -245,42 +271,16 @@ impl<T: Clone> Blocking<T> {
         let mut g = self.lock();
         if matches!(
             g.entries.get(&id).map(|e| &e.state),
-            Some(State::Pending | State::HungUp | State::Cancelled(_))
+            Some(State::Pending | State::Once(_) | State::Cancelled(_))
         ) {
             self.remove(&mut g, id, None);
-        }
-    }
-
-    /// The client of blocking pop `id` hung up (read EOF) while it waits. As Redis, which
-    /// answers what it can before it sees the EOF: a pop the writer has not tried yet still
-    /// pops if it finds something, but never waits; a waiter goes at once. Its completion (the
-    /// element, or a timeout the worker drops) follows as for any cancel.
-    pub fn hang_up(&self, id: u64) {
-        let mut g = self.lock();
-        let Some(e) = g.entries.get_mut(&id) else {
-            return;
-        };
-        match &mut e.state {
-            State::Pending => e.state = State::HungUp,
-            State::HungUp | State::Cancelled(_) => {}
-            State::Batch { cancel, .. } => {
-                cancel.get_or_insert(Outcome::NilArray);
-            }
-            State::Waiting(pos) => {
-                let pos = *pos;
-                let e = self.remove(&mut g, id, Some(pos));
-                drop(g);
-                if let Some(e) = e {
-                    self.send(e.worker, e.tag, Outcome::NilArray);
-                }
-            }
         }
     }
 
     /// CLIENT UNBLOCK: cancels the blocking pop of RESP client `client`, if it has one.
     pub fn unblock_client(&self, client: u64, outcome: Outcome) -> bool {
         let id = self.lock().by_client.get(&client).copied();
-        id.is_some_and(|id| self.cancel(id, outcome))
+        id.is_some_and(|id| self.settle(id, outcome))
     }
 
     /// Whether RESP client `client` has a blocking pop outstanding (CLIENT LIST's `b` flag).
@@ -354,7 +354,7 @@ impl<T: Clone> WriterView<'_, T> {
         let prior = match &e.state {
             State::Batch { .. } => return Some(&mut e.state),
             State::Pending => Prior::Pending,
-            State::HungUp => Prior::HungUp,
+            State::Once(o) => Prior::Once(o.clone()),
             State::Cancelled(o) => Prior::Cancelled(o.clone()),
             State::Waiting(pos) => Prior::Waiting(*pos),
         };
@@ -374,7 +374,7 @@ impl<T: Clone> WriterView<'_, T> {
         };
         if !matches!(
             e.state,
-            State::Pending | State::HungUp | State::Cancelled(_)
+            State::Pending | State::Once(_) | State::Cancelled(_)
         ) {
             // Applied twice cannot happen; answer nothing rather than twice.
             return Begin::Gone;
@@ -388,11 +388,14 @@ impl<T: Clone> WriterView<'_, T> {
             Some(State::Batch {
                 prior: Prior::Pending,
                 ..
-            }) => Begin::Pop { form, once: false },
+            }) => Begin::Pop { form, once: None },
             Some(State::Batch {
-                prior: Prior::HungUp,
+                prior: Prior::Once(o),
                 ..
-            }) => Begin::Pop { form, once: true },
+            }) => Begin::Pop {
+                form,
+                once: Some(o.clone()),
+            },
             _ => Begin::Gone,
         }
     }
@@ -530,8 +533,8 @@ impl<T: Clone> WriterView<'_, T> {
             };
             match (prior, cancel) {
                 (Prior::Pending, None) => e.state = State::Pending,
-                (Prior::HungUp, None) => e.state = State::HungUp,
-                (Prior::Pending | Prior::HungUp, Some(o)) | (Prior::Cancelled(o), _) => {
+                (Prior::Once(o), None) => e.state = State::Once(o),
+                (Prior::Pending | Prior::Once(_), Some(o)) | (Prior::Cancelled(o), _) => {
                     e.state = State::Cancelled(o)
                 }
                 (Prior::Waiting(pos), None) => {
@@ -577,10 +580,7 @@ mod tests {
     fn queue(r: &Blocking<u32>, id: u64) {
         let mut j = Journal::default();
         let mut w = r.writer();
-        assert!(matches!(
-            w.begin(id, &mut j),
-            Begin::Pop { once: false, .. }
-        ));
+        assert!(matches!(w.begin(id, &mut j), Begin::Pop { once: None, .. }));
         w.wait(id);
         let mut out = Vec::new();
         w.finalize(&mut j, false, &mut out);
@@ -611,6 +611,19 @@ mod tests {
         drop(w);
         assert_eq!(r.len(), 1);
         assert!(r.is_blocked(2) && !r.is_blocked(1));
+    }
+
+    #[test]
+    fn a_close_after_a_settle_still_pops_nothing() {
+        let (r, _m) = registry();
+        let a = r.register(0, 1, form(&["k"]), |_| 7);
+        assert!(r.settle(a, Outcome::NilArray));
+        assert!(
+            r.cancel(a, Outcome::NilArray),
+            "the connection closed meanwhile"
+        );
+        let mut j = Journal::default();
+        assert!(matches!(r.writer().begin(a, &mut j), Begin::Cancelled(_)));
     }
 
     #[test]
@@ -652,7 +665,7 @@ mod tests {
         let a = r.register(0, 1, form(&["k"]), |_| 7);
         let mut j = Journal::default();
         let mut w = r.writer();
-        assert!(matches!(w.begin(a, &mut j), Begin::Pop { once: false, .. }));
+        assert!(matches!(w.begin(a, &mut j), Begin::Pop { once: None, .. }));
         w.wait(a);
         drop(w);
         // The batch is being synced: the cancel is recorded, nothing is delivered yet.
@@ -693,9 +706,9 @@ mod tests {
         let mut j = Journal::default();
         let mut w = r.writer();
         assert!(w.claim(b"k", 0, &mut j).is_some());
-        assert!(matches!(w.begin(b, &mut j), Begin::Pop { once: false, .. }));
+        assert!(matches!(w.begin(b, &mut j), Begin::Pop { once: None, .. }));
         w.wait(b);
-        assert!(matches!(w.begin(c, &mut j), Begin::Pop { once: false, .. }));
+        assert!(matches!(w.begin(c, &mut j), Begin::Pop { once: None, .. }));
         drop(w);
         assert!(!r.cancel(c, Outcome::NilArray));
         r.writer().rollback(&mut j);
@@ -707,7 +720,7 @@ mod tests {
         drop(w);
         let mut j = Journal::default();
         let mut w = r.writer();
-        assert!(matches!(w.begin(b, &mut j), Begin::Pop { once: false, .. }));
+        assert!(matches!(w.begin(b, &mut j), Begin::Pop { once: None, .. }));
         assert!(matches!(w.begin(c, &mut j), Begin::Cancelled(_)));
         w.rollback(&mut j);
     }
@@ -739,21 +752,24 @@ mod tests {
     }
 
     #[test]
-    fn a_hang_up_pops_what_is_there_but_never_waits() {
+    fn settling_pops_what_is_there_but_never_waits() {
         let (r, m) = registry();
         let a = r.register(0, 1, form(&["k"]), |_| 7);
-        r.hang_up(a);
+        assert!(r.settle(a, Outcome::NilArray));
         let mut j = Journal::default();
         let mut w = r.writer();
-        assert!(matches!(w.begin(a, &mut j), Begin::Pop { once: true, .. }));
+        assert!(matches!(
+            w.begin(a, &mut j),
+            Begin::Pop { once: Some(_), .. }
+        ));
         let mut out = Vec::new();
         w.finalize(&mut j, false, &mut out);
         drop(w);
         assert!(r.is_empty() && out.is_empty());
-        // Hung up while queued: out at once, with a timeout its worker drops.
+        // Settled while queued: out at once, with its outcome.
         let b = r.register(0, 2, form(&["k"]), |_| 8);
         queue(&r, b);
-        r.hang_up(b);
+        assert!(r.settle(b, Outcome::NilArray));
         assert_eq!(drained(&m), vec![(8, Outcome::NilArray)]);
         assert!(r.is_empty() && !r.any_queued());
     }
@@ -764,7 +780,7 @@ mod tests {
         let a = r.register(0, 1, form(&["k"]), |_| 1);
         let mut j = Journal::default();
         let mut w = r.writer();
-        assert!(matches!(w.begin(a, &mut j), Begin::Pop { once: false, .. }));
+        assert!(matches!(w.begin(a, &mut j), Begin::Pop { once: None, .. }));
         w.wait(a);
         let mut out = Vec::new();
         w.finalize(&mut j, true, &mut out);

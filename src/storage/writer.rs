@@ -293,12 +293,15 @@ fn apply_req<T: Clone>(
                         }
                         o
                     }
-                    // Its client hung up: it does not wait (the worker drops this answer).
-                    None if once => crate::types::blocking::TIMED_OUT,
-                    None => {
-                        blocking.writer().wait(*id);
-                        Outcome::Blocked
-                    }
+                    None => match once {
+                        // Settled before it was tried (a timeout, a hang-up, CLIENT UNBLOCK):
+                        // it does not wait.
+                        Some(o) => o,
+                        None => {
+                            blocking.writer().wait(*id);
+                            Outcome::Blocked
+                        }
+                    },
                 }
             }
         }
