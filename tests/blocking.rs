@@ -850,3 +850,188 @@ fn blmove_queue_survives_kill_9_without_losing_anything() {
     // processing list: every acknowledged message is delivered or still queued.
     check_queue(&ledger, &rest, 0);
 }
+
+#[test]
+fn many_waiters_pushers_timeouts_hang_ups_and_unblocks_lose_and_repeat_nothing() {
+    let mut server = start(&[]);
+    let addr = server.resp_addr().expect("RESP port");
+    let keys: [&[u8]; 3] = [b"s1", b"s2", b"s3"];
+    let pushed = Arc::new(Mutex::new(HashSet::new()));
+    let delivered = Arc::new(Mutex::new(Vec::new()));
+    let abandoned = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let ids = Arc::new(Mutex::new(Vec::new()));
+    let mut threads = Vec::new();
+    for p in 0..3u64 {
+        let pushed = pushed.clone();
+        threads.push(std::thread::spawn(move || {
+            let mut c = Client::open(addr).expect("connect");
+            for i in 0..400u64 {
+                let msg = format!("m{p}-{i}");
+                let key = keys[((i + p) % 3) as usize];
+                match c.call(&[b"RPUSH", key, msg.as_bytes()]).expect("RPUSH") {
+                    R::Int(_) => {
+                        pushed.lock().unwrap().insert(msg);
+                    }
+                    other => panic!("RPUSH answered {other:?}"),
+                }
+            }
+        }));
+    }
+    for w in 0..6u64 {
+        let (delivered, abandoned, stop, ids) = (
+            delivered.clone(),
+            abandoned.clone(),
+            stop.clone(),
+            ids.clone(),
+        );
+        threads.push(std::thread::spawn(move || {
+            let mut rng = w.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+            let mut next = move || {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                rng
+            };
+            let mut c = Client::open(addr).expect("connect");
+            let R::Int(id) = c.call(&[b"CLIENT", b"ID"]).expect("CLIENT ID") else {
+                panic!("CLIENT ID");
+            };
+            ids.lock().unwrap().push(id);
+            while !stop.load(Ordering::Acquire) {
+                let timeout: &[u8] = match next() % 4 {
+                    0 => b"0",
+                    1 => b"0.01",
+                    2 => b"0.0001",
+                    _ => b"0.05",
+                };
+                let req = [b"BLPOP".as_slice(), keys[0], keys[1], keys[2], timeout];
+                if next() % 40 == 0 {
+                    // Hang up while (perhaps) blocked, and come back as someone else.
+                    c.w.write_all(&Resp::encode(&req)).expect("send");
+                    abandoned.fetch_add(1, Ordering::AcqRel);
+                    c = Client::open(addr).expect("reconnect");
+                    let R::Int(id) = c.call(&[b"CLIENT", b"ID"]).expect("CLIENT ID") else {
+                        panic!("CLIENT ID");
+                    };
+                    ids.lock().unwrap().push(id);
+                    continue;
+                }
+                match c.call(&req).expect("BLPOP") {
+                    R::Array(None) => {}
+                    R::Array(Some(kv)) => match &kv[..] {
+                        [R::Bulk(Some(k)), R::Bulk(Some(v))] if keys.contains(&k.as_slice()) => {
+                            let v = String::from_utf8_lossy(v).into_owned();
+                            delivered.lock().unwrap().push(v);
+                        }
+                        other => panic!("BLPOP answered {other:?}"),
+                    },
+                    R::Other(e) if e.starts_with("-UNBLOCKED") => {}
+                    other => panic!("BLPOP answered {other:?}"),
+                }
+                // The connection is still in step: a PING answers PONG next.
+                match c.call(&[b"PING"]).expect("PING") {
+                    R::Other(p) if p == "+PONG" => {}
+                    other => panic!("out of step after BLPOP: {other:?}"),
+                }
+            }
+        }));
+    }
+    // CLIENT UNBLOCK at random while it runs.
+    let unblocker = {
+        let (stop, ids) = (stop.clone(), ids.clone());
+        std::thread::spawn(move || {
+            let mut c = Client::open(addr).expect("connect");
+            let mut n = 0usize;
+            while !stop.load(Ordering::Acquire) {
+                let id = {
+                    let ids = ids.lock().unwrap();
+                    if ids.is_empty() {
+                        None
+                    } else {
+                        Some(ids[n % ids.len()])
+                    }
+                };
+                n += 7;
+                if let Some(id) = id {
+                    let mode: &[u8] = if n % 2 == 0 { b"TIMEOUT" } else { b"ERROR" };
+                    let id = id.to_string();
+                    match c
+                        .call(&[b"CLIENT", b"UNBLOCK", id.as_bytes(), mode])
+                        .expect("UNBLOCK")
+                    {
+                        R::Int(0 | 1) => {}
+                        other => panic!("CLIENT UNBLOCK answered {other:?}"),
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(3));
+            }
+        })
+    };
+    // Producers first, then let the consumers drain, then stop everything.
+    let consumers = threads.split_off(3);
+    for t in threads {
+        t.join().expect("producer");
+    }
+    let mut admin = resp(&server);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let left: i64 = keys
+            .iter()
+            .map(|k| match admin.call(&[b"LLEN", k]) {
+                Reply::Int(n) => n,
+                other => panic!("LLEN answered {other:?}"),
+            })
+            .sum();
+        if left == 0 || Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    stop.store(true, Ordering::Release);
+    // Consumers blocked with timeout 0 need a nudge: unblock everyone still waiting.
+    let nudge_until = Instant::now() + Duration::from_secs(20);
+    while !consumers.iter().all(|t| t.is_finished()) && Instant::now() < nudge_until {
+        for id in ids.lock().unwrap().iter() {
+            admin.cmd(&format!("CLIENT UNBLOCK {id}"));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for t in consumers {
+        t.join().expect("consumer");
+    }
+    unblocker.join().expect("unblocker");
+    let mut rest = Vec::new();
+    for k in keys {
+        if let Reply::Array(Some(items)) = admin.call(&[b"LRANGE", k, b"0", b"-1"]) {
+            for it in items {
+                if let Reply::Bulk(Some(v)) = it {
+                    rest.push(String::from_utf8_lossy(&v).into_owned());
+                }
+            }
+        }
+    }
+    let pushed = pushed.lock().unwrap();
+    let delivered = delivered.lock().unwrap();
+    let mut seen = HashSet::new();
+    for m in delivered.iter().chain(rest.iter()) {
+        assert!(seen.insert(m.clone()), "{m} delivered (or left) twice");
+        assert!(pushed.contains(m), "{m} was never pushed");
+    }
+    assert_eq!(pushed.len(), 1200);
+    // Only a consumer that hung up while the writer was already popping for it can take an
+    // element with it (as in Redis): at most one per hang-up.
+    let lost = pushed.len() - seen.len();
+    let hung_up = abandoned.load(Ordering::Acquire);
+    eprintln!(
+        "stress: {} delivered, {} left, {lost} lost, {hung_up} hang-ups",
+        delivered.len(),
+        rest.len()
+    );
+    assert!(
+        lost <= hung_up,
+        "{lost} elements lost with only {hung_up} hang-ups"
+    );
+    wait_registry_empty(&mut admin);
+    assert_healthy(&mut server);
+}

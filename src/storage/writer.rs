@@ -1032,7 +1032,10 @@ impl<T: Send + Clone> Writer<T> {
         self.log = log;
         // Logged and visible (or failed): watchers of what it changed must hear of it.
         watches.publish(&mut touched);
-        let durable = !failed && (self.cfg.sync != SyncMode::Always || self.sync_log());
+        let durable = self.cfg.sync != SyncMode::Always || self.sync_log();
+        if failed {
+            fail_all(&mut outcomes);
+        }
         if durable {
             let ops = batch
                 .iter()
@@ -1060,7 +1063,7 @@ impl<T: Send + Clone> Writer<T> {
                 }
             }
         }
-        for (worker, c) in waiters.finish(&blocking, !durable) {
+        for (worker, c) in waiters.finish(&blocking, failed || !durable) {
             match handled {
                 Handled::Held => self.held.push((worker, c)),
                 _ => self.outboxes[worker].push(c),
