@@ -954,7 +954,11 @@ fn many_waiters_pushers_timeouts_hang_ups_and_unblocks_lose_and_repeat_nothing()
                 };
                 n += 7;
                 if let Some(id) = id {
-                    let mode: &[u8] = if n % 2 == 0 { b"TIMEOUT" } else { b"ERROR" };
+                    let mode: &[u8] = if n.is_multiple_of(2) {
+                        b"TIMEOUT"
+                    } else {
+                        b"ERROR"
+                    };
                     let id = id.to_string();
                     match c
                         .call(&[b"CLIENT", b"UNBLOCK", id.as_bytes(), mode])
