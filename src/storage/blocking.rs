@@ -14,9 +14,15 @@
 //! Invariants:
 //! - Every registered pop gets exactly one completion: the writer's answer, the element a
 //!   push served it, or the outcome of a cancel (timeout, disconnect, CLIENT UNBLOCK).
-//! - A waiter is served only while it is queued. A cancel takes a queued waiter out at once
-//!   and delivers the cancel's outcome itself; a pop the writer has not applied yet becomes
-//!   `Cancelled`, and the writer answers the cancel's outcome without popping.
+//! - A waiter is served only while it is queued. Ending it (`settle`: a timeout, CLIENT
+//!   UNBLOCK, a hang-up; `cancel`: its connection closed) takes a queued waiter out at once and
+//!   delivers the outcome itself. A pop the writer has not tried yet is not a waiter: settled,
+//!   it becomes `Once` (the writer pops what is there, else answers the outcome, and never
+//!   queues it, as Redis only times out a client that found nothing); cancelled, it becomes
+//!   `Cancelled` (the writer answers without popping: nothing is popped for a closed
+//!   connection).
+//! - The writer never holds the lock across LMDB work: it claims a waiter (out of the
+//!   queues), pops for it unlocked, then keeps it or puts it back in its place.
 //! - Entries the writer touches in a batch stay invisible to cancels until the batch is
 //!   delivered (`finalize`): a cancel then only records its outcome. So a waiter's completion
 //!   never overtakes the completions of the connection's earlier writes in that batch, and a
