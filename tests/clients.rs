@@ -30,13 +30,17 @@ fn start() -> Server {
     )
 }
 
-/// A client on its own socket, and the socket's local address as the server sees it.
+/// A client on its own socket, known to the server, and the socket's local address as the
+/// server sees it.
 fn client(server: &Server) -> (Resp, String, TcpStream) {
     let s = TcpStream::connect(server.resp_addr().expect("RESP port")).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let addr = s.local_addr().expect("local addr").to_string();
     let probe = s.try_clone().expect("clone");
-    (Resp::from_stream(s), addr, probe)
+    let mut r = Resp::from_stream(s);
+    // One round trip: the server has taken the connection in (and listed it) by then.
+    assert_eq!(r.cmd("PING"), Reply::Simple("PONG".into()));
+    (r, addr, probe)
 }
 
 fn id(r: &mut Resp) -> i64 {
