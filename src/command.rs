@@ -178,6 +178,12 @@ pub enum WriteOp {
     /// nothing between them. Answers `Outcome::Array` (one outcome per step), or `NilArray`
     /// when a watched key changed.
     Exec(Box<ExecOp>),
+    /// A blocking pop registered in `storage::blocking` under this id: the writer pops at once
+    /// if it can, else queues the waiter (answering `Outcome::Blocked`, which is never sent;
+    /// the waiter's reply comes later, through the registry).
+    Block {
+        id: u64,
+    },
 }
 
 /// EXEC's commands and the keys its connection watches.
@@ -217,8 +223,9 @@ pub trait TxnRead: Send + Sync + std::fmt::Debug {
 }
 
 impl WriteOp {
-    /// Calls `f` with every key the write may change. `FlushAll` and `Exec` name none: the
-    /// writer treats a flush as changing everything, and an EXEC's steps speak for themselves.
+    /// Calls `f` with every key the write may change. `FlushAll`, `Exec` and `Block` name
+    /// none: the writer treats a flush as changing everything, an EXEC's steps speak for
+    /// themselves, and a blocking pop's keys are in its registry entry.
     pub fn for_each_key(&self, f: &mut dyn FnMut(&[u8])) {
         match self {
             WriteOp::Store { kv, .. }
@@ -251,7 +258,7 @@ impl WriteOp {
                 | MetaOp::Arith { key, .. }
                 | MetaOp::Get { key, .. } => key,
             }),
-            WriteOp::FlushAll { .. } | WriteOp::Exec(_) => {}
+            WriteOp::FlushAll { .. } | WriteOp::Exec(_) | WriteOp::Block { .. } => {}
         }
     }
 }
@@ -407,4 +414,7 @@ pub enum Outcome {
     Meta(Box<MetaOut>),
     /// A reply already encoded (a read run inside EXEC, see `TxnRead`).
     Reply(Vec<u8>),
+    /// A blocking pop found nothing and now waits: no reply yet (the writer delivers nothing
+    /// for it; `storage::blocking` does, later).
+    Blocked,
 }

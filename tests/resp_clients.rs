@@ -573,7 +573,7 @@ fn redis_py_resp3_strings_keys_scan_pipelines_and_errors() {
 /// Lists, hashes, sets and sorted sets through redis-py: every reply checked by value, in the
 /// protocol given (redis-py decodes RESP3 maps, sets and doubles into dicts, sets and floats).
 const REDIS_PY_TYPES: &str = r##"
-import sys
+import sys, threading, time
 import redis
 
 port, proto = int(sys.argv[1]), int(sys.argv[2])
@@ -606,6 +606,23 @@ eq(r.lrange("big", 0, 599), [str(i) for i in range(600)], "lrange 600")
 eq(r.ltrim("big", 100, 199), True, "ltrim")
 eq(r.lrange("big", 0, 2), ["100", "101", "102"], "after ltrim")
 eq(r.lpos("big", "150"), 50, "lpos")
+# Blocking pops: at once when there is data, None on a timeout, woken by another client.
+eq(r.rpush("bq", "j1"), 1, "rpush bq")
+eq(tuple(r.blpop(["none", "bq"], timeout=1)), ("bq", "j1"), "blpop at once")
+eq(r.blpop(["bq"], timeout=0.05), None, "blpop timeout")
+w = redis.Redis(host="127.0.0.1", port=port, protocol=proto, socket_timeout=10,
+                decode_responses=True)
+got = []
+t = threading.Thread(target=lambda: got.append(w.brpop("bq", timeout=10)))
+t.start()
+deadline = time.time() + 10
+while int(r.info("clients")["blocked_clients"]) != 1 and time.time() < deadline:
+    time.sleep(0.01)
+eq(r.lpush("bq", "j2"), 1, "lpush to a waiter")
+t.join(10)
+eq([tuple(g) for g in got], [("bq", "j2")], "brpop woken by another client")
+eq(r.exists("bq"), 0, "the waiter took the element")
+eq(r.blmove("bq", "bq2", 0.05, "LEFT", "RIGHT"), None, "blmove timeout")
 # Hashes
 eq(r.hset("h", mapping={"f1": "v1", "f2": "v2"}), 2, "hset mapping")
 eq(r.hget("h", "f1"), "v1", "hget")
@@ -683,12 +700,12 @@ fn redis_py_types(proto: u32) {
 }
 
 #[test]
-fn redis_py_resp2_lists_hashes_sets_and_sorted_sets() {
+fn redis_py_resp2_lists_hashes_sets_sorted_sets_and_blocking_pops() {
     redis_py_types(2);
 }
 
 #[test]
-fn redis_py_resp3_lists_hashes_sets_and_sorted_sets() {
+fn redis_py_resp3_lists_hashes_sets_sorted_sets_and_blocking_pops() {
     redis_py_types(3);
 }
 

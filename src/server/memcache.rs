@@ -630,7 +630,8 @@ pub fn complete(
         | Outcome::NilArray
         | Outcome::Pairs(_)
         | Outcome::Set(_)
-        | Outcome::Meta(_) => {
+        | Outcome::Meta(_)
+        | Outcome::Blocked => {
             error!("a RESP outcome reached a memcached reply");
             line(out, "SERVER_ERROR internal error")
         }

@@ -3,6 +3,7 @@
 //! finish what is in flight, lets the writer commit and sync, then closes the environment.
 
 pub mod binary;
+pub mod clients;
 pub mod cold;
 pub mod conn;
 pub mod memcache;
@@ -54,8 +55,88 @@ pub struct Shared {
     pub mc_auth: Option<std::collections::HashMap<Vec<u8>, Vec<u8>>>,
     /// Redis pub/sub channels and patterns, and each worker's outbox of messages.
     pub pubsub: Arc<pubsub::PubSub>,
+    /// CLIENT PAUSE.
+    pub pause: Pause,
+    /// Every RESP client (CLIENT LIST, CLIENT KILL).
+    pub clients: clients::Clients,
+    /// Each worker's mailbox (to wake them all: CLIENT UNPAUSE).
+    pub mailboxes: Vec<Arc<Mailbox<worker::Tag>>>,
+    /// Clients blocked in a blocking pop (shared with the writer, which serves them).
+    pub blocking: Arc<crate::storage::blocking::Blocking<worker::Tag>>,
     /// Reader threads for values not in memory; none with `io_threads = 0`.
     pub cold: Option<cold::ColdPool>,
+}
+
+/// CLIENT PAUSE's state: until when (ms since `origin`, 0 = not paused) and whether it holds
+/// every command or only writes. Checked with one atomic load per request while not paused.
+#[derive(Debug)]
+pub struct Pause {
+    origin: Instant,
+    until_ms: AtomicU64,
+    all: AtomicBool,
+}
+
+impl Default for Pause {
+    fn default() -> Pause {
+        Pause {
+            origin: Instant::now(),
+            until_ms: AtomicU64::new(0),
+            all: AtomicBool::new(false),
+        }
+    }
+}
+
+impl Pause {
+    fn now_ms(&self) -> u64 {
+        self.origin.elapsed().as_millis() as u64 + 1
+    }
+
+    /// Pauses for `ms`: the pause ends at the latest end asked for, and holds the most that
+    /// any pause still running asked for (ALL over WRITE), as in Redis.
+    pub fn pause(&self, ms: u64, all: bool) {
+        let end = self.now_ms().saturating_add(ms);
+        let running = self.active();
+        if all || !running {
+            self.all.store(
+                all || (running && self.all.load(Ordering::Acquire)),
+                Ordering::Release,
+            );
+        }
+        self.until_ms.fetch_max(end, Ordering::AcqRel);
+        if !running {
+            self.until_ms.store(end, Ordering::Release);
+        }
+    }
+
+    pub fn unpause(&self) {
+        self.until_ms.store(0, Ordering::Release);
+    }
+
+    pub fn active(&self) -> bool {
+        let until = self.until_ms.load(Ordering::Acquire);
+        if until == 0 {
+            return false;
+        }
+        if self.now_ms() < until {
+            return true;
+        }
+        // Over: later checks are one load again.
+        let _ = self
+            .until_ms
+            .compare_exchange(until, 0, Ordering::AcqRel, Ordering::Acquire);
+        false
+    }
+
+    /// While paused: whether every command waits (else only writes).
+    pub fn mode(&self) -> Option<bool> {
+        self.active().then(|| self.all.load(Ordering::Acquire))
+    }
+
+    /// When the running pause ends.
+    pub fn ends(&self) -> Option<Instant> {
+        let until = self.until_ms.load(Ordering::Acquire);
+        (until != 0).then(|| self.origin + Duration::from_millis(until - 1))
+    }
 }
 
 /// A startup failure, one line for the operator.
@@ -242,6 +323,12 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
     let shared = Arc::new(Shared {
         cold,
         pubsub: Arc::new(pubsub::PubSub::new(wakers)),
+        pause: Pause::default(),
+        clients: clients::Clients::new(threads),
+        mailboxes: handles.iter().map(|h| h.mailbox.clone()).collect(),
+        blocking: Arc::new(crate::storage::blocking::Blocking::new(
+            handles.iter().map(|h| h.mailbox.clone()).collect(),
+        )),
         clock: Arc::new(clock),
         store: durable.store.clone(),
         flush_at: Arc::new(AtomicU64::new(0)),
@@ -280,7 +367,8 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         handles.iter().map(|h| h.mailbox.clone()).collect(),
     )
     .map_err(|e| ServerError(format!("cannot start the writer: {e}")))?
-    .with_watches(shared.watches.clone());
+    .with_watches(shared.watches.clone())
+    .with_blocking(shared.blocking.clone());
     let (gate, writer_thread) = writer
         .start()
         .map_err(|e| ServerError(format!("cannot start writer thread: {e}")))?;

@@ -270,6 +270,11 @@ pub struct Subscriptions {
 }
 
 impl Subscriptions {
+    /// Channels, and patterns (CLIENT LIST's `sub` and `psub`).
+    pub fn counts(&self) -> (usize, usize) {
+        (self.channels.len(), self.patterns.len())
+    }
+
     /// Channels plus patterns: the count subscribe confirmations carry.
     pub fn count(&self) -> usize {
         self.channels.len() + self.patterns.len()

@@ -52,6 +52,64 @@ pub struct Session {
     /// SUBSCRIBE/PSUBSCRIBE channels and patterns (RESP2 connections with any are in
     /// subscribed mode).
     pub subs: super::pubsub::Subscriptions,
+    /// A blocking pop is outstanding (registered in `Shared::blocking`): the connection reads
+    /// no further request until its completion arrives.
+    pub block: Option<BlockWait>,
+    /// This connection in `Shared::clients` (CLIENT LIST, CLIENT KILL).
+    pub info: Option<Arc<super::clients::ClientInfo>>,
+    /// The last command run (CLIENT LIST's `cmd`), and the one `info` was last told of.
+    pub last_cmd: Option<&'static str>,
+    shown_cmd: Option<&'static str>,
+}
+
+/// Tells the connection's entry in `Shared::clients` what changed in its session (its worker,
+/// after each pass that ran its requests).
+pub fn refresh_info(
+    info: &super::clients::ClientInfo,
+    sess: &mut Session,
+    last_active: std::time::Instant,
+) {
+    if let Some(cmd) = sess.last_cmd
+        && sess.shown_cmd.is_none_or(|s| !std::ptr::eq(s, cmd))
+    {
+        info.set_cmd(cmd);
+        sess.shown_cmd = Some(cmd);
+    }
+    use super::clients::{FLAG_BLOCKED, FLAG_MULTI, FLAG_PUBSUB};
+    let (sub, psub) = sess.subs.counts();
+    let flags = if sess.multi.is_some() { FLAG_MULTI } else { 0 }
+        | if sub + psub > 0 { FLAG_PUBSUB } else { 0 }
+        | if sess.block.is_some() {
+            FLAG_BLOCKED
+        } else {
+            0
+        };
+    info.flags.store(flags, Ordering::Relaxed);
+    info.resp
+        .store(if sess.v3 { 3 } else { 2 }, Ordering::Relaxed);
+    info.sub.store(sub as u32, Ordering::Relaxed);
+    info.multi.store(
+        sess.multi.as_ref().map_or(0, |m| m.queued.len() as u32 + 1),
+        Ordering::Relaxed,
+    );
+    info.psub.store(psub as u32, Ordering::Relaxed);
+    info.active_ms.store(
+        last_active
+            .saturating_duration_since(info.connected)
+            .as_millis() as u64,
+        Ordering::Relaxed,
+    );
+}
+
+/// A connection's outstanding blocking pop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockWait {
+    /// Its id in the registry.
+    pub id: u64,
+    /// When it times out (None: never).
+    pub deadline: Option<std::time::Instant>,
+    /// The client hung up meanwhile: a timeout is not sent, and the connection closes.
+    pub hung_up: bool,
 }
 
 /// A transaction being queued.
@@ -151,6 +209,8 @@ pub enum RespReply {
     /// EXEC: an array of its steps' outcomes, each answered as its command's kind
     /// (`Session::exec_kinds`).
     Exec,
+    /// A blocking pop, by its registry id: answered when it pops, times out or is unblocked.
+    Block(u64),
 }
 
 /// The collection families whose commands live in `crate::types`.
@@ -166,6 +226,8 @@ pub enum Family {
 pub enum Cmd {
     /// A collection command: its family and its code within the family's table.
     Coll(Family, u8),
+    /// A pop that may block, or a multi-key pop (`types::blocking`), by its code.
+    Pop(u8),
     Get,
     Set,
     SetNx,
@@ -232,6 +294,7 @@ pub enum Cmd {
     Reset,
     Object,
     Latency,
+    Wait,
 }
 
 /// One command: Redis's arity rule (n: exactly n arguments including the name; -n: at least n),
@@ -266,14 +329,15 @@ pub const NOKEY: (i32, i32, i32) = (0, 0, 0);
 pub const KEY1: (i32, i32, i32) = (1, 1, 1);
 
 /// Every command table: the string, key and server commands here, then each collection family's.
-fn tables() -> [&'static [Spec]; 5] {
-    use crate::types::{hash, list, set, zset};
+fn tables() -> [&'static [Spec]; 6] {
+    use crate::types::{blocking, hash, list, set, zset};
     [
         COMMANDS,
         list::COMMANDS,
         hash::COMMANDS,
         set::COMMANDS,
         zset::COMMANDS,
+        blocking::COMMANDS,
     ]
 }
 
@@ -351,6 +415,7 @@ static COMMANDS: &[Spec] = &[
     spec("reset", 1, R, NOKEY, Cmd::Reset),
     spec("object", -2, R, (2, 2, 1), Cmd::Object),
     spec("latency", -2, R, NOKEY, Cmd::Latency),
+    spec("wait", 3, R, NOKEY, Cmd::Wait),
 ];
 
 fn lookup(name: &[u8]) -> Option<&'static Spec> {
@@ -430,6 +495,10 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
     };
     let mut left = budget;
     loop {
+        if conn.resp.block.is_some() {
+            // Nothing more is read until the blocking pop is answered (reply order).
+            return Stop::Blocked;
+        }
         if conn.resp.mget_resume == 0 && conn.resp.subs.held_bytes() > 0 {
             let v3 = conn.resp.v3;
             let (_, out, _, sess) = conn.resp_io();
@@ -468,6 +537,10 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
             src: if inline { &bufs.scratch } else { input },
             ranges: &bufs.args,
         };
+        if pass.shared.pause.active() && postponed(args, sess, pass) {
+            // CLIENT PAUSE: the request waits in the input until the pause ends.
+            return Stop::Paused;
+        }
         if sess.mget_resume == 0 {
             Counters::bump(&pass.counters.resp_commands);
         }
@@ -481,6 +554,40 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
                         reply: Reply::Resp { kind },
                     },
                     op,
+                });
+                conn.inflight += 1;
+            }
+            Action::Block(form, timeout) => {
+                // Registered before it is submitted, so the writer always finds its entry.
+                let client = sess.id;
+                let id = pass
+                    .shared
+                    .blocking
+                    .register(pass.worker, client, form, |id| Tag {
+                        slot,
+                        epoch,
+                        reply: Reply::Resp {
+                            kind: RespReply::Block(id),
+                        },
+                    });
+                let deadline = timeout.and_then(|t| std::time::Instant::now().checked_add(t));
+                sess.block = Some(BlockWait {
+                    id,
+                    deadline,
+                    hung_up: false,
+                });
+                if let Some(d) = deadline {
+                    pass.timers.push((d, id));
+                }
+                pass.pending.push(crate::storage::writer::WriteRequest {
+                    tag: Tag {
+                        slot,
+                        epoch,
+                        reply: Reply::Resp {
+                            kind: RespReply::Block(id),
+                        },
+                    },
+                    op: WriteOp::Block { id },
                 });
                 conn.inflight += 1;
             }
@@ -513,9 +620,31 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
     }
 }
 
-/// What a request turns into: a write for the writer, or something answered now.
+/// Whether CLIENT PAUSE holds this request back: every command under `ALL`; under `WRITE`,
+/// those that write (queued ones too, and EXEC of a transaction that writes) and PUBLISH, as
+/// Redis 7.0 does.
+fn postponed(args: Args<'_>, sess: &Session, pass: &Pass<'_>) -> bool {
+    let Some(spec) = lookup(args.get(0)) else {
+        return false;
+    };
+    let Some(all) = pass.shared.pause.mode() else {
+        return false;
+    };
+    all || spec.write
+        || spec.cmd == Cmd::Publish
+        || (spec.cmd == Cmd::Exec
+            && sess.multi.as_ref().is_some_and(|m| {
+                m.queued
+                    .iter()
+                    .any(|q| lookup(q.args().get(0)).is_some_and(|s| s.write))
+            }))
+}
+
+/// What a request turns into: a write for the writer, a blocking pop (with how long it may
+/// wait; None: forever), or something answered now.
 enum Action {
     Write(WriteOp, RespReply),
+    Block(types::blocking::PopForm, Option<std::time::Duration>),
     Immediate(Now),
 }
 
@@ -662,7 +791,10 @@ fn check(args: Args<'_>, sess: &Session, pass: &Pass<'_>) -> Result<&'static Spe
 fn dispatch_in_multi(args: Args<'_>, sess: &mut Session, pass: &mut Pass<'_>) -> Action {
     let failed = sess.multi.as_ref().is_some_and(|m| m.failed);
     let spec = match check(args, sess, pass) {
-        Ok(spec) => spec,
+        Ok(spec) => {
+            sess.last_cmd = Some(spec.name);
+            spec
+        }
         // A refused EXEC discards the transaction at once, naming why.
         Err(msg) if args.is(0, "exec") => {
             let why = msg.strip_prefix("ERR ").unwrap_or(&msg);
@@ -816,6 +948,7 @@ fn dispatch(args: Args<'_>, sess: &mut Session, pass: &mut Pass<'_>) -> Action {
         Ok(spec) => spec,
         Err(msg) => return Action::Immediate(Now::Error(msg)),
     };
+    sess.last_cmd = Some(spec.name);
     match spec.cmd {
         Cmd::Multi => return Action::Immediate(Now::Txn(TxnNow::Begin)),
         Cmd::Exec => return Action::Immediate(Now::Error("ERR EXEC without MULTI".into())),
@@ -826,6 +959,14 @@ fn dispatch(args: Args<'_>, sess: &mut Session, pass: &mut Pass<'_>) -> Action {
     }
     if !spec.write {
         return Action::Immediate(Now::Run(spec));
+    }
+    if let Cmd::Pop(code) = spec.cmd
+        && types::blocking::blocks(code)
+    {
+        return match types::blocking::parse(code, args) {
+            Ok(p) => Action::Block(p.form, p.timeout.flatten()),
+            Err(msg) => Action::Immediate(Now::Error(msg)),
+        };
     }
     match write_op(spec.cmd, args, pass) {
         Ok((op, kind)) => Action::Write(op, kind),
@@ -903,6 +1044,11 @@ fn write_op(cmd: Cmd, args: Args<'_>, pass: &Pass<'_>) -> Result<(WriteOp, RespR
             }
             _ => Err(SYNTAX.into()),
         };
+    }
+    if let Cmd::Pop(code) = cmd {
+        // A pop that never waits: LMPOP, ZMPOP, or a blocking pop inside MULTI.
+        let p = types::blocking::parse(code, args)?;
+        return Ok((WriteOp::Coll(CollOp::Pop(p.form)), RespReply::Plain));
     }
     // Every other write names its key first (the command table says so).
     let key = args.get(1);
@@ -1153,6 +1299,10 @@ fn write_op(cmd: Cmd, args: Args<'_>, pass: &Pass<'_>) -> Result<(WriteOp, RespR
 
 /// Encodes a write's reply once it has committed. EXEC's ends the transaction: its watches go.
 pub fn complete_write(out: &mut Vec<u8>, sess: &mut Session, kind: RespReply, outcome: Outcome) {
+    if let RespReply::Block(_) = kind {
+        sess.block = None;
+        return complete(out, sess.v3, RespReply::Plain, outcome);
+    }
     if kind != RespReply::Exec {
         return complete(out, sess.v3, kind, outcome);
     }
@@ -1286,7 +1436,7 @@ fn read(
             pass.shared.backups.last_ok.load(Ordering::Acquire) as i64,
         ),
         Cmd::Hello => hello(args, out, sess, pass),
-        Cmd::Client => client(args, out, sess),
+        Cmd::Client => return client(args, out, sess, pass),
         Cmd::Config => config(args, out, sess, pass),
         Cmd::Command => command(args, out, v3),
         Cmd::Info => info(args, out, v3, pass),
@@ -1311,9 +1461,22 @@ fn read(
             sess.v3 = false;
             sess.authed = false;
             sess.name = None;
+            if let Some(i) = &sess.info {
+                i.set_name(None);
+            }
             enc::simple(out, "RESET");
         }
         Cmd::Latency => latency(args, out, v3),
+        Cmd::Wait => {
+            // No replica ever acknowledges: 0 at once (Redis, with none, would wait out the
+            // timeout first). The writes before it are already durable per the sync mode.
+            match (parse_i64(args.get(1)), parse_i64(args.get(2))) {
+                (None, _) => enc::error(out, NOT_INTEGER),
+                (_, None) => enc::error(out, "ERR timeout is not an integer or out of range"),
+                (_, Some(t)) if t < 0 => enc::error(out, "ERR timeout is negative"),
+                _ => enc::int(out, 0),
+            }
+        }
         _ => data_read(cmd, args, out, v3, pass),
     }
     false
@@ -2377,6 +2540,9 @@ fn hello(args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session, pass: &Pass<'_>)
     sess.authed = authed;
     if name.is_some() {
         sess.name = name;
+        if let Some(i) = &sess.info {
+            i.set_name(sess.name.as_deref());
+        }
     }
     enc::map(out, 7, v3);
     enc::bulk(out, b"server");
@@ -2416,17 +2582,248 @@ fn sub_arity(out: &mut Vec<u8>, cmd: &str, args: Args<'_>) {
     );
 }
 
-fn client(args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session) {
-    let known = ["SETNAME", "GETNAME", "ID", "LIST", "INFO", "SETINFO"];
+/// One client's CLIENT LIST line, in Redis 7.0's field order. memkeep does not account a
+/// connection's memory the way Redis does: the buffer and memory fields answer 0. `own` is the
+/// session asking (its fields are fresher than the table's, and its command names its
+/// subcommand, as Redis's `client|list`).
+fn client_line(c: &super::clients::ClientInfo, own: Option<(&Session, Args<'_>)>) -> String {
+    use super::clients::{FLAG_BLOCKED, FLAG_MULTI, FLAG_PUBSUB};
+    let elapsed = c.connected.elapsed();
+    let idle_ms = (elapsed.as_millis() as u64).saturating_sub(c.active_ms.load(Ordering::Relaxed));
+    let mut name = c.name();
+    let mut flags_bits = c.flags.load(Ordering::Relaxed);
+    let mut multi = c.multi.load(Ordering::Relaxed) as i64 - 1;
+    let mut cmd = c.cmd().to_string();
+    let mut resp = c.resp.load(Ordering::Relaxed);
+    let (mut sub, mut psub) = (
+        c.sub.load(Ordering::Relaxed) as usize,
+        c.psub.load(Ordering::Relaxed) as usize,
+    );
+    let mut idle = idle_ms / 1000;
+    if let Some((sess, args)) = own {
+        name = sess.name.clone().unwrap_or_default();
+        (sub, psub) = sess.subs.counts();
+        flags_bits = if sess.multi.is_some() { FLAG_MULTI } else { 0 }
+            | if sub + psub > 0 { FLAG_PUBSUB } else { 0 };
+        multi = sess.multi.as_ref().map_or(-1, |m| m.queued.len() as i64);
+        cmd = format!(
+            "client|{}",
+            String::from_utf8_lossy(args.get(1)).to_ascii_lowercase()
+        );
+        resp = if sess.v3 { 3 } else { 2 };
+        idle = 0;
+    }
+    let mut flags = String::new();
+    if flags_bits & FLAG_BLOCKED != 0 {
+        flags.push('b');
+    }
+    if flags_bits & FLAG_PUBSUB != 0 {
+        flags.push('P');
+    }
+    if flags_bits & FLAG_MULTI != 0 {
+        flags.push('x');
+    }
+    if flags.is_empty() {
+        flags.push('N');
+    }
+    let addr = |a: Option<std::net::SocketAddr>| a.map(|a| a.to_string()).unwrap_or_default();
+    format!(
+        "id={} addr={} laddr={} fd={} name={} age={} idle={} flags={} db=0 sub={} psub={} ssub=0 \
+         multi={} qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 \
+         tot-mem=0 events=r cmd={} user=default redir=-1 resp={}\n",
+        c.id,
+        addr(c.addr),
+        addr(c.laddr),
+        c.fd,
+        String::from_utf8_lossy(&name),
+        elapsed.as_secs(),
+        idle,
+        flags,
+        sub,
+        psub,
+        multi,
+        cmd,
+        resp,
+    )
+}
+
+/// CLIENT LIST [TYPE type] [ID id ...].
+fn client_list(args: Args<'_>, out: &mut Vec<u8>, sess: &Session, pass: &Pass<'_>) {
+    let mut ids: Option<Vec<u64>> = None;
+    let mut pubsub: Option<bool> = None;
+    let mut none = false;
+    let mut i = 2;
+    while i < args.len() {
+        if args.is(i, "TYPE") && i + 1 < args.len() {
+            match client_type(args.get(i + 1)) {
+                Ok(t) => {
+                    pubsub = t;
+                    none = t.is_none();
+                }
+                Err(msg) => return enc::error(out, &msg),
+            }
+            i += 2;
+        } else if args.is(i, "ID") && i + 1 < args.len() {
+            let mut v = Vec::new();
+            i += 1;
+            while i < args.len() {
+                match parse_i64(args.get(i)) {
+                    Some(n) if n > 0 => v.push(n as u64),
+                    _ => return enc::error(out, "ERR Invalid client ID"),
+                }
+                i += 1;
+            }
+            ids = Some(v);
+        } else {
+            return enc::error(out, SYNTAX);
+        }
+    }
+    let mut text = String::new();
+    for c in pass.shared.clients.all() {
+        let is_pubsub = c.flags.load(Ordering::Relaxed) & super::clients::FLAG_PUBSUB != 0;
+        if none
+            || pubsub.is_some_and(|p| p != is_pubsub)
+            || ids.as_ref().is_some_and(|v| !v.contains(&c.id))
+        {
+            continue;
+        }
+        let own = (c.id == sess.id).then_some((sess, args));
+        text.push_str(&client_line(&c, own));
+    }
+    enc::verbatim(out, text.as_bytes(), sess.v3);
+}
+
+/// A client TYPE: Some(false) normal, Some(true) pubsub, None a kind memkeep never has
+/// (master, replica, slave).
+fn client_type(t: &[u8]) -> Result<Option<bool>, String> {
+    match t.to_ascii_lowercase().as_slice() {
+        b"normal" => Ok(Some(false)),
+        b"pubsub" => Ok(Some(true)),
+        b"master" | b"replica" | b"slave" => Ok(None),
+        _ => Err(format!(
+            "ERR Unknown client type '{}'",
+            String::from_utf8_lossy(t)
+        )),
+    }
+}
+
+/// CLIENT KILL addr:port, or CLIENT KILL [ID id] [TYPE type] [ADDR a] [LADDR a] [USER u]
+/// [SKIPME yes|no]. Returns whether the calling connection is among the killed (it closes
+/// once its reply is out).
+fn client_kill(args: Args<'_>, out: &mut Vec<u8>, sess: &Session, pass: &Pass<'_>) -> bool {
+    use super::clients::Filter;
+    let shared = pass.shared;
+    let wake = |w: usize| {
+        if let Some(m) = shared.mailboxes.get(w) {
+            m.wake();
+        }
+    };
+    let own = sess.info.as_deref();
+    if args.len() == 3 {
+        // The old form: one address, the caller included; an error when nobody has it.
+        let filter = Filter {
+            addr: Some(String::from_utf8_lossy(args.get(2)).into_owned()),
+            ..Filter::default()
+        };
+        let n = shared.clients.kill(&filter, Some(sess.id), wake);
+        if n == 0 {
+            enc::error(out, "ERR No such client");
+            return false;
+        }
+        enc::ok(out);
+        return own.is_some_and(|c| filter.matches(c));
+    }
+    if !args.len().is_multiple_of(2) {
+        enc::error(out, SYNTAX);
+        return false;
+    }
+    let mut filter = Filter {
+        skip: Some(sess.id),
+        ..Filter::default()
+    };
+    for i in (2..args.len()).step_by(2) {
+        let v = args.get(i + 1);
+        let text = || String::from_utf8_lossy(v).into_owned();
+        if args.is(i, "ID") {
+            match parse_i64(v) {
+                Some(n) if n > 0 => filter.id = Some(n as u64),
+                _ => {
+                    enc::error(out, "ERR client-id should be greater than 0");
+                    return false;
+                }
+            }
+        } else if args.is(i, "TYPE") {
+            match client_type(v) {
+                Ok(Some(p)) => filter.pubsub = Some(p),
+                Ok(None) => filter.none = true,
+                Err(msg) => {
+                    enc::error(out, &msg);
+                    return false;
+                }
+            }
+        } else if args.is(i, "ADDR") {
+            filter.addr = Some(text());
+        } else if args.is(i, "LADDR") {
+            filter.laddr = Some(text());
+        } else if args.is(i, "USER") {
+            // memkeep's one user is Redis's `default`.
+            if v != b"default" {
+                enc::error(out, &format!("ERR No such user '{}'", text()));
+                return false;
+            }
+        } else if args.is(i, "SKIPME") {
+            if v.eq_ignore_ascii_case(b"yes") {
+                filter.skip = Some(sess.id);
+            } else if v.eq_ignore_ascii_case(b"no") {
+                filter.skip = None;
+            } else {
+                enc::error(out, SYNTAX);
+                return false;
+            }
+        } else {
+            enc::error(out, SYNTAX);
+            return false;
+        }
+    }
+    let n = shared.clients.kill(&filter, Some(sess.id), wake);
+    enc::int(out, n as i64);
+    own.is_some_and(|c| filter.matches(c))
+}
+
+/// CLIENT's subcommands; returns true when the connection should close after its reply
+/// (CLIENT KILL of itself).
+fn client(args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session, pass: &Pass<'_>) -> bool {
+    let known = [
+        "SETNAME", "GETNAME", "ID", "LIST", "INFO", "SETINFO", "UNBLOCK", "NO-EVICT", "NO-TOUCH",
+        "PAUSE", "UNPAUSE", "KILL",
+    ];
     let arity_ok = match () {
-        _ if args.is(1, "SETNAME") => args.len() == 3,
+        _ if args.is(1, "SETNAME") || args.is(1, "NO-EVICT") || args.is(1, "NO-TOUCH") => {
+            args.len() == 3
+        }
+        _ if args.is(1, "UNBLOCK") || args.is(1, "PAUSE") || args.is(1, "KILL") => args.len() >= 3,
+        _ if args.is(1, "UNPAUSE") => args.len() == 2,
         _ if args.is(1, "GETNAME") || args.is(1, "ID") || args.is(1, "INFO") => args.len() == 2,
         _ if args.is(1, "SETINFO") => args.len() == 4,
         _ => true,
     };
     if known.iter().any(|k| args.is(1, k)) && !arity_ok {
-        return sub_arity(out, "client", args);
+        sub_arity(out, "client", args);
+        return false;
     }
+    if args.is(1, "KILL") {
+        return client_kill(args, out, sess, pass);
+    }
+    if args.is(1, "LIST") {
+        client_list(args, out, sess, pass);
+    } else {
+        client_other(args, out, sess, pass);
+    }
+    false
+}
+
+/// The CLIENT subcommands that answer only this connection (arity already checked).
+fn client_other(args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session, pass: &Pass<'_>) {
     if args.is(1, "SETNAME") && args.len() == 3 {
         let name = args.get(2);
         if name.iter().any(|&b| b <= b' ' || b > b'~') {
@@ -2436,6 +2833,9 @@ fn client(args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session) {
             );
         }
         sess.name = (!name.is_empty()).then(|| name.to_vec());
+        if let Some(i) = &sess.info {
+            i.set_name(sess.name.as_deref());
+        }
         enc::ok(out);
     } else if args.is(1, "GETNAME") && args.len() == 2 {
         match &sess.name {
@@ -2444,22 +2844,68 @@ fn client(args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session) {
         }
     } else if args.is(1, "ID") && args.len() == 2 {
         enc::int(out, sess.id as i64);
-    } else if (args.is(1, "LIST") || args.is(1, "INFO")) && args.len() >= 2 {
-        let name = sess
-            .name
-            .as_deref()
-            .map(String::from_utf8_lossy)
-            .unwrap_or_default();
-        let line = format!(
-            "id={} name={} db=0 resp={}\n",
-            sess.id,
-            name,
-            if sess.v3 { 3 } else { 2 }
-        );
-        enc::bulk(out, line.as_bytes());
+    } else if args.is(1, "INFO") {
+        match &sess.info {
+            Some(c) => {
+                let line = client_line(c, Some((sess, args)));
+                enc::verbatim(out, line.as_bytes(), sess.v3);
+            }
+            None => enc::bulk(out, b""),
+        }
     } else if args.is(1, "SETINFO") && args.len() == 4 {
         enc::ok(out);
+    } else if args.is(1, "UNBLOCK") && args.len() <= 4 {
+        let Some(id) = parse_i64(args.get(2)) else {
+            return enc::error(out, NOT_INTEGER);
+        };
+        let outcome = match args.len() {
+            3 => types::blocking::TIMED_OUT,
+            _ if args.is(3, "TIMEOUT") => types::blocking::TIMED_OUT,
+            _ if args.is(3, "ERROR") => types::blocking::UNBLOCKED,
+            _ => return enc::error(out, "ERR CLIENT UNBLOCK reason should be TIMEOUT or ERROR"),
+        };
+        let done = id > 0 && pass.shared.blocking.unblock_client(id as u64, outcome);
+        enc::int(out, done as i64);
+    } else if args.is(1, "PAUSE") && args.len() <= 4 {
+        let Some(ms) = parse_i64(args.get(2)) else {
+            return enc::error(out, "ERR timeout is not an integer or out of range");
+        };
+        if ms < 0 {
+            return enc::error(out, "ERR timeout is negative");
+        }
+        let all = match args.len() {
+            3 => true,
+            _ if args.is(3, "ALL") => true,
+            _ if args.is(3, "WRITE") => false,
+            _ => return enc::error(out, "ERR CLIENT PAUSE mode must be WRITE or ALL"),
+        };
+        pass.shared.pause.pause(ms as u64, all);
+        enc::ok(out);
+    } else if args.is(1, "UNPAUSE") {
+        pass.shared.pause.unpause();
+        for m in &pass.shared.mailboxes {
+            m.wake();
+        }
+        enc::ok(out);
+    } else if args.is(1, "NO-EVICT") || args.is(1, "NO-TOUCH") {
+        // memkeep evicts nothing, and keeps no access times for eviction to use: both flags
+        // are accepted and change nothing.
+        if args.is(2, "ON") || args.is(2, "OFF") {
+            enc::ok(out);
+        } else {
+            enc::error(out, SYNTAX);
+        }
     } else {
+        // Redis's fallback for a known subcommand with an argument count it does not take.
+        let sub = String::from_utf8_lossy(args.get(1));
+        if args.is(1, "UNBLOCK") || args.is(1, "PAUSE") {
+            return enc::error(
+                out,
+                &format!(
+                    "ERR unknown subcommand or wrong number of arguments for '{sub}'. Try CLIENT HELP."
+                ),
+            );
+        }
         unknown_sub(out, "CLIENT", args);
     }
 }
@@ -2613,9 +3059,13 @@ fn info(args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
         "clients",
         "Clients",
         format!(
-            "connected_clients:{}\r\nmaxclients:{}\r\nblocked_clients:0\r\n",
+            // memkeep_blocking_entries: blocking pops known to the registry in any state
+            // (queued, or on their way to the writer); 0 when nobody blocks.
+            "connected_clients:{}\r\nmaxclients:{}\r\nblocked_clients:{}\r\nmemkeep_blocking_entries:{}\r\n",
             shared.gauges.curr_connections.load(Ordering::Relaxed),
-            cfg.max_connections
+            cfg.max_connections,
+            shared.blocking.queued(),
+            shared.blocking.len(),
         ),
     );
     section(
@@ -2737,7 +3187,9 @@ mod tests {
 
     #[test]
     fn writes_other_than_flush_take_a_key_first() {
-        for s in all_specs().filter(|s| s.write && s.cmd != Cmd::FlushDb) {
+        // Pops check each of their keys themselves (LMPOP's follow a count).
+        let own_keys = |s: &Spec| matches!(s.cmd, Cmd::Pop(_));
+        for s in all_specs().filter(|s| s.write && s.cmd != Cmd::FlushDb && !own_keys(s)) {
             assert!(
                 s.arity.abs() >= 2 && s.keys.0 == 1,
                 "{} must name a key first",

@@ -12,6 +12,7 @@
 //! at once (a read, an error, `stats`) waits until those writes' replies are out: replies leave
 //! strictly in request order.
 
+use std::collections::BTreeSet;
 use std::io;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -25,6 +26,7 @@ use super::Shared;
 use super::conn::{Conn, Proto};
 use super::memcache::{self, McReply};
 use super::stats::Counters;
+use crate::command::Outcome;
 use crate::protocol::memcache::Limits;
 use crate::storage::StoreError;
 use crate::storage::lmdb::LmdbStore;
@@ -62,6 +64,8 @@ pub enum Stop {
     Budget,
     /// Waiting for write completions or for the client to read its replies.
     Blocked,
+    /// Held back by CLIENT PAUSE: revisit when the pause ends.
+    Paused,
     /// Close after flushing.
     Close,
 }
@@ -81,6 +85,10 @@ const COLD_TRIES: u8 = 3;
 /// Per-pass context handed to protocol code.
 pub struct Pass<'a> {
     pub shared: &'a Shared,
+    /// The worker running the pass.
+    pub worker: usize,
+    /// Blocking pops begun this pass that time out: (deadline, registry id).
+    pub timers: &'a mut Vec<(Instant, u64)>,
     pub counters: &'a Counters,
     pub limits: Limits,
     pub now_ms: u64,
@@ -161,6 +169,13 @@ pub struct Worker {
     pending: Vec<WriteRequest<Tag>>,
     completions: Vec<Completion<Tag>>,
     deliveries: Vec<super::pubsub::Delivery>,
+    /// Blocking pops of this worker's connections that time out, by deadline: (deadline, id).
+    timers: BTreeSet<(Instant, u64)>,
+    new_timers: Vec<(Instant, u64)>,
+    /// Connections whose next request waits for CLIENT PAUSE to end.
+    paused: Vec<usize>,
+    /// Connections CLIENT KILL asked this worker to close: (slot, epoch).
+    kills: Vec<(u32, u32)>,
     dirty: Vec<usize>,
     next: Vec<usize>,
     next_epoch: u32,
@@ -199,6 +214,10 @@ impl Worker {
             pending: Vec::new(),
             completions: Vec::new(),
             deliveries: Vec::new(),
+            timers: BTreeSet::new(),
+            new_timers: Vec::new(),
+            paused: Vec::new(),
+            kills: Vec::new(),
             dirty: Vec::new(),
             next: Vec::new(),
             next_epoch: 0,
@@ -216,6 +235,10 @@ impl Worker {
         loop {
             let stopping = self.shared.shutdown.load(Ordering::Acquire);
             if stopping {
+                if give_up.is_none() {
+                    // Blocked clients would wait forever: they get their timeout reply now.
+                    self.unblock_all();
+                }
                 // Finish what is in flight, but never wait forever on a client that stopped reading.
                 let deadline = *give_up.get_or_insert_with(|| Instant::now() + SHUTDOWN_GRACE);
                 if self.drained() || Instant::now() >= deadline {
@@ -234,6 +257,23 @@ impl Worker {
             } else {
                 None
             };
+            // Wake for the next blocking pop to time out, and for CLIENT PAUSE to end.
+            let wake_at = self
+                .timers
+                .first()
+                .map(|&(d, _)| d)
+                .into_iter()
+                .chain(
+                    (!self.paused.is_empty())
+                        .then(|| self.shared.pause.ends())
+                        .flatten(),
+                )
+                .min();
+            let timeout = match (timeout, wake_at) {
+                (t, None) => t,
+                (None, Some(d)) => Some(d.saturating_duration_since(Instant::now())),
+                (Some(t), Some(d)) => Some(t.min(d.saturating_duration_since(Instant::now()))),
+            };
             if let Err(e) = self.poll.poll(&mut events, timeout)
                 && e.kind() != io::ErrorKind::Interrupted
             {
@@ -242,6 +282,10 @@ impl Worker {
             }
             self.phase_one(&events, stopping);
             self.phase_two(&store);
+            self.expire_blocked();
+            if !self.paused.is_empty() && !self.shared.pause.active() {
+                self.next.append(&mut self.paused);
+            }
             if let Some(idle) = self.idle
                 && Instant::now() >= self.next_idle_check
             {
@@ -249,6 +293,9 @@ impl Worker {
             }
         }
         for conn in self.conns.drain() {
+            if let Some(info) = &conn.resp.info {
+                self.shared.clients.remove(info.id);
+            }
             drop(conn);
             self.shared
                 .gauges
@@ -280,12 +327,39 @@ impl Worker {
                 self.conns.get(key).and_then(|c| c.peer)
             );
             Counters::bump(&shared.counters[self.id].idle_kicks);
-            close_conn(&mut self.conns, &self.poll, &shared, key);
+            close_conn(&mut self.conns, &self.poll, &shared, &mut self.timers, key);
             if let Some(pos) = self.next.iter().position(|&k| k == key) {
                 self.next.swap_remove(pos);
             }
         }
         self.next_idle_check = now + (idle / 2).min(Duration::from_secs(1));
+    }
+
+    /// Cancels the blocking pops whose time is up; each one's timeout reply comes back as its
+    /// completion (the registry or the writer sends it, in order with the connection's writes).
+    fn expire_blocked(&mut self) {
+        self.timers.extend(self.new_timers.drain(..));
+        let now = Instant::now();
+        while let Some(&(d, id)) = self.timers.first() {
+            if d > now {
+                break;
+            }
+            self.timers.pop_first();
+            self.shared
+                .blocking
+                .settle(id, crate::types::blocking::TIMED_OUT);
+        }
+    }
+
+    /// At shutdown: every blocked client gets its timeout reply.
+    fn unblock_all(&mut self) {
+        for (_, c) in self.conns.iter() {
+            if let Some(b) = c.resp.block {
+                self.shared
+                    .blocking
+                    .settle(b.id, crate::types::blocking::TIMED_OUT);
+            }
+        }
     }
 
     /// During shutdown: nothing is waiting on the writer and no reply is unsent.
@@ -323,11 +397,48 @@ impl Worker {
         self.handle.mailbox.drain_into(&mut self.completions);
         for Completion { tag, outcome } in self.completions.drain(..) {
             let key = tag.slot as usize;
+            let block = match tag.reply {
+                Reply::Resp {
+                    kind: super::resp::RespReply::Block(id),
+                } => Some(id),
+                _ => None,
+            };
+            if let Some(id) = block {
+                // Answered: its registry entry is gone (or, if the writer failed before
+                // applying it, goes now).
+                shared.blocking.forget(id);
+            }
             let Some(conn) = self.conns.get_mut(key) else {
                 continue;
             };
             if conn.epoch != tag.epoch {
                 continue;
+            }
+            if let Some(id) = block {
+                match conn.resp.block {
+                    Some(b) if b.id == id => {
+                        if let Some(d) = b.deadline {
+                            self.timers.remove(&(d, id));
+                        }
+                        if b.hung_up && outcome == Outcome::NilArray {
+                            // Nothing popped for a client that hung up: it gets no reply, and
+                            // its connection closes (it is at EOF).
+                            conn.inflight -= 1;
+                            conn.resp.block = None;
+                            if !conn.dirty {
+                                conn.dirty = true;
+                                self.dirty.push(key);
+                            }
+                            continue;
+                        }
+                    }
+                    _ => {
+                        error!(
+                            "a blocking pop's completion reached a connection not waiting for it"
+                        );
+                        continue;
+                    }
+                }
             }
             conn.inflight -= 1;
             match tag.reply {
@@ -411,6 +522,19 @@ impl Worker {
                 self.dirty.push(key);
             }
         }
+        // CLIENT KILL from any worker: close them this pass.
+        shared.clients.take_kills(self.id, &mut self.kills);
+        for (slot, epoch) in self.kills.drain(..) {
+            if let Some(conn) = self.conns.get_mut(slot as usize)
+                && conn.epoch == epoch
+            {
+                conn.broken = true;
+                if !conn.dirty {
+                    conn.dirty = true;
+                    self.dirty.push(slot as usize);
+                }
+            }
+        }
         // Connections left with work from the previous pass.
         for key in std::mem::take(&mut self.next) {
             self.mark(key);
@@ -445,6 +569,8 @@ impl Worker {
         let counters = &shared.counters[self.id];
         let mut pass = Pass {
             shared,
+            worker: self.id,
+            timers: &mut self.new_timers,
             counters,
             limits: self.limits,
             now_ms: shared.clock.now_ms(),
@@ -500,12 +626,27 @@ impl Worker {
                 }
                 stop
             };
+            if let Some(info) = conn.resp.info.take() {
+                super::resp::refresh_info(&info, &mut conn.resp, conn.last_active);
+                conn.resp.info = Some(info);
+            }
             let more_output = conn.flush(counters);
+            // A client that hangs up while blocked is gone (as in Redis): nothing more will be
+            // popped for it, and it closes once the pop is settled.
+            if let Some(b) = conn.resp.block.as_mut()
+                && (conn.eof || conn.hup)
+                && !b.hung_up
+            {
+                b.hung_up = true;
+                shared
+                    .blocking
+                    .settle(b.id, crate::types::blocking::TIMED_OUT);
+            }
             let close = conn.broken
                 || (conn.closing && !more_output)
                 || (conn.eof && conn.inflight == 0 && !more_output && stop == Stop::NeedInput);
             if close {
-                close_conn(&mut self.conns, &self.poll, shared, key);
+                close_conn(&mut self.conns, &self.poll, shared, &mut self.timers, key);
                 continue;
             }
             if more_output != conn.want_write {
@@ -532,7 +673,9 @@ impl Worker {
                 && conn.inflight == 0
                 && !conn.cold_wait
                 && !stopping;
-            if stop == Stop::Budget || reread || unblocked || conn.broken {
+            if stop == Stop::Paused {
+                self.paused.push(key);
+            } else if stop == Stop::Budget || reread || unblocked || conn.broken {
                 self.next.push(key);
             }
         }
@@ -581,6 +724,18 @@ impl Worker {
             slot: key as u32,
             epoch: self.next_epoch,
         });
+        if proto == Proto::Resp {
+            use std::os::fd::AsRawFd;
+            conn.resp.info = Some(self.shared.clients.add(
+                conn.resp.id,
+                self.id,
+                key as u32,
+                self.next_epoch,
+                conn.peer,
+                conn.stream.local_addr().ok(),
+                conn.stream.as_raw_fd(),
+            ));
+        }
         entry.insert(conn);
         Counters::bump(&self.shared.counters[self.id].total_connections);
         self.mark(key);
@@ -588,11 +743,31 @@ impl Worker {
 }
 
 /// Removes a connection: deregisters its socket and closes it. A late write completion for it
-/// finds another epoch (or no connection) and is dropped.
-fn close_conn(conns: &mut Slab<Conn>, poll: &Poll, shared: &Shared, key: usize) {
+/// finds another epoch (or no connection) and is dropped. Its blocking pop, if any, is
+/// cancelled before the slot can be reused: a waiter is never served once it is gone, except
+/// when the writer had already popped for it in a batch not yet delivered (as in Redis, that
+/// element then goes with the connection).
+fn close_conn(
+    conns: &mut Slab<Conn>,
+    poll: &Poll,
+    shared: &Shared,
+    timers: &mut BTreeSet<(Instant, u64)>,
+    key: usize,
+) {
     let Some(conn) = conns.try_remove(key) else {
         return;
     };
+    if let Some(info) = &conn.resp.info {
+        shared.clients.remove(info.id);
+    }
+    if let Some(b) = conn.resp.block {
+        shared
+            .blocking
+            .cancel(b.id, crate::types::blocking::TIMED_OUT);
+        if let Some(d) = b.deadline {
+            timers.remove(&(d, b.id));
+        }
+    }
     if let Err(e) = poll.registry().deregister(&mut { conn.stream }) {
         debug!("deregister failed: {e}");
     }

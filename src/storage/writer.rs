@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 use log::{debug, error, warn};
 
 use super::StoreError;
+use super::blocking::{Begin, Blocking, Journal};
 use super::durable::{Checkpointer, Durable};
 use super::lmdb::{LmdbStore, LmdbWrite, LogTxn, OpenTxn};
 use super::overlay::{self, Map};
@@ -77,6 +78,12 @@ impl<T> Mailbox<T> {
     pub fn drain_into(&self, out: &mut Vec<Completion<T>>) {
         let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
         out.append(&mut q);
+    }
+
+    /// Leaves one completion and wakes the worker (a cancelled blocking pop's answer).
+    pub fn push(&self, c: Completion<T>) {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner()).push(c);
+        self.wake();
     }
 
     fn deliver(&self, items: &mut Vec<Completion<T>>, wake: bool) {
@@ -182,6 +189,200 @@ fn exec(
     Ok(Outcome::Array(outs))
 }
 
+/// What a batch did to blocking pops: the registry entries it touched and the completions of
+/// the waiters it served (delivered after the batch's own, once the batch is durable).
+struct Waiters<T> {
+    journal: Journal,
+    served: Vec<(usize, Completion<T>)>,
+}
+
+impl<T> Default for Waiters<T> {
+    fn default() -> Self {
+        Waiters {
+            journal: Journal::default(),
+            served: Vec::new(),
+        }
+    }
+}
+
+impl<T: Clone> Waiters<T> {
+    /// The batch failed and was taken back: so are its registry changes.
+    fn rollback(&mut self, blocking: &Blocking<T>) {
+        if !self.journal.is_empty() {
+            blocking.writer().rollback(&mut self.journal);
+        }
+        self.served.clear();
+    }
+
+    /// The batch is delivered (`failed`: with every outcome Failed): the completions its
+    /// waiters get, after the batch's own.
+    fn finish(&mut self, blocking: &Blocking<T>, failed: bool) -> Vec<(usize, Completion<T>)> {
+        let mut out = std::mem::take(&mut self.served);
+        if failed {
+            out.iter_mut()
+                .for_each(|(_, c)| c.outcome = Outcome::Failed);
+        }
+        if !self.journal.is_empty() {
+            blocking
+                .writer()
+                .finalize(&mut self.journal, failed, &mut out);
+        }
+        out
+    }
+
+    fn append(&mut self, other: Waiters<T>) {
+        let Waiters { journal, served } = other;
+        self.journal.extend(journal);
+        self.served.extend(served);
+    }
+}
+
+/// Marks every outcome of a batch Failed, except a blocking pop that went to wait: the
+/// registry answers that one (`Waiters::finish`).
+fn fail_all(outcomes: &mut [Outcome]) {
+    for o in outcomes.iter_mut() {
+        if *o != Outcome::Blocked {
+            *o = Outcome::Failed;
+        }
+    }
+}
+
+/// Calls `f` with each key `op` may have given elements to (EXEC: its writes' keys).
+fn fed_keys(op: &WriteOp, f: &mut dyn FnMut(&[u8])) {
+    match op {
+        WriteOp::Exec(x) => {
+            for s in &x.steps {
+                if let Step::Write(w) = s {
+                    fed_keys(w, f);
+                }
+            }
+        }
+        op => op.for_each_key(f),
+    }
+}
+
+/// Applies one write of a batch, then serves waiters on the keys it fed: a blocking pop pops
+/// at once or goes to wait; any other write runs through `apply`. Blocking pops are served
+/// only after the whole write (a whole EXEC included), in the same transaction.
+fn apply_req<T: Clone>(
+    w: &mut LmdbWrite<'_, '_>,
+    op: &WriteOp,
+    ctx: Ctx,
+    watches: &Watches,
+    touched: &mut Touched,
+    blocking: &Blocking<T>,
+    waiters: &mut Waiters<T>,
+) -> Result<Outcome, StoreError> {
+    let mut fed: Vec<Vec<u8>> = Vec::new();
+    // The registry's lock is taken for each step and never held across LMDB work (which may
+    // fault pages in from disk): workers take it too.
+    let outcome = if let WriteOp::Block { id } = op {
+        let begin = blocking.writer().begin(*id, &mut waiters.journal);
+        match begin {
+            Begin::Gone => Outcome::Blocked,
+            Begin::Cancelled(o) => o,
+            Begin::Pop { form, once } => {
+                let before = w.parts().1.logged();
+                match crate::types::blocking::try_all(w, &form, ctx.now_ms)? {
+                    Some(o) => {
+                        if w.parts().1.logged() != before {
+                            if watches.active() {
+                                form.for_each_key(&mut |k| watches.note(k, touched));
+                            }
+                            fed.extend(form.fed().map(<[u8]>::to_vec));
+                        }
+                        o
+                    }
+                    None => match once {
+                        // Settled before it was tried (a timeout, a hang-up, CLIENT UNBLOCK):
+                        // it does not wait.
+                        Some(o) => o,
+                        None => {
+                            blocking.writer().wait(*id);
+                            Outcome::Blocked
+                        }
+                    },
+                }
+            }
+        }
+    } else {
+        let o = apply(w, op, ctx, watches, touched)?;
+        if blocking.any_queued() {
+            fed_keys(op, &mut |k| fed.push(k.to_vec()));
+        }
+        o
+    };
+    if !fed.is_empty() && blocking.any_queued() {
+        serve(w, fed, ctx, watches, touched, blocking, waiters)?;
+    }
+    Ok(outcome)
+}
+
+/// Pops for the waiters of each `ready` key, first come first served, while the key has
+/// elements: a waiter of another type stays blocked; a BLMOVE's destination becomes ready in
+/// turn.
+fn serve<T: Clone>(
+    w: &mut LmdbWrite<'_, '_>,
+    mut ready: Vec<Vec<u8>>,
+    ctx: Ctx,
+    watches: &Watches,
+    touched: &mut Touched,
+    blocking: &Blocking<T>,
+    waiters: &mut Waiters<T>,
+) -> Result<(), StoreError> {
+    use crate::types::blocking::{Try, try_key};
+    let mut i = 0;
+    // Each pass either serves a waiter (who leaves the registry) or moves past one: it ends.
+    while i < ready.len() {
+        let key = std::mem::take(&mut ready[i]);
+        i += 1;
+        let mut after = 0;
+        loop {
+            let claimed = blocking.writer().claim(&key, after, &mut waiters.journal);
+            let Some((pos, c)) = claimed else { break };
+            after = pos;
+            let tried = try_key(w, &c.form, &key, ctx.now_ms);
+            let outcome = match tried {
+                Ok(Try::Popped(o)) => o,
+                Ok(Try::Empty) => {
+                    blocking.writer().unclaim(c.id, pos);
+                    break;
+                }
+                Ok(Try::WrongType) => {
+                    blocking.writer().unclaim(c.id, pos);
+                    continue;
+                }
+                Err(e) => {
+                    // The batch fails and is rolled back, claim included.
+                    return Err(e);
+                }
+            };
+            if outcome != Outcome::WrongType {
+                if watches.active() {
+                    c.form.for_each_key(&mut |k| {
+                        if k == key.as_slice() || Some(k) == c.form.fed() {
+                            watches.note(k, touched);
+                        }
+                    });
+                }
+                if let Some(d) = c.form.fed()
+                    && !ready[i..].iter().any(|r| r.as_slice() == d)
+                {
+                    ready.push(d.to_vec());
+                }
+            }
+            waiters.served.push((
+                c.worker,
+                Completion {
+                    tag: c.tag,
+                    outcome,
+                },
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The writes `op` applied, for `publish_flush`: itself, and an EXEC's steps when it ran (a
 /// FLUSHALL inside EXEC cancels a pending delayed flush as one outside does).
 fn applied<'a>(op: &'a WriteOp, outcome: &Outcome) -> impl Iterator<Item = &'a WriteOp> {
@@ -262,6 +463,8 @@ pub struct Writer<T> {
     gc_more: bool,
     /// The keys RESP clients watch: told of every key a logged batch changed.
     watches: Arc<Watches>,
+    /// Clients blocked in a blocking pop, which the batches' writes may serve.
+    blocking: Arc<Blocking<T>>,
     /// The LMDB write transaction batches go into (begun and ended on the writer thread only).
     open: Option<OpenTxn>,
     /// What the open transaction changed in `items`, as last published to readers.
@@ -298,7 +501,7 @@ enum Handled {
     Requeue,
 }
 
-impl<T: Send> Writer<T> {
+impl<T: Send + Clone> Writer<T> {
     pub fn new(
         durable: Durable,
         clock: Arc<Clock>,
@@ -322,6 +525,7 @@ impl<T: Send> Writer<T> {
             .try_clone_inner_file()
             .map_err(|e| std::io::Error::other(format!("cannot open LMDB's data file: {e}")))?;
         let outboxes = mailboxes.iter().map(|_| Vec::new()).collect();
+        let blocking = Arc::new(Blocking::new(mailboxes.clone()));
         Ok(Writer {
             store,
             wal,
@@ -340,6 +544,7 @@ impl<T: Send> Writer<T> {
             outboxes,
             gc_more: true,
             watches: Arc::default(),
+            blocking,
             open: None,
             map: Map::new_sync(),
             uncommitted: Vec::new(),
@@ -356,6 +561,12 @@ impl<T: Send> Writer<T> {
     /// Shares the registry of watched keys with the workers (WATCH).
     pub fn with_watches(mut self, watches: Arc<Watches>) -> Writer<T> {
         self.watches = watches;
+        self
+    }
+
+    /// Shares the registry of blocked clients with the workers (blocking pops).
+    pub fn with_blocking(mut self, blocking: Arc<Blocking<T>>) -> Writer<T> {
+        self.blocking = blocking;
         self
     }
 
@@ -676,7 +887,9 @@ impl<T: Send> Writer<T> {
                 || !self.held.is_empty()
                 || self.flush_due()
                 || self.nearly_full.load(Ordering::Acquire)
+                || self.blocking.any_queued()
             {
+                // (With waiters queued, any write may feed one: the writer thread serves them.)
                 return (Handled::Requeue, 0);
             }
         } else {
@@ -702,6 +915,8 @@ impl<T: Send> Writer<T> {
         let mut cas = self.cas;
         let watches = self.watches.clone();
         let mut touched = Touched::default();
+        let blocking = self.blocking.clone();
+        let mut waiters = Waiters::default();
         let mut open = self.open.take();
         let spare = std::mem::take(&mut self.log);
         let applied_log: Result<LogBuf, StoreError> = match (&self.broken, open.as_mut()) {
@@ -724,7 +939,15 @@ impl<T: Send> Writer<T> {
                     for sub in batch.iter() {
                         for req in &sub.reqs {
                             let mut w = store.writer(txn, &mut cas);
-                            outcomes.push(apply(&mut w, &req.op, ctx, &watches, &mut touched)?);
+                            outcomes.push(apply_req(
+                                &mut w,
+                                &req.op,
+                                ctx,
+                                &watches,
+                                &mut touched,
+                                &blocking,
+                                &mut waiters,
+                            )?);
                         }
                     }
                     if cas != self.cas {
@@ -749,6 +972,7 @@ impl<T: Send> Writer<T> {
                 log
             }
             Err(e) => {
+                waiters.rollback(&blocking);
                 if self.broken.is_none() {
                     // LMDB refuses to commit a transaction a write failed in, and this batch
                     // may be half in it: it is aborted and rebuilt from the log.
@@ -762,6 +986,7 @@ impl<T: Send> Writer<T> {
             }
         };
         let mut handled = Handled::Done;
+        let mut failed = false;
         if !log.is_empty() {
             let mut map = self.map.clone();
             let visible_now = match overlay::absorb(&mut map, log.payload()) {
@@ -776,7 +1001,7 @@ impl<T: Send> Writer<T> {
                     Err(e) => {
                         self.break_log(format!("cannot append to the write-ahead log: {e}"));
                         self.poisoned = true;
-                        outcomes.iter_mut().for_each(|o| *o = Outcome::Failed);
+                        failed = true;
                     }
                     Ok(_) => {
                         self.uncommitted.extend_from_slice(log.payload());
@@ -794,9 +1019,10 @@ impl<T: Send> Writer<T> {
                 log.reset();
                 self.log = std::mem::take(&mut log);
                 if self.broken.is_some() {
-                    outcomes.iter_mut().for_each(|o| *o = Outcome::Failed);
+                    failed = true;
                 } else {
                     // Taken back out: run each write alone.
+                    waiters.rollback(&blocking);
                     self.fallback(batch, e, ctx);
                     return (Handled::Done, swept);
                 }
@@ -807,6 +1033,9 @@ impl<T: Send> Writer<T> {
         // Logged and visible (or failed): watchers of what it changed must hear of it.
         watches.publish(&mut touched);
         let durable = self.cfg.sync != SyncMode::Always || self.sync_log();
+        if failed {
+            fail_all(&mut outcomes);
+        }
         if durable {
             let ops = batch
                 .iter()
@@ -816,7 +1045,7 @@ impl<T: Send> Writer<T> {
             self.publish_flush(ran_due, ops, ctx.now_ms);
         } else {
             // Not known durable: no write of the batch is acknowledged.
-            outcomes.iter_mut().for_each(|o| *o = Outcome::Failed);
+            fail_all(&mut outcomes);
         }
         let mut outcomes = outcomes.into_iter();
         for sub in batch.drain(..) {
@@ -825,10 +1054,19 @@ impl<T: Send> Writer<T> {
                     tag: req.tag,
                     outcome: outcomes.next().unwrap_or(Outcome::Failed),
                 };
+                if c.outcome == Outcome::Blocked {
+                    continue;
+                }
                 match handled {
                     Handled::Held => self.held.push((sub.worker, c)),
                     _ => self.outboxes[sub.worker].push(c),
                 }
+            }
+        }
+        for (worker, c) in waiters.finish(&blocking, failed || !durable) {
+            match handled {
+                Handled::Held => self.held.push((worker, c)),
+                _ => self.outboxes[worker].push(c),
             }
         }
         self.deliver(leader);
@@ -854,22 +1092,31 @@ impl<T: Send> Writer<T> {
             self.rebuild();
         }
         let mut outcomes = Vec::new();
+        let mut waiters = Waiters::default();
         for sub in batch.iter() {
             for req in &sub.reqs {
-                outcomes.push(self.commit_one(&req.op, ctx));
+                outcomes.push(self.commit_one(&req.op, ctx, &mut waiters));
             }
         }
-        if self.cfg.sync == SyncMode::Always && !self.sync_log() {
-            outcomes.iter_mut().for_each(|o| *o = Outcome::Failed);
+        let failed = self.cfg.sync == SyncMode::Always && !self.sync_log();
+        if failed {
+            fail_all(&mut outcomes);
         }
         let mut outcomes = outcomes.into_iter();
         for sub in batch.drain(..) {
             for req in sub.reqs {
-                self.outboxes[sub.worker].push(Completion {
-                    tag: req.tag,
-                    outcome: outcomes.next().unwrap_or(Outcome::Failed),
-                });
+                let outcome = outcomes.next().unwrap_or(Outcome::Failed);
+                if outcome != Outcome::Blocked {
+                    self.outboxes[sub.worker].push(Completion {
+                        tag: req.tag,
+                        outcome,
+                    });
+                }
             }
+        }
+        let blocking = self.blocking.clone();
+        for (worker, c) in waiters.finish(&blocking, failed) {
+            self.outboxes[worker].push(c);
         }
         self.deliver(None);
     }
@@ -890,7 +1137,7 @@ impl<T: Send> Writer<T> {
 
     /// One write in its own LMDB transaction, committed before it is answered (writer thread,
     /// the fallback when a batch could not go in whole). The caller syncs the log.
-    fn commit_one(&mut self, op: &WriteOp, ctx: Ctx) -> Outcome {
+    fn commit_one(&mut self, op: &WriteOp, ctx: Ctx, waiters: &mut Waiters<T>) -> Outcome {
         if self.broken.is_some() {
             return Outcome::Failed;
         }
@@ -904,6 +1151,8 @@ impl<T: Send> Writer<T> {
         let store = self.store.clone();
         let watches = self.watches.clone();
         let mut touched = Touched::default();
+        let blocking = self.blocking.clone();
+        let mut mine = Waiters::default();
         let mut open = self.open.take();
         let result = (|| -> Result<(Outcome, LogBuf), StoreError> {
             let open = open
@@ -911,7 +1160,15 @@ impl<T: Send> Writer<T> {
                 .ok_or_else(|| StoreError::Backend("no write transaction".into()))?;
             let txn = open.txn()?;
             let mut w = store.writer(txn, &mut cas);
-            let outcome = apply(&mut w, op, ctx, &watches, &mut touched)?;
+            let outcome = apply_req(
+                &mut w,
+                op,
+                ctx,
+                &watches,
+                &mut touched,
+                &blocking,
+                &mut mine,
+            )?;
             store.put_cas(txn, cas)?;
             Ok((outcome, txn.take_log(LogBuf::default())))
         })();
@@ -923,13 +1180,16 @@ impl<T: Send> Writer<T> {
                 if !log.is_empty()
                     && let Err(e) = self.log_and_commit(&mut log)
                 {
+                    mine.rollback(&blocking);
                     return failed_outcome(e);
                 }
+                waiters.append(mine);
                 watches.publish(&mut touched);
                 self.publish_flush(false, applied(op, &o), ctx.now_ms);
                 o
             }
             Err(e) => {
+                mine.rollback(&blocking);
                 self.poisoned = true;
                 self.rebuild();
                 failed_outcome(e)
@@ -967,7 +1227,7 @@ fn lock<T>(core: &Mutex<Writer<T>>) -> std::sync::MutexGuard<'_, Writer<T>> {
 /// The writer thread: takes what workers could not commit themselves (another commit was
 /// running, or submissions were already queued), gathers it into batches, commits LMDB when
 /// due, and does the housekeeping. Runs until every gate is gone, then checkpoints and returns.
-fn run<T: Send>(
+fn run<T: Send + Clone>(
     core: Arc<Mutex<Writer<T>>>,
     rx: Receiver<Submission<T>>,
     queued: Arc<AtomicUsize>,
@@ -1125,7 +1385,7 @@ const LEAD_TRIES: usize = 8;
 /// are a transaction that may (or reads collections inside the write transaction).
 fn for_writer_thread(op: &WriteOp) -> bool {
     match op {
-        WriteOp::Coll(_) | WriteOp::FlushAll { .. } => true,
+        WriteOp::Coll(_) | WriteOp::FlushAll { .. } | WriteOp::Block { .. } => true,
         WriteOp::Exec(x) => x.steps.iter().any(|s| match s {
             Step::Write(w) => for_writer_thread(w),
             Step::Read(_) => false,
@@ -1134,7 +1394,7 @@ fn for_writer_thread(op: &WriteOp) -> bool {
     }
 }
 
-impl<T: Send> Gate<T> {
+impl<T: Send + Clone> Gate<T> {
     /// Commits or queues `sub`.
     pub fn submit(&self, sub: Submission<T>) -> Submitted {
         let mut sub = sub;

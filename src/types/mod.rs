@@ -16,6 +16,7 @@
 //! write's arguments on the worker), `apply` (run it in the writer's transaction) and `read`
 //! (answer a read from the worker's read transaction, straight from the map).
 
+pub mod blocking;
 pub mod hash;
 pub mod list;
 pub mod set;
@@ -36,6 +37,8 @@ pub enum CollOp {
     Hash(hash::HashOp),
     Set(set::SetOp),
     ZSet(zset::ZSetOp),
+    /// LMPOP, ZMPOP, and a blocking pop inside MULTI: a pop over several keys that never waits.
+    Pop(blocking::PopForm),
 }
 
 impl CollOp {
@@ -72,6 +75,7 @@ impl CollOp {
                 | Z::RemRange { key, .. }
                 | Z::Pop { key, .. },
             ) => f(key),
+            CollOp::Pop(form) => form.for_each_key(f),
         }
     }
 }
@@ -83,6 +87,7 @@ pub fn apply(w: &mut LmdbWrite<'_, '_>, op: &CollOp, now: u64) -> Result<Outcome
         CollOp::Hash(op) => hash::apply(w, op, now),
         CollOp::Set(op) => set::apply(w, op, now),
         CollOp::ZSet(op) => zset::apply(w, op, now),
+        CollOp::Pop(form) => blocking::apply(w, form, now),
     }
 }
 
