@@ -270,6 +270,7 @@ fn concurrent_readers_never_see_half_an_exec() {
     let addr = server.resp_addr().unwrap();
     let mut w = resp(&server);
     assert_eq!(w.cmd("MSET a 0 b 0"), ok());
+    let (started_tx, started) = std::sync::mpsc::channel();
     let reader = std::thread::spawn(move || {
         let mut r = Resp::connect(addr);
         let mut seen = 0;
@@ -281,12 +282,18 @@ fn concurrent_readers_never_see_half_an_exec() {
                         break;
                     }
                     seen += 1;
+                    let _ = started_tx.send(());
                 }
                 other => panic!("MGET answered {other:?}"),
             }
         }
         seen
     });
+    // The EXECs begin once the reader reads, so it reads while they run (it saw none before
+    // this wait, when it could start only after the last one).
+    started
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("reader started");
     for i in 1..=300 {
         assert_eq!(w.cmd("MULTI"), ok());
         assert_eq!(w.cmd(&format!("SET a {i}")), queued());
