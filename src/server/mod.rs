@@ -53,6 +53,8 @@ pub struct Shared {
     pub mc_auth: Option<std::collections::HashMap<Vec<u8>, Vec<u8>>>,
     /// Redis pub/sub channels and patterns, and each worker's outbox of messages.
     pub pubsub: Arc<pubsub::PubSub>,
+    /// Cache mode's figures (evictions; all zero when `max_disk` is off).
+    pub cache: Arc<crate::storage::cache::CacheStats>,
 }
 
 /// A startup failure, one line for the operator.
@@ -149,13 +151,25 @@ fn is_loopback(listen: &str) -> bool {
 /// Opens the store, binds the ports and serves until SIGINT or SIGTERM.
 pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
     let threads = config.worker_threads();
-    let durable = crate::storage::durable::open(
+    let mut durable = crate::storage::durable::open(
         &config.data_dir,
         config.map_size,
         // Worker passes, the checkpoint pins (two while one is replaced), backups.
         (threads as u32 + 8).max(126),
     )
     .map_err(|e| ServerError(e.0))?;
+    if config.max_disk > 0 {
+        // Before any clone of the store is made: every reader notes its hits here.
+        durable
+            .store
+            .set_access(Some(Arc::new(crate::storage::cache::Access::new())));
+        if config.max_disk > config.map_size / 4 * 3 {
+            warn!(
+                "max_disk ({}) is close to map_size ({}): LMDB's free pages count against the map, so writes may fail as out of memory before the cap evicts",
+                config.max_disk, config.map_size
+            );
+        }
+    }
     let mut mc_listener = if config.port != 0 {
         Some(bind(&config.listen, config.port)?)
     } else {
@@ -227,6 +241,7 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         watches: Arc::default(),
         backups: Arc::new(crate::backup::Backups::default()),
         mc_auth,
+        cache: Arc::default(),
         config,
     });
     let cfg = &shared.config;
@@ -247,12 +262,15 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
             sync_interval: Duration::from_millis(cfg.sync_interval_ms),
             max_batch: cfg.max_batch,
             item_size_max: cfg.max_item_size as usize,
+            max_disk: cfg.max_disk,
         },
         shared.flush_at.clone(),
         handles.iter().map(|h| h.mailbox.clone()).collect(),
     )
     .map_err(|e| ServerError(format!("cannot start the writer: {e}")))?
-    .with_watches(shared.watches.clone());
+    .with_watches(shared.watches.clone())
+    .with_cache(shared.cache.clone())
+    .map_err(|e| ServerError(format!("cannot start the writer: {e}")))?;
     let (gate, writer_thread) = writer
         .start()
         .map_err(|e| ServerError(format!("cannot start writer thread: {e}")))?;
@@ -291,7 +309,7 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
     }
 
     info!(
-        "memkeep {} serving memcached on {}:{} and RESP on port {} with {} worker threads, data in {}, sync {}{}",
+        "memkeep {} serving memcached on {}:{} and RESP on port {} with {} worker threads, data in {}, sync {}{}{}",
         env!("CARGO_PKG_VERSION"),
         cfg.listen,
         cfg.port,
@@ -301,6 +319,11 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         cfg.sync,
         if cfg.sync == crate::config::SyncMode::Periodic {
             format!(" every {} ms", cfg.sync_interval_ms)
+        } else {
+            String::new()
+        },
+        if cfg.max_disk > 0 {
+            format!(", cache mode: evicting past {} bytes on disk", cfg.max_disk)
         } else {
             String::new()
         },

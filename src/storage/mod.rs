@@ -5,6 +5,7 @@
 //! counter that only grows (persisted with every batch); expiry is absolute unix milliseconds,
 //! 0 meaning never.
 
+pub mod cache;
 pub mod durable;
 pub mod item;
 pub mod lmdb;
