@@ -613,6 +613,15 @@ pub fn complete(
     }
 }
 
+/// memcached's memory limit as memkeep has one: the cap in cache mode, else the map.
+fn limit_maxbytes(cfg: &crate::config::Config) -> u64 {
+    if cfg.max_disk > 0 {
+        cfg.max_disk
+    } else {
+        cfg.map_size
+    }
+}
+
 fn stat(out: &mut Vec<u8>, name: &str, value: impl std::fmt::Display) {
     use std::io::Write;
     let _ = write!(out, "STAT {name} {value}\r\n");
@@ -633,6 +642,8 @@ pub(super) fn stats(args: &[u8], out: &mut Vec<u8>, pass: &mut Pass<'_>) {
                 Ok(store) => (store.len().unwrap_or(0), store.used_bytes()),
                 Err(_) => (0, 0),
             };
+            let cache = &shared.cache;
+            let mem = super::stats::rss();
             stat(out, "pid", std::process::id());
             stat(out, "uptime", shared.started.elapsed().as_secs());
             stat(out, "time", now_s);
@@ -674,7 +685,8 @@ pub(super) fn stats(args: &[u8], out: &mut Vec<u8>, pass: &mut Pass<'_>) {
             stat(out, "auth_errors", t.auth_errors);
             stat(out, "bytes_read", t.bytes_read);
             stat(out, "bytes_written", t.bytes_written);
-            stat(out, "limit_maxbytes", cfg.map_size);
+            // In cache mode the cap is the limit items are evicted at.
+            stat(out, "limit_maxbytes", limit_maxbytes(cfg));
             stat(out, "accepting_conns", 1);
             stat(out, "listen_disabled_num", 0);
             stat(out, "threads", cfg.worker_threads());
@@ -684,20 +696,38 @@ pub(super) fn stats(args: &[u8], out: &mut Vec<u8>, pass: &mut Pass<'_>) {
             stat(out, "total_items", t.total_items);
             stat(out, "bytes", bytes);
             stat(out, "expired_unfetched", 0);
-            stat(out, "evicted_unfetched", 0);
-            stat(out, "evictions", 0);
+            stat(
+                out,
+                "evicted_unfetched",
+                cache.evicted_unfetched.load(Ordering::Relaxed),
+            );
+            stat(out, "evictions", cache.evictions.load(Ordering::Relaxed));
             stat(out, "reclaimed", 0);
+            // memkeep's own: resident memory apart (the page cache holding the map is the
+            // kernel's, and shrinks under pressure), and in cache mode the measure the cap is
+            // held to.
+            stat(out, "rss_anon", mem.anon);
+            stat(out, "rss_file", mem.file);
+            if cfg.max_disk > 0 {
+                stat(out, "max_disk", cfg.max_disk);
+                stat(out, "disk_used", cache.data_bytes.load(Ordering::Relaxed));
+            }
             line(out, "END");
         }
         b"settings" => {
-            stat(out, "maxbytes", cfg.map_size);
+            stat(out, "maxbytes", limit_maxbytes(cfg));
             stat(out, "maxconns", cfg.max_connections);
             stat(out, "idle_time", cfg.idle_timeout);
             stat(out, "tcpport", cfg.port);
             stat(out, "udpport", 0);
             stat(out, "inter", &cfg.listen);
             stat(out, "verbosity", cfg.verbosity);
-            stat(out, "evictions", "off");
+            // memcached's -M: "off" refuses writes when full, as the store does without a cap.
+            stat(
+                out,
+                "evictions",
+                if cfg.max_disk > 0 { "on" } else { "off" },
+            );
             stat(out, "num_threads", cfg.worker_threads());
             stat(out, "cas_enabled", "yes");
             stat(out, "item_size_max", cfg.max_item_size);
@@ -705,12 +735,14 @@ pub(super) fn stats(args: &[u8], out: &mut Vec<u8>, pass: &mut Pass<'_>) {
             stat(out, "sync", cfg.sync);
             stat(out, "sync_interval_ms", cfg.sync_interval_ms);
             stat(out, "resp_port", cfg.resp_port);
+            stat(out, "max_disk", cfg.max_disk);
             line(out, "END");
         }
         b"reset" => {
             for c in shared.counters.iter() {
                 c.reset();
             }
+            shared.cache.reset();
             line(out, "RESET");
         }
         // LMDB environment figures (MemcacheDB's `stats mdb`; memkeep also answers `stats lmdb`).
@@ -741,6 +773,13 @@ pub(super) fn stats(args: &[u8], out: &mut Vec<u8>, pass: &mut Pass<'_>) {
             stat(out, "page_size", st.page_size);
             stat(out, "last_pgno", info.last_page_number);
             stat(out, "used_bytes", shared.store.used_bytes());
+            // The pages LMDB's trees occupy now (what max_disk caps; free pages excluded).
+            let data = pass
+                .snap()
+                .and_then(|s| s.data_pages(s.txn()))
+                .map_or(0, |p| p * st.page_size as u64);
+            stat(out, "data_bytes", data);
+            stat(out, "max_disk", cfg.max_disk);
             stat(out, "last_txnid", info.last_txn_id);
             stat(out, "max_readers", info.maximum_number_of_readers);
             stat(out, "num_readers", info.number_of_readers);

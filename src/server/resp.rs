@@ -2424,11 +2424,19 @@ fn config(args: Args<'_>, out: &mut Vec<u8>, sess: &Session, pass: &Pass<'_>) {
             crate::config::SyncMode::Periodic => "everysec",
             crate::config::SyncMode::Never => "no",
         };
-        let params: [(&str, String); 11] = [
+        let cache = cfg.max_disk > 0;
+        let params: [(&str, String); 12] = [
             ("save", String::new()),
             ("appendonly", "no".into()),
             ("appendfsync", appendfsync.into()),
-            ("maxmemory", cfg.map_size.to_string()),
+            (
+                "maxmemory",
+                if cache { cfg.max_disk } else { cfg.map_size }.to_string(),
+            ),
+            (
+                "maxmemory-policy",
+                if cache { "allkeys-lru" } else { "noeviction" }.into(),
+            ),
             ("databases", "1".into()),
             ("port", cfg.resp_port.to_string()),
             ("bind", cfg.listen.clone()),
@@ -2466,6 +2474,7 @@ fn config(args: Args<'_>, out: &mut Vec<u8>, sess: &Session, pass: &Pass<'_>) {
         for c in pass.shared.counters.iter() {
             c.reset();
         }
+        pass.shared.cache.reset();
         enc::ok(out);
     } else if args.is(1, "SET") {
         enc::error(
@@ -2527,6 +2536,7 @@ fn info(args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
         Err(_) => 0,
     };
     let used = shared.store.used_bytes();
+    let mem = super::stats::rss();
     let (user, sys) = rusage();
     let (channels, patterns) = shared.pubsub.sizes();
     let uptime = shared.started.elapsed().as_secs();
@@ -2574,9 +2584,30 @@ fn info(args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
         "memory",
         "Memory",
         format!(
-            "used_memory:{used}\r\nused_memory_human:{:.2}M\r\nmaxmemory:{}\r\nmaxmemory_policy:noeviction\r\n",
+            "used_memory:{used}\r\nused_memory_human:{:.2}M\r\nused_memory_rss:{}\r\nmemkeep_rss_anon:{}\r\nmemkeep_rss_file:{}\r\nmaxmemory:{}\r\nmaxmemory_policy:{}\r\n{}",
             used as f64 / 1048576.0,
-            cfg.map_size
+            mem.anon + mem.file,
+            mem.anon,
+            mem.file,
+            if cfg.max_disk > 0 {
+                cfg.max_disk
+            } else {
+                cfg.map_size
+            },
+            if cfg.max_disk > 0 {
+                "allkeys-lru"
+            } else {
+                "noeviction"
+            },
+            if cfg.max_disk > 0 {
+                format!(
+                    "memkeep_max_disk:{}\r\nmemkeep_disk_used:{}\r\n",
+                    cfg.max_disk,
+                    shared.cache.data_bytes.load(Ordering::Relaxed)
+                )
+            } else {
+                String::new()
+            }
         ),
     );
     section(
@@ -2591,10 +2622,11 @@ fn info(args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
         "stats",
         "Stats",
         format!(
-            "total_connections_received:{}\r\ntotal_commands_processed:{}\r\ninstantaneous_ops_per_sec:0\r\nrejected_connections:{}\r\nexpired_keys:0\r\nevicted_keys:0\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\npubsub_channels:{channels}\r\npubsub_patterns:{patterns}\r\npubsubshard_channels:0\r\nclient_output_buffer_limit_disconnections:{}\r\n",
+            "total_connections_received:{}\r\ntotal_commands_processed:{}\r\ninstantaneous_ops_per_sec:0\r\nrejected_connections:{}\r\nexpired_keys:0\r\nevicted_keys:{}\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\npubsub_channels:{channels}\r\npubsub_patterns:{patterns}\r\npubsubshard_channels:0\r\nclient_output_buffer_limit_disconnections:{}\r\n",
             t.total_connections,
             t.resp_commands + t.cmd_get + t.cmd_set,
             t.rejected_connections,
+            shared.cache.evictions.load(Ordering::Relaxed),
             t.get_hits,
             t.get_misses,
             t.output_limit_disconnections

@@ -93,3 +93,56 @@ pub fn rusage() -> (f64, f64) {
     let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     (secs(ru.ru_utime), secs(ru.ru_stime))
 }
+
+/// Resident memory, in bytes: anonymous (heap, stacks: memkeep's own) and file-backed (the
+/// LMDB map's pages in the page cache, and the binary), from `/proc/self/status`. Zeros where
+/// the file is missing or unreadable.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Rss {
+    pub anon: u64,
+    pub file: u64,
+}
+
+pub fn rss() -> Rss {
+    std::fs::read_to_string("/proc/self/status").map_or(Rss::default(), |t| parse_rss(&t))
+}
+
+fn parse_rss(status: &str) -> Rss {
+    let mut r = Rss::default();
+    for line in status.lines() {
+        let Some((name, rest)) = line.split_once(':') else {
+            continue;
+        };
+        let kb = rest
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse::<u64>()
+            .unwrap_or(0);
+        match name {
+            "RssAnon" => r.anon = kb * 1024,
+            "RssFile" | "RssShmem" => r.file += kb * 1024,
+            _ => {}
+        }
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rss_reads_anonymous_and_file_backed_apart() {
+        let t = "VmRSS:\t  3000 kB\nRssAnon:\t  1000 kB\nRssFile:\t  1800 kB\nRssShmem:\t 200 kB\n";
+        assert_eq!(
+            parse_rss(t),
+            Rss {
+                anon: 1000 * 1024,
+                file: 2000 * 1024
+            }
+        );
+        // This process has a heap.
+        assert!(rss().anon > 0);
+    }
+}

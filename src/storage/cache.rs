@@ -277,6 +277,8 @@ pub struct Evictor {
     /// Largest key + value LMDB keeps in a leaf page (larger values go to overflow pages,
     /// whose header the evictor does not read: that would fault in a cold page per candidate).
     inline_max: usize,
+    /// The OS's memory page size, for `resident`.
+    os_page: usize,
 }
 
 impl Evictor {
@@ -294,6 +296,11 @@ impl Evictor {
             walked: 0,
             rng: getrandom::u64().unwrap_or(0x9e37_79b9_7f4a_7c15) | 1,
             inline_max,
+            // Safety: sysconf has no preconditions.
+            os_page: usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
+                .ok()
+                .filter(|p| p.is_power_of_two())
+                .unwrap_or(4096),
         }
     }
 
@@ -316,15 +323,32 @@ impl Evictor {
     ) -> Result<(u64, bool), StoreError> {
         let mut score = 0;
         let mut expired = false;
-        if key.len() + record.len() <= self.inline_max {
+        let known = access.lookup(key);
+        // A value in its leaf page has its header at hand. An overflow value's header is read
+        // only when the access table does not know the key and the page holding it is in
+        // memory: reading it otherwise would wait on the disk for every candidate. One not
+        // in memory has not been used for a while, as the kernel sees it: it scores 0.
+        let inline = key.len() + record.len() <= self.inline_max;
+        if inline || (known.is_none() && self.resident(record)) {
             let it = item::decode(record)?;
             score = it.meta.cas & TICK_MASK;
             expired = it.meta.is_expired(now_ms);
         }
-        if let Some(u) = access.lookup(key) {
+        if let Some(u) = known {
             score = score.max(u.tick);
         }
         Ok((if expired { 0 } else { score }, expired))
+    }
+
+    /// Whether the memory page holding the start of `bytes` is resident (mincore).
+    fn resident(&self, bytes: &[u8]) -> bool {
+        let start = (bytes.as_ptr() as usize) & !(self.os_page - 1);
+        let mut vec = [0u8; 1];
+        // Safety: mincore reads no memory: it reports on the one page at `start` (a page of
+        // LMDB's map, or of the transaction's own dirty pages) into the one byte of `vec`,
+        // and fails with ENOMEM, harmlessly, if nothing is mapped there.
+        let rc = unsafe { libc::mincore(start as *mut libc::c_void, 1, vec.as_mut_ptr()) };
+        rc == 0 && vec[0] & 1 == 1
     }
 
     /// Puts a candidate in the pool if it is among the oldest; true if it went into the older

@@ -857,21 +857,6 @@ impl<T: Send> Writer<T> {
         let mut log = match applied_log {
             Ok(log) => {
                 self.gc_more = gc_more;
-                if let (Some(p), Some(c)) = (evicted, &self.cache) {
-                    let st = &c.stats;
-                    st.evictions.fetch_add(p.evicted, Ordering::Relaxed);
-                    st.evicted_unfetched
-                        .fetch_add(p.unfetched, Ordering::Relaxed);
-                    st.expired_reclaimed.fetch_add(p.expired, Ordering::Relaxed);
-                    st.data_bytes
-                        .store(p.pages * c.page_size, Ordering::Relaxed);
-                    if p.evicted + p.expired > 0 {
-                        debug!(
-                            "evicted {} items ({} unfetched, {} expired), {} elements reclaimed; data now {} pages",
-                            p.evicted, p.unfetched, p.expired, p.reclaimed, p.pages
-                        );
-                    }
-                }
                 log
             }
             Err(e) => {
@@ -884,7 +869,6 @@ impl<T: Send> Writer<T> {
                     return (Handled::Requeue, 0);
                 }
                 self.fallback(batch, e, ctx);
-                self.check_cap();
                 return (Handled::Done, swept);
             }
         };
@@ -931,6 +915,23 @@ impl<T: Send> Writer<T> {
         }
         log.reset();
         self.log = log;
+        // Counted once readers see the items gone, so `stats` never shows an eviction whose
+        // item it still counts.
+        if let (Some(p), Some(c), None) = (evicted, &self.cache, &self.broken) {
+            let st = &c.stats;
+            st.evictions.fetch_add(p.evicted, Ordering::Relaxed);
+            st.evicted_unfetched
+                .fetch_add(p.unfetched, Ordering::Relaxed);
+            st.expired_reclaimed.fetch_add(p.expired, Ordering::Relaxed);
+            st.data_bytes
+                .store(p.pages * c.page_size, Ordering::Relaxed);
+            if p.evicted + p.expired > 0 {
+                debug!(
+                    "evicted {} items ({} unfetched, {} expired), {} elements reclaimed; data now {} pages",
+                    p.evicted, p.unfetched, p.expired, p.reclaimed, p.pages
+                );
+            }
+        }
         // Logged and visible (or failed): watchers of what it changed must hear of it.
         watches.publish(&mut touched);
         // An eviction pass answers no one, so it need not wait for an fdatasync of its own:
@@ -962,9 +963,11 @@ impl<T: Send> Writer<T> {
                 }
             }
         }
+        // Before the replies: a client that reads `stats` after its write sees the data's
+        // size as this batch left it (and whether an eviction pass is due).
+        self.check_cap();
         self.deliver(leader);
         self.nearly_full.store(self.near_full(0), Ordering::Release);
-        self.check_cap();
         (handled, swept)
     }
 
@@ -1003,6 +1006,7 @@ impl<T: Send> Writer<T> {
                 });
             }
         }
+        self.check_cap();
         self.deliver(None);
     }
 
