@@ -337,6 +337,9 @@ fn resp_sets_never_fail_and_collections_are_evicted_whole() {
         );
         assert_eq!(r.call(&[b"RPUSH", b"cold-list", &field]), Reply::Int(i + 1));
     }
+    // A client watching the cold list sees its eviction as a change (as Redis does).
+    let mut watcher = Resp::connect(s.resp_addr().expect("resp"));
+    assert_eq!(watcher.cmd("WATCH cold-list"), Reply::Simple("OK".into()));
     let strings = keys("s", 1200);
     for (i, k) in strings.iter().enumerate() {
         let v = value(k);
@@ -372,6 +375,13 @@ fn resp_sets_never_fail_and_collections_are_evicted_whole() {
     // The same count on the memcached port.
     let mut c = Mc::connect(s.addr());
     assert_eq!(c.stat("evictions"), evicted);
+    assert_eq!(watcher.cmd("MULTI"), Reply::Simple("OK".into()));
+    assert_eq!(watcher.cmd("SET w 1"), Reply::Simple("QUEUED".into()));
+    assert_eq!(
+        watcher.cmd("EXEC"),
+        Reply::Array(None),
+        "WATCH missed the eviction"
+    );
 }
 
 /// The data's pages as the writer last counted them.
