@@ -247,6 +247,11 @@ const WAYPOINTS: usize = 256;
 const GC_STEP: usize = 256;
 const EXPIRED_STEP: usize = 64;
 
+type Key = Box<[u8]>;
+
+/// What a run saw: how many keys, how many went into the pool's older half, the last key.
+type RunResult = (usize, usize, Option<Key>);
+
 /// A sampled item and its last known use (0 for an expired one: it goes first).
 struct Candidate {
     key: Box<[u8]>,
@@ -290,7 +295,7 @@ pub struct Evictor {
     credit: usize,
     random_runs: u64,
     /// The first and last keys, as last looked up, and draws since.
-    bounds: Option<(Box<[u8]>, Box<[u8]>)>,
+    bounds: Option<(Key, Key)>,
     bounds_age: u32,
     waypoints: Vec<Box<[u8]>>,
     next_waypoint: usize,
@@ -410,7 +415,7 @@ impl Evictor {
         n: usize,
         now_ms: u64,
         hand: bool,
-    ) -> Result<(usize, usize, Option<Box<[u8]>>), StoreError> {
+    ) -> Result<RunResult, StoreError> {
         let stride = (store.len(txn)? / WAYPOINTS as u64).max(1);
         let mut seen = 0;
         let mut taken = 0;
@@ -430,7 +435,7 @@ impl Evictor {
             seen += 1;
             if hand {
                 self.walked += 1;
-                if self.walked % stride == 0 {
+                if self.walked.is_multiple_of(stride) {
                     let wp: Box<[u8]> = k.into();
                     if self.waypoints.len() < WAYPOINTS {
                         self.waypoints.push(wp);
