@@ -638,11 +638,12 @@ pub(super) fn stats(args: &[u8], out: &mut Vec<u8>, pass: &mut Pass<'_>) {
             }
             let now_s = pass.now_ms / 1000;
             let (user, sys) = rusage();
+            // Before the snapshot (see `CacheStats::figures`).
+            let cache = shared.cache.figures();
             let (curr_items, bytes) = match pass.snap() {
                 Ok(store) => (store.len().unwrap_or(0), store.used_bytes()),
                 Err(_) => (0, 0),
             };
-            let cache = &shared.cache;
             let mem = super::stats::rss();
             stat(out, "pid", std::process::id());
             stat(out, "uptime", shared.started.elapsed().as_secs());
@@ -696,12 +697,8 @@ pub(super) fn stats(args: &[u8], out: &mut Vec<u8>, pass: &mut Pass<'_>) {
             stat(out, "total_items", t.total_items);
             stat(out, "bytes", bytes);
             stat(out, "expired_unfetched", 0);
-            stat(
-                out,
-                "evicted_unfetched",
-                cache.evicted_unfetched.load(Ordering::Relaxed),
-            );
-            stat(out, "evictions", cache.evictions.load(Ordering::Relaxed));
+            stat(out, "evicted_unfetched", cache.evicted_unfetched);
+            stat(out, "evictions", cache.evictions);
             stat(out, "reclaimed", 0);
             // memkeep's own: resident memory apart (the page cache holding the map is the
             // kernel's, and shrinks under pressure), and in cache mode the measure the cap is
@@ -710,7 +707,7 @@ pub(super) fn stats(args: &[u8], out: &mut Vec<u8>, pass: &mut Pass<'_>) {
             stat(out, "rss_file", mem.file);
             if cfg.max_disk > 0 {
                 stat(out, "max_disk", cfg.max_disk);
-                stat(out, "disk_used", cache.data_bytes.load(Ordering::Relaxed));
+                stat(out, "disk_used", cache.data_bytes);
             }
             line(out, "END");
         }

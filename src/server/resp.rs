@@ -2531,6 +2531,8 @@ fn info(args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
     for c in shared.counters.iter() {
         t.add(c);
     }
+    // Before the snapshot (see `CacheStats::figures`).
+    let cache = shared.cache.figures();
     let keys = match pass.snap() {
         Ok(store) => store.len().unwrap_or(0),
         Err(_) => 0,
@@ -2602,8 +2604,7 @@ fn info(args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
             if cfg.max_disk > 0 {
                 format!(
                     "memkeep_max_disk:{}\r\nmemkeep_disk_used:{}\r\n",
-                    cfg.max_disk,
-                    shared.cache.data_bytes.load(Ordering::Relaxed)
+                    cfg.max_disk, cache.data_bytes
                 )
             } else {
                 String::new()
@@ -2626,7 +2627,7 @@ fn info(args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
             t.total_connections,
             t.resp_commands + t.cmd_get + t.cmd_set,
             t.rejected_connections,
-            shared.cache.evictions.load(Ordering::Relaxed),
+            cache.evictions,
             t.get_hits,
             t.get_misses,
             t.output_limit_disconnections

@@ -220,7 +220,26 @@ pub struct CacheStats {
     pub data_bytes: AtomicU64,
 }
 
+/// `CacheStats` as read at one moment.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct CacheFigures {
+    pub evictions: u64,
+    pub evicted_unfetched: u64,
+    pub data_bytes: u64,
+}
+
 impl CacheStats {
+    /// The figures, to be read before the reader's snapshot is taken: the writer publishes
+    /// an eviction pass's deletions before it counts them (with release ordering), so figures
+    /// read first never count an eviction the snapshot still shows the item of.
+    pub fn figures(&self) -> CacheFigures {
+        CacheFigures {
+            evictions: self.evictions.load(Ordering::Acquire),
+            evicted_unfetched: self.evicted_unfetched.load(Ordering::Acquire),
+            data_bytes: self.data_bytes.load(Ordering::Acquire),
+        }
+    }
+
     /// `stats reset`: the counters (the gauge stays).
     pub fn reset(&self) {
         self.evictions.store(0, Ordering::Relaxed);

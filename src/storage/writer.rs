@@ -425,7 +425,7 @@ impl<T: Send> Writer<T> {
             cache
                 .stats
                 .data_bytes
-                .store(pages * cache.page_size, Ordering::Relaxed);
+                .store(pages * cache.page_size, Ordering::Release);
             if pages > cache.cap_pages {
                 self.over.store(true, Ordering::Release);
             }
@@ -919,12 +919,12 @@ impl<T: Send> Writer<T> {
         // item it still counts.
         if let (Some(p), Some(c), None) = (evicted, &self.cache, &self.broken) {
             let st = &c.stats;
-            st.evictions.fetch_add(p.evicted, Ordering::Relaxed);
+            st.evictions.fetch_add(p.evicted, Ordering::Release);
             st.evicted_unfetched
-                .fetch_add(p.unfetched, Ordering::Relaxed);
-            st.expired_reclaimed.fetch_add(p.expired, Ordering::Relaxed);
+                .fetch_add(p.unfetched, Ordering::Release);
+            st.expired_reclaimed.fetch_add(p.expired, Ordering::Release);
             st.data_bytes
-                .store(p.pages * c.page_size, Ordering::Relaxed);
+                .store(p.pages * c.page_size, Ordering::Release);
             if p.evicted + p.expired > 0 {
                 debug!(
                     "evicted {} items ({} unfetched, {} expired), {} elements reclaimed; data now {} pages",
