@@ -60,6 +60,10 @@ pub struct Config {
     pub map_size: u64,
     /// Most write requests the writer applies in one transaction.
     pub max_batch: usize,
+    /// Cache mode: the most disk the data may occupy (LMDB's pages in use in `data.mdb`),
+    /// past which memkeep evicts instead of refusing writes; 0 keeps it a store (no eviction).
+    #[serde(deserialize_with = "de_size")]
+    pub max_disk: u64,
     /// Password RESP clients must give (AUTH / HELLO AUTH); empty means none.
     pub requirepass: String,
     /// Close client connections that send nothing for this many seconds; 0 never does.
@@ -89,6 +93,7 @@ impl Default for Config {
             sync_interval_ms: 1000,
             map_size: 64 << 30,
             max_batch: 1024,
+            max_disk: 0,
             requirepass: String::new(),
             idle_timeout: 0,
             auth_file: None,
@@ -150,6 +155,11 @@ pub struct Cli {
     /// Most writes committed in one transaction [default: 1024]
     #[arg(long)]
     pub max_batch: Option<usize>,
+    /// Cache mode: cap the disk the data uses (LMDB's pages in use in data.mdb, not the
+    /// file's length, which never shrinks), e.g. 10g; past it memkeep evicts expired, then
+    /// least recently used items instead of refusing writes [default: 0 = off, never evict]
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    pub max_disk: Option<u64>,
     /// Password RESP clients must send with AUTH before anything else
     #[arg(long)]
     pub requirepass: Option<String>,
@@ -345,6 +355,7 @@ impl Config {
             sync_interval_ms,
             map_size,
             max_batch,
+            max_disk,
             requirepass,
             idle_timeout,
             backup_dir
@@ -396,6 +407,12 @@ impl Config {
         }
         if self.io_threads > 256 {
             return err("io_threads must be at most 256");
+        }
+        if self.max_disk != 0 && self.max_disk < 1 << 20 {
+            return err("max_disk must be at least 1m (or 0 for no cap)");
+        }
+        if self.max_disk > self.map_size {
+            return err("max_disk must not exceed map_size (the map is the store's hard limit)");
         }
         if self.sync == SyncMode::Periodic && self.sync_interval_ms == 0 {
             return err("sync_interval_ms must be at least 1 with sync = periodic");
@@ -476,6 +493,7 @@ mod tests {
             "sync_interval_ms",
             "map_size",
             "max_batch",
+            "max_disk",
             "requirepass",
             "backup_dir",
             "idle_timeout",
@@ -510,6 +528,19 @@ mod tests {
         assert_eq!(c.port, 3000);
         assert_eq!(c.sync, SyncMode::Never);
         assert_eq!(c.max_item_size, 2 << 20);
+    }
+
+    #[test]
+    fn max_disk_takes_a_size_and_is_checked() {
+        let cli = Cli::parse_from(["memkeep", "--max-disk", "256m"]);
+        assert_eq!(Config::from_cli(&cli).expect("valid").max_disk, 256 << 20);
+        let c = Config::from_toml("max_disk = \"2g\"\n").expect("file");
+        assert_eq!(c.max_disk, 2 << 30);
+        assert_eq!(Config::default().max_disk, 0, "off by default");
+        let cli = Cli::parse_from(["memkeep", "--max-disk", "100k"]);
+        assert!(Config::from_cli(&cli).is_err(), "below 1m");
+        let cli = Cli::parse_from(["memkeep", "--max-disk", "2g", "--map-size", "1g"]);
+        assert!(Config::from_cli(&cli).is_err(), "past the map");
     }
 
     #[test]

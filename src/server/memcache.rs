@@ -638,6 +638,15 @@ pub fn complete(
     }
 }
 
+/// memcached's memory limit as memkeep has one: the cap in cache mode, else the map.
+fn limit_maxbytes(cfg: &crate::config::Config) -> u64 {
+    if cfg.max_disk > 0 {
+        cfg.max_disk
+    } else {
+        cfg.map_size
+    }
+}
+
 fn stat(out: &mut Vec<u8>, name: &str, value: impl std::fmt::Display) {
     use std::io::Write;
     let _ = write!(out, "STAT {name} {value}\r\n");
@@ -654,10 +663,13 @@ pub(super) fn stats(args: &[u8], out: &mut Vec<u8>, pass: &mut Pass<'_>) {
             }
             let now_s = pass.now_ms / 1000;
             let (user, sys) = rusage();
+            // Before the snapshot (see `CacheStats::figures`).
+            let cache = shared.cache.figures();
             let (curr_items, bytes) = match pass.snap() {
                 Ok(store) => (store.len().unwrap_or(0), store.used_bytes()),
                 Err(_) => (0, 0),
             };
+            let mem = super::stats::rss();
             stat(out, "pid", std::process::id());
             stat(out, "uptime", shared.started.elapsed().as_secs());
             stat(out, "time", now_s);
@@ -699,7 +711,8 @@ pub(super) fn stats(args: &[u8], out: &mut Vec<u8>, pass: &mut Pass<'_>) {
             stat(out, "auth_errors", t.auth_errors);
             stat(out, "bytes_read", t.bytes_read);
             stat(out, "bytes_written", t.bytes_written);
-            stat(out, "limit_maxbytes", cfg.map_size);
+            // In cache mode the cap is the limit items are evicted at.
+            stat(out, "limit_maxbytes", limit_maxbytes(cfg));
             stat(out, "accepting_conns", 1);
             stat(out, "listen_disabled_num", 0);
             stat(out, "threads", cfg.worker_threads());
@@ -709,13 +722,18 @@ pub(super) fn stats(args: &[u8], out: &mut Vec<u8>, pass: &mut Pass<'_>) {
             stat(out, "total_items", t.total_items);
             stat(out, "bytes", bytes);
             stat(out, "expired_unfetched", 0);
-            stat(out, "evicted_unfetched", 0);
-            stat(out, "evictions", 0);
+            stat(out, "evicted_unfetched", cache.evicted_unfetched);
+            stat(out, "evictions", cache.evictions);
             stat(out, "reclaimed", 0);
-            // Memory: what memkeep allocates, and the resident part of LMDB's map (page cache).
-            let mem = super::stats::resident();
+            // memkeep's own: resident memory apart (the page cache holding the map is the
+            // kernel's, and shrinks under pressure), and in cache mode the measure the cap is
+            // held to.
             stat(out, "rss_anon", mem.anon);
-            stat(out, "rss_mapped", mem.file);
+            stat(out, "rss_file", mem.file);
+            if cfg.max_disk > 0 {
+                stat(out, "max_disk", cfg.max_disk);
+                stat(out, "disk_used", cache.data_bytes);
+            }
             // Reads of values not in memory, done by reader threads (`cold.rs`).
             if let Some(pool) = &shared.cold {
                 let c = pool.stats();
@@ -726,14 +744,19 @@ pub(super) fn stats(args: &[u8], out: &mut Vec<u8>, pass: &mut Pass<'_>) {
             line(out, "END");
         }
         b"settings" => {
-            stat(out, "maxbytes", cfg.map_size);
+            stat(out, "maxbytes", limit_maxbytes(cfg));
             stat(out, "maxconns", cfg.max_connections);
             stat(out, "idle_time", cfg.idle_timeout);
             stat(out, "tcpport", cfg.port);
             stat(out, "udpport", 0);
             stat(out, "inter", &cfg.listen);
             stat(out, "verbosity", cfg.verbosity);
-            stat(out, "evictions", "off");
+            // memcached's -M: "off" refuses writes when full, as the store does without a cap.
+            stat(
+                out,
+                "evictions",
+                if cfg.max_disk > 0 { "on" } else { "off" },
+            );
             stat(out, "num_threads", cfg.worker_threads());
             stat(out, "cas_enabled", "yes");
             stat(out, "item_size_max", cfg.max_item_size);
@@ -742,12 +765,14 @@ pub(super) fn stats(args: &[u8], out: &mut Vec<u8>, pass: &mut Pass<'_>) {
             stat(out, "sync_interval_ms", cfg.sync_interval_ms);
             stat(out, "resp_port", cfg.resp_port);
             stat(out, "io_threads", cfg.io_threads);
+            stat(out, "max_disk", cfg.max_disk);
             line(out, "END");
         }
         b"reset" => {
             for c in shared.counters.iter() {
                 c.reset();
             }
+            shared.cache.reset();
             line(out, "RESET");
         }
         // LMDB environment figures (MemcacheDB's `stats mdb`; memkeep also answers `stats lmdb`).
@@ -778,6 +803,13 @@ pub(super) fn stats(args: &[u8], out: &mut Vec<u8>, pass: &mut Pass<'_>) {
             stat(out, "page_size", st.page_size);
             stat(out, "last_pgno", info.last_page_number);
             stat(out, "used_bytes", shared.store.used_bytes());
+            // The pages LMDB's trees occupy now (what max_disk caps; free pages excluded).
+            let data = pass
+                .snap()
+                .and_then(|s| s.data_pages(s.txn()))
+                .map_or(0, |p| p * st.page_size as u64);
+            stat(out, "data_bytes", data);
+            stat(out, "max_disk", cfg.max_disk);
             stat(out, "last_txnid", info.last_txn_id);
             stat(out, "max_readers", info.maximum_number_of_readers);
             stat(out, "num_readers", info.number_of_readers);

@@ -65,6 +65,8 @@ pub struct Shared {
     pub blocking: Arc<crate::storage::blocking::Blocking<worker::Tag>>,
     /// Reader threads for values not in memory; none with `io_threads = 0`.
     pub cold: Option<cold::ColdPool>,
+    /// Cache mode's figures (evictions; all zero when `max_disk` is off).
+    pub cache: Arc<crate::storage::cache::CacheStats>,
 }
 
 /// CLIENT PAUSE's state: until when (ms since `origin`, 0 = not paused) and whether it holds
@@ -233,7 +235,7 @@ fn is_loopback(listen: &str) -> bool {
 /// Opens the store, binds the ports and serves until SIGINT or SIGTERM.
 pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
     let threads = config.worker_threads();
-    let durable = crate::storage::durable::open(
+    let mut durable = crate::storage::durable::open(
         &config.data_dir,
         config.map_size,
         // Worker passes, reader threads, the checkpoint pins (two while one is replaced),
@@ -241,6 +243,18 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         (threads as u32 + config.io_threads as u32 + 8).max(126),
     )
     .map_err(|e| ServerError(e.0))?;
+    if config.max_disk > 0 {
+        // Before any clone of the store is made: every reader notes its hits here.
+        durable
+            .store
+            .set_access(Some(Arc::new(crate::storage::cache::Access::new())));
+        if config.max_disk > config.map_size / 4 * 3 {
+            warn!(
+                "max_disk ({}) is close to map_size ({}): LMDB's free pages count against the map, so writes may fail as out of memory before the cap evicts",
+                config.max_disk, config.map_size
+            );
+        }
+    }
     let mut mc_listener = if config.port != 0 {
         Some(bind(&config.listen, config.port)?)
     } else {
@@ -342,6 +356,7 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         watches: Arc::default(),
         backups: Arc::new(crate::backup::Backups::default()),
         mc_auth,
+        cache: Arc::default(),
         config,
     });
     let cfg = &shared.config;
@@ -362,13 +377,16 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
             sync_interval: Duration::from_millis(cfg.sync_interval_ms),
             max_batch: cfg.max_batch,
             item_size_max: cfg.max_item_size as usize,
+            max_disk: cfg.max_disk,
         },
         shared.flush_at.clone(),
         handles.iter().map(|h| h.mailbox.clone()).collect(),
     )
     .map_err(|e| ServerError(format!("cannot start the writer: {e}")))?
     .with_watches(shared.watches.clone())
-    .with_blocking(shared.blocking.clone());
+    .with_blocking(shared.blocking.clone())
+    .with_cache(shared.cache.clone())
+    .map_err(|e| ServerError(format!("cannot start the writer: {e}")))?;
     let (gate, writer_thread) = writer
         .start()
         .map_err(|e| ServerError(format!("cannot start writer thread: {e}")))?;
@@ -407,7 +425,7 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
     }
 
     info!(
-        "memkeep {} serving memcached on {}:{} and RESP on port {} with {} worker threads, data in {}, sync {}{}",
+        "memkeep {} serving memcached on {}:{} and RESP on port {} with {} worker threads, data in {}, sync {}{}{}",
         env!("CARGO_PKG_VERSION"),
         cfg.listen,
         cfg.port,
@@ -417,6 +435,11 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         cfg.sync,
         if cfg.sync == crate::config::SyncMode::Periodic {
             format!(" every {} ms", cfg.sync_interval_ms)
+        } else {
+            String::new()
+        },
+        if cfg.max_disk > 0 {
+            format!(", cache mode: evicting past {} bytes on disk", cfg.max_disk)
         } else {
             String::new()
         },

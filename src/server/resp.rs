@@ -1893,15 +1893,10 @@ fn data_read(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut P
     }
 }
 
-/// INFO memory's resident figures: memkeep's own allocations (anonymous) apart from the
-/// resident part of LMDB's map (page cache, which the kernel takes back when it must).
-fn memory_detail(cfg: &crate::config::Config) -> String {
-    let mem = super::stats::resident();
+/// INFO memory's size of the data file (what the store takes on disk, free pages included).
+fn data_file_line(cfg: &crate::config::Config) -> String {
     format!(
-        "used_memory_rss:{}\r\nmemkeep_rss_anon:{}\r\nmemkeep_rss_mapped:{}\r\nmemkeep_data_file_bytes:{}\r\n",
-        mem.anon + mem.file,
-        mem.anon,
-        mem.file,
+        "memkeep_data_file_bytes:{}\r\n",
         std::fs::metadata(cfg.data_dir.join("data.mdb")).map_or(0, |m| m.len()),
     )
 }
@@ -2918,11 +2913,19 @@ fn config(args: Args<'_>, out: &mut Vec<u8>, sess: &Session, pass: &Pass<'_>) {
             crate::config::SyncMode::Periodic => "everysec",
             crate::config::SyncMode::Never => "no",
         };
-        let params: [(&str, String); 11] = [
+        let cache = cfg.max_disk > 0;
+        let params: [(&str, String); 12] = [
             ("save", String::new()),
             ("appendonly", "no".into()),
             ("appendfsync", appendfsync.into()),
-            ("maxmemory", cfg.map_size.to_string()),
+            (
+                "maxmemory",
+                if cache { cfg.max_disk } else { cfg.map_size }.to_string(),
+            ),
+            (
+                "maxmemory-policy",
+                if cache { "allkeys-lru" } else { "noeviction" }.into(),
+            ),
             ("databases", "1".into()),
             ("port", cfg.resp_port.to_string()),
             ("bind", cfg.listen.clone()),
@@ -2960,6 +2963,7 @@ fn config(args: Args<'_>, out: &mut Vec<u8>, sess: &Session, pass: &Pass<'_>) {
         for c in pass.shared.counters.iter() {
             c.reset();
         }
+        pass.shared.cache.reset();
         enc::ok(out);
     } else if args.is(1, "SET") {
         enc::error(
@@ -3016,11 +3020,14 @@ fn info(args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
     for c in shared.counters.iter() {
         t.add(c);
     }
+    // Before the snapshot (see `CacheStats::figures`).
+    let cache = shared.cache.figures();
     let keys = match pass.snap() {
         Ok(store) => store.len().unwrap_or(0),
         Err(_) => 0,
     };
     let used = shared.store.used_bytes();
+    let mem = super::stats::rss();
     let (user, sys) = rusage();
     let (channels, patterns) = shared.pubsub.sizes();
     let uptime = shared.started.elapsed().as_secs();
@@ -3072,10 +3079,30 @@ fn info(args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
         "memory",
         "Memory",
         format!(
-            "used_memory:{used}\r\nused_memory_human:{:.2}M\r\nmaxmemory:{}\r\nmaxmemory_policy:noeviction\r\n",
+            "used_memory:{used}\r\nused_memory_human:{:.2}M\r\nused_memory_rss:{}\r\nmemkeep_rss_anon:{}\r\nmemkeep_rss_file:{}\r\nmaxmemory:{}\r\nmaxmemory_policy:{}\r\n{}",
             used as f64 / 1048576.0,
-            cfg.map_size
-        ) + &memory_detail(cfg),
+            mem.anon + mem.file,
+            mem.anon,
+            mem.file,
+            if cfg.max_disk > 0 {
+                cfg.max_disk
+            } else {
+                cfg.map_size
+            },
+            if cfg.max_disk > 0 {
+                "allkeys-lru"
+            } else {
+                "noeviction"
+            },
+            if cfg.max_disk > 0 {
+                format!(
+                    "memkeep_max_disk:{}\r\nmemkeep_disk_used:{}\r\n",
+                    cfg.max_disk, cache.data_bytes
+                )
+            } else {
+                String::new()
+            }
+        ) + &data_file_line(cfg),
     );
     section(
         "persistence",
@@ -3089,10 +3116,11 @@ fn info(args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
         "stats",
         "Stats",
         format!(
-            "total_connections_received:{}\r\ntotal_commands_processed:{}\r\ninstantaneous_ops_per_sec:0\r\nrejected_connections:{}\r\nexpired_keys:0\r\nevicted_keys:0\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\npubsub_channels:{channels}\r\npubsub_patterns:{patterns}\r\npubsubshard_channels:0\r\nclient_output_buffer_limit_disconnections:{}\r\n",
+            "total_connections_received:{}\r\ntotal_commands_processed:{}\r\ninstantaneous_ops_per_sec:0\r\nrejected_connections:{}\r\nexpired_keys:0\r\nevicted_keys:{}\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\npubsub_channels:{channels}\r\npubsub_patterns:{patterns}\r\npubsubshard_channels:0\r\nclient_output_buffer_limit_disconnections:{}\r\n",
             t.total_connections,
             t.resp_commands + t.cmd_get + t.cmd_set,
             t.rejected_connections,
+            cache.evictions,
             t.get_hits,
             t.get_misses,
             t.output_limit_disconnections

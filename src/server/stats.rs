@@ -94,34 +94,55 @@ pub fn rusage() -> (f64, f64) {
     (secs(ru.ru_utime), secs(ru.ru_stime))
 }
 
-/// This process's resident memory, in bytes: anonymous (heap, stacks: what memkeep allocates)
-/// and file-backed (LMDB's map of `data.mdb` that is resident and mapped here: page cache the
-/// kernel may take back at any time). Zero where `/proc/self/status` is unreadable.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Resident {
+/// Resident memory, in bytes: anonymous (heap, stacks: memkeep's own) and file-backed (the
+/// LMDB map's pages in the page cache, and the binary), from `/proc/self/status`. Zeros where
+/// the file is missing or unreadable.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Rss {
     pub anon: u64,
     pub file: u64,
 }
 
-pub fn resident() -> Resident {
-    let mut r = Resident::default();
-    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
-        return r;
-    };
-    for l in status.lines() {
-        let kib = |rest: &str| {
-            rest.trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse::<u64>()
-                .unwrap_or(0)
-                * 1024
+pub fn rss() -> Rss {
+    std::fs::read_to_string("/proc/self/status").map_or(Rss::default(), |t| parse_rss(&t))
+}
+
+fn parse_rss(status: &str) -> Rss {
+    let mut r = Rss::default();
+    for line in status.lines() {
+        let Some((name, rest)) = line.split_once(':') else {
+            continue;
         };
-        if let Some(rest) = l.strip_prefix("RssAnon:") {
-            r.anon = kib(rest);
-        } else if let Some(rest) = l.strip_prefix("RssFile:") {
-            r.file = kib(rest);
+        let kb = rest
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse::<u64>()
+            .unwrap_or(0);
+        match name {
+            "RssAnon" => r.anon = kb * 1024,
+            "RssFile" | "RssShmem" => r.file += kb * 1024,
+            _ => {}
         }
     }
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rss_reads_anonymous_and_file_backed_apart() {
+        let t = "VmRSS:\t  3000 kB\nRssAnon:\t  1000 kB\nRssFile:\t  1800 kB\nRssShmem:\t 200 kB\n";
+        assert_eq!(
+            parse_rss(t),
+            Rss {
+                anon: 1000 * 1024,
+                file: 2000 * 1024
+            }
+        );
+        // This process has a heap.
+        assert!(rss().anon > 0);
+    }
 }

@@ -186,6 +186,8 @@ pub struct LmdbStore {
     overlay: Arc<Overlay>,
     /// Where `data.mdb` is mapped: for asking whether a record is in memory (`resident.rs`).
     map: Option<MapSpan>,
+    /// Cache mode only: where readers and the writer note the uses of keys (`cache.rs`).
+    access: Option<Arc<super::cache::Access>>,
 }
 
 /// The writer's write transaction, kept open across batches (see `overlay.rs` for why).
@@ -441,6 +443,7 @@ impl LmdbStore {
                 has_colls: Arc::new(AtomicBool::new(has_colls)),
                 overlay: Arc::new(Overlay::new(0)),
                 map,
+                access: None,
             },
             Persisted { cas, flush_at },
         ))
@@ -486,6 +489,47 @@ impl LmdbStore {
     /// is not in the map.
     pub fn file_offset(&self, record: &[u8]) -> Option<u64> {
         self.map.as_ref()?.offset(record)
+    }
+
+    /// Cache mode: every clone made after this notes uses of keys in `access`.
+    pub fn set_access(&mut self, access: Option<Arc<super::cache::Access>>) {
+        self.access = access;
+    }
+
+    /// The access table, in cache mode.
+    #[inline]
+    pub fn access(&self) -> Option<&Arc<super::cache::Access>> {
+        self.access.as_ref()
+    }
+
+    /// The pages the data occupies, as LMDB counts them in `txn`: every database's branch,
+    /// leaf and overflow pages, the main tree's root and the two meta pages. Free pages inside
+    /// the file are not counted. O(1): LMDB keeps the counts in each tree's record, changed in
+    /// the same transaction as the pages (why cache mode uses them: see `cache.rs`).
+    pub fn data_pages(&self, txn: &RoTxn) -> Result<u64, StoreError> {
+        let mut pages = 3u64;
+        for t in [
+            self.items,
+            self.expiry,
+            self.meta,
+            self.elems,
+            self.zscore,
+            self.gc,
+        ] {
+            let s = t.db.stat(txn)?;
+            pages += (s.branch_pages + s.leaf_pages + s.overflow_pages) as u64;
+        }
+        Ok(pages)
+    }
+
+    /// Whether the expiry index holds an entry that is due (an item that may have expired).
+    pub fn expired_due(&self, txn: &RoTxn, now_ms: u64) -> Result<bool, StoreError> {
+        Ok(match self.expiry.first(txn)? {
+            Some((k, _)) => k
+                .first_chunk::<8>()
+                .is_some_and(|t| u64::from_be_bytes(*t) <= now_ms),
+            None => false,
+        })
     }
 
     pub fn read_txn(&self) -> Result<RoTxn<'_, WithoutTls>, StoreError> {
@@ -780,6 +824,9 @@ impl WriteView for LmdbWrite<'_, '_> {
             v.push(&hdr[..n]);
             v.extend_from_slice(parts);
             self.store.items.put_parts(self.txn, key, &v)?;
+        }
+        if let Some(a) = self.store.access() {
+            a.note_write(key, *self.cas);
         }
         if meta.expire_at != 0 {
             // A key longer than INDEX_KEY_MAX is filed under its prefix (see `sweep_expired`):

@@ -6,6 +6,7 @@
 //! 0 meaning never.
 
 pub mod blocking;
+pub mod cache;
 pub mod durable;
 pub mod item;
 pub mod lmdb;

@@ -266,10 +266,17 @@ impl<'s> Snap<'s> {
 
     /// The item record under `key`, as of this snapshot.
     pub fn record(&self, key: &[u8]) -> Result<Option<&[u8]>, StoreError> {
-        if let Some(v) = self.state.map.get(key) {
-            return Ok(v.as_deref());
+        let found = match self.state.map.get(key) {
+            Some(v) => v.as_deref(),
+            None => self.store.items().get(self.txn(), key)?,
+        };
+        // Cache mode: the evictor spares what was read recently (one relaxed atomic at most).
+        if found.is_some()
+            && let Some(a) = self.store.access()
+        {
+            a.note_read(key);
         }
-        Ok(self.store.items().get(self.txn(), key)?)
+        Ok(found)
     }
 
     pub fn get(&self, key: &[u8]) -> Result<Option<ItemRef<'_>>, StoreError> {

@@ -22,7 +22,10 @@
 //! records, and the failed batch's writes run one transaction each.
 //!
 //! Housekeeping happens here too, between batches: a delayed `flush_all` that has come due,
-//! the expiry sweep, and the periodic fsync of the log.
+//! the expiry sweep, the periodic fsync of the log, and in cache mode (`max_disk`) eviction:
+//! after every batch the writer reads the pages the data occupies (O(1), `cache.rs`); past the
+//! cap, leaders leave their batches to the writer thread, which runs eviction passes (batches
+//! of their own, with no replies waiting on them) until the data is back under the cap.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -33,6 +36,7 @@ use log::{debug, error, warn};
 
 use super::StoreError;
 use super::blocking::{Begin, Blocking, Journal};
+use super::cache::{Cache, CacheStats};
 use super::durable::{Checkpointer, Durable};
 use super::lmdb::{LmdbStore, LmdbWrite, LogTxn, OpenTxn};
 use super::overlay::{self, Map};
@@ -112,6 +116,8 @@ pub struct WriterConfig {
     pub sync_interval: Duration,
     pub max_batch: usize,
     pub item_size_max: usize,
+    /// Cache mode: the cap on the data's pages, in bytes (0: off, the store refuses when full).
+    pub max_disk: u64,
 }
 
 /// Applies one write: collection commands run on LMDB directly, EXEC's steps one after the
@@ -423,6 +429,10 @@ const PACED_GATHER: Duration = Duration::from_micros(1000);
 /// After a commit did not fit the map, how long before the writer tries again by itself.
 const FULL_RETRY: Duration = Duration::from_millis(100);
 
+/// Most steps of one eviction pass (an item evicted, or a chunk of reclaimed elements or
+/// expired items): a pass is a batch of its own, and client batches wait for it.
+const EVICT_BUDGET: usize = 1024;
+
 /// Time between expiry sweeps, and the most items one sweep deletes.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 const SWEEP_LIMIT: usize = 1000;
@@ -489,6 +499,11 @@ pub struct Writer<T> {
     nearly_full: Arc<std::sync::atomic::AtomicBool>,
     /// LMDB's data file (to keep it covering every page LMDB counts).
     data: std::fs::File,
+    /// Cache mode: the evictor and what it shares (None: the store is a store).
+    cache: Option<Cache>,
+    /// Cache mode: the data is past the cap; leaders leave batches to the writer thread,
+    /// which evicts until it is under again.
+    over: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// What a leader's attempt at committing came to.
@@ -555,7 +570,76 @@ impl<T: Send + Clone> Writer<T> {
             map_size,
             nearly_full: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             data,
+            cache: None,
+            over: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         })
+    }
+
+    /// Cache mode (`cfg.max_disk` > 0): evict past the cap, counting into `stats`. Uses of
+    /// keys are read from the store's access table (`LmdbStore::set_access`, set before the
+    /// workers' clones were made); a store without one gets its own, which then knows only
+    /// writes. A store already over the cap is brought under it by the writer thread's first
+    /// passes.
+    pub fn with_cache(mut self, stats: Arc<CacheStats>) -> Result<Writer<T>, StoreError> {
+        if self.cfg.max_disk == 0 {
+            return Ok(self);
+        }
+        let access = match self.store.access() {
+            Some(a) => a.clone(),
+            None => {
+                warn!("cache mode without an access table: evicting by write order only");
+                Arc::new(super::cache::Access::new())
+            }
+        };
+        access.set_tick(self.cas);
+        let cache = Cache::new(self.cfg.max_disk, self.page_size, access, stats);
+        let pages = {
+            let txn = self.store.read_txn()?;
+            self.store.data_pages(&txn)?
+        };
+        cache
+            .stats
+            .data_bytes
+            .store(pages * self.page_size, Ordering::Relaxed);
+        if pages > cache.cap_pages {
+            log::info!(
+                "the data occupies {} bytes, over max_disk ({}): evicting",
+                pages * self.page_size,
+                self.cfg.max_disk
+            );
+            self.over.store(true, Ordering::Release);
+        }
+        self.cache = Some(cache);
+        Ok(self)
+    }
+
+    /// Cache mode, after a batch: publishes the CAS counter as the readers' clock, and the
+    /// data's pages; past the cap, sets `over` (the eviction pass clears it).
+    fn check_cap(&mut self) {
+        let Some(cache) = &self.cache else {
+            return;
+        };
+        cache.access.set_tick(self.cas);
+        let Some(open) = self.open.as_mut() else {
+            return;
+        };
+        let Ok(txn) = open.txn() else {
+            return;
+        };
+        if let Ok(pages) = self.store.data_pages(txn) {
+            cache
+                .stats
+                .data_bytes
+                .store(pages * cache.page_size, Ordering::Release);
+            if pages > cache.cap_pages {
+                self.over.store(true, Ordering::Release);
+            }
+        }
+    }
+
+    /// Whether an eviction pass is due (cache mode, over the cap).
+    fn over(&self) -> bool {
+        self.over.load(Ordering::Acquire) && self.broken.is_none()
     }
 
     /// Shares the registry of watched keys with the workers (WATCH).
@@ -875,11 +959,15 @@ impl<T: Send + Clone> Writer<T> {
     /// leader never begins or ends the LMDB transaction (see `OpenTxn`): what needs that comes
     /// back as `Requeue` (nothing applied) or `Held`. Returns how many expired items the sweep
     /// removed.
+    ///
+    /// `evict` (writer thread, cache mode) makes this an eviction pass: `batch` is empty, and
+    /// after it applies, the evictor runs in the same transaction and log batch.
     fn commit(
         &mut self,
         batch: &mut Vec<Submission<T>>,
         sweep: bool,
         leader: Option<usize>,
+        evict: bool,
     ) -> (Handled, usize) {
         if leader.is_some() {
             if self.poisoned
@@ -888,6 +976,7 @@ impl<T: Send + Clone> Writer<T> {
                 || self.flush_due()
                 || self.nearly_full.load(Ordering::Acquire)
                 || self.blocking.any_queued()
+                || self.over.load(Ordering::Acquire)
             {
                 // (With waiters queued, any write may feed one: the writer thread serves them.)
                 return (Handled::Requeue, 0);
@@ -918,6 +1007,8 @@ impl<T: Send + Clone> Writer<T> {
         let blocking = self.blocking.clone();
         let mut waiters = Waiters::default();
         let mut open = self.open.take();
+        let mut cache = if evict { self.cache.take() } else { None };
+        let mut evicted = None;
         let spare = std::mem::take(&mut self.log);
         let applied_log: Result<LogBuf, StoreError> = match (&self.broken, open.as_mut()) {
             (Some(_), _) => Err(StoreError::Backend("the write-ahead log is broken".into())),
@@ -959,11 +1050,31 @@ impl<T: Send + Clone> Writer<T> {
                     } else {
                         gc_more = false;
                     }
+                    if let Some(c) = cache.as_mut() {
+                        // An evicted key changes for whoever watches it, as in Redis.
+                        let watching = watches.active();
+                        let pass = c.evict(&store, txn, ctx.now_ms, EVICT_BUDGET, &mut |k| {
+                            if watching {
+                                watches.note(k, &mut touched);
+                            }
+                        })?;
+                        gc_more = store.gc_pending(txn)?;
+                        evicted = Some(pass);
+                    }
                     Ok(txn.take_log(spare))
                 })()
             }
         };
         self.open = open;
+        if let Some(c) = cache {
+            self.cache = Some(c);
+        }
+        if evict {
+            // Done, or to be tried again after the next batch (which sets it again if the
+            // data is still over the cap): a pass that failed must not spin.
+            let done = evicted.is_none_or(|p| p.done);
+            self.over.store(!done, Ordering::Release);
+        }
         // CAS uniques handed out by a failed batch are skipped, never reused.
         self.cas = cas;
         let mut log = match applied_log {
@@ -1030,9 +1141,30 @@ impl<T: Send + Clone> Writer<T> {
         }
         log.reset();
         self.log = log;
+        // Counted once readers see the items gone, so `stats` never shows an eviction whose
+        // item it still counts.
+        if let (Some(p), Some(c), None) = (evicted, &self.cache, &self.broken) {
+            let st = &c.stats;
+            st.evictions.fetch_add(p.evicted, Ordering::Release);
+            st.evicted_unfetched
+                .fetch_add(p.unfetched, Ordering::Release);
+            st.expired_reclaimed.fetch_add(p.expired, Ordering::Release);
+            st.data_bytes
+                .store(p.pages * c.page_size, Ordering::Release);
+            if p.evicted + p.expired > 0 {
+                debug!(
+                    "evicted {} items ({} unfetched, {} expired), {} elements reclaimed; data now {} pages",
+                    p.evicted, p.unfetched, p.expired, p.reclaimed, p.pages
+                );
+            }
+        }
         // Logged and visible (or failed): watchers of what it changed must hear of it.
         watches.publish(&mut touched);
-        let durable = self.cfg.sync != SyncMode::Always || self.sync_log();
+        // An eviction pass answers no one, so it need not wait for an fdatasync of its own:
+        // the next batch's covers it (the log is one sequence). Lost in a crash, its items
+        // come back and are evicted again.
+        let unanswered = evict && batch.is_empty() && !ran_due;
+        let durable = self.cfg.sync != SyncMode::Always || unanswered || self.sync_log();
         if failed {
             fail_all(&mut outcomes);
         }
@@ -1069,6 +1201,9 @@ impl<T: Send + Clone> Writer<T> {
                 _ => self.outboxes[worker].push(c),
             }
         }
+        // Before the replies: a client that reads `stats` after its write sees the data's
+        // size as this batch left it (and whether an eviction pass is due).
+        self.check_cap();
         self.deliver(leader);
         self.nearly_full.store(self.near_full(0), Ordering::Release);
         (handled, swept)
@@ -1118,6 +1253,7 @@ impl<T: Send + Clone> Writer<T> {
         for (worker, c) in waiters.finish(&blocking, failed) {
             self.outboxes[worker].push(c);
         }
+        self.check_cap();
         self.deliver(None);
     }
 
@@ -1256,8 +1392,9 @@ fn run<T: Send + Clone>(
         }
         {
             let w = lock(&core);
-            if w.gc_more || w.commit_due() {
-                // Deleted collections still hold elements, or a commit is due: no sleep.
+            if w.gc_more || w.commit_due() || w.over() {
+                // Deleted collections still hold elements, a commit is due, or the data is
+                // over the cap: no sleep.
                 wait = Duration::ZERO;
             } else if let Some(t) = w.since {
                 wait = wait.min(COMMIT_EVERY.saturating_sub(t.elapsed()));
@@ -1301,7 +1438,7 @@ fn run<T: Send + Clone>(
         let mut w = lock(&core);
         let sweep = Instant::now() >= next_sweep;
         if count > 0 || sweep || w.flush_due() || w.gc_more || w.poisoned {
-            let (_, swept) = w.commit(&mut batch, sweep, None);
+            let (_, swept) = w.commit(&mut batch, sweep, None, false);
             batch.clear();
             if sweep {
                 // A full sweep means more are due: come back soon rather than in a second.
@@ -1314,6 +1451,10 @@ fn run<T: Send + Clone>(
             }
         }
         batch.clear();
+        if w.over() {
+            // After the batch, whose replies are out: no one waits on this but the next batch.
+            w.commit(&mut batch, false, None, true);
+        }
         if w.commit_due() {
             let _ = w.commit_lmdb();
         }
@@ -1405,9 +1546,9 @@ impl<T: Send + Clone> Gate<T> {
         {
             let worker = sub.worker;
             let mut batch = vec![sub];
-            let (handled, _) = w.commit(&mut batch, false, Some(worker));
+            let (handled, _) = w.commit(&mut batch, false, Some(worker), false);
             w.update_pressure();
-            let poke = w.commit_due();
+            let poke = w.commit_due() || w.over();
             drop(w);
             match handled {
                 Handled::Done => {
