@@ -508,14 +508,7 @@ impl LmdbStore {
     /// the same transaction as the pages (why cache mode uses them: see `cache.rs`).
     pub fn data_pages(&self, txn: &RoTxn) -> Result<u64, StoreError> {
         let mut pages = 3u64;
-        for t in [
-            self.items,
-            self.expiry,
-            self.meta,
-            self.elems,
-            self.zscore,
-            self.gc,
-        ] {
+        for t in self.tables() {
             let s = t.db.stat(txn)?;
             pages += (s.branch_pages + s.leaf_pages + s.overflow_pages) as u64;
         }
@@ -548,8 +541,7 @@ impl LmdbStore {
         self.write_txn_with(LogBuf::default())
     }
 
-    /// The table a log record names.
-    pub fn table(&self, id: u8) -> Option<Table> {
+    fn tables(&self) -> [Table; 6] {
         [
             self.items,
             self.expiry,
@@ -558,8 +550,11 @@ impl LmdbStore {
             self.zscore,
             self.gc,
         ]
-        .into_iter()
-        .find(|t| t.id == id)
+    }
+
+    /// The table a log record names.
+    pub fn table(&self, id: u8) -> Option<Table> {
+        self.tables().into_iter().find(|t| t.id == id)
     }
 
     /// Applies one logged record in a plain transaction (recovery: the log already has it).

@@ -255,15 +255,7 @@ fn mpop(args: Args<'_>, at: usize, zset: bool) -> Result<PopForm, String> {
     })
 }
 
-fn side(args: Args<'_>, i: usize) -> Result<bool, String> {
-    if args.is(i, "LEFT") {
-        Ok(true)
-    } else if args.is(i, "RIGHT") {
-        Ok(false)
-    } else {
-        Err(SYNTAX.into())
-    }
-}
+use super::list::side;
 
 /// Parses a pop command's arguments (arity is already checked), in Redis's order of checks.
 pub fn parse(code: u8, args: Args<'_>) -> Result<Parsed, String> {

@@ -108,7 +108,8 @@ fn pos(seq: i64) -> [u8; 8] {
     ((seq as u64) ^ (1 << 63)).to_be_bytes()
 }
 
-fn side(args: Args<'_>, i: usize) -> Result<bool, String> {
+/// LEFT or RIGHT (LMOVE, BLMOVE, LMPOP, BLMPOP): true for LEFT.
+pub(crate) fn side(args: Args<'_>, i: usize) -> Result<bool, String> {
     if args.is(i, "LEFT") {
         Ok(true)
     } else if args.is(i, "RIGHT") {
