@@ -20,6 +20,7 @@ pub mod blocking;
 pub mod hash;
 pub mod list;
 pub mod set;
+pub mod zrank;
 pub mod zset;
 
 use heed::RoTxn;

@@ -39,6 +39,7 @@ use std::ops::Bound;
 use heed::types::Bytes;
 use heed::{Database, RoRange, RoRevRange, RoTxn};
 
+use super::zrank::{self, RANKED};
 use super::{CollMeta, Found, MAX_SUB, ReadCx, Tx, clamp_range, elem_key};
 use crate::command::Outcome;
 use crate::protocol::resp::enc::{ScoreText, fmt_double as fmt_score};
@@ -46,6 +47,7 @@ use crate::protocol::resp::{enc, parse_i64};
 use crate::server::resp::{
     Args, Cmd, Family, KEY1, R, SYNTAX, ScanOpts, Spec, W, glob_match, int_arg, scan_opts, spec,
 };
+use crate::storage::ItemMeta;
 use crate::storage::lmdb::LmdbWrite;
 use crate::storage::{Kind, StoreError};
 
@@ -609,29 +611,57 @@ fn score_of(tx: &mut Tx<'_, '_, '_>, id: u64, member: &[u8]) -> Result<Option<f6
 
 fn put_member(
     tx: &mut Tx<'_, '_, '_>,
-    id: u64,
+    coll: &CollMeta,
     member: &[u8],
     score: f64,
 ) -> Result<(), StoreError> {
-    tx.elem_put(id, member, &score_bytes(score))?;
+    tx.elem_put(coll.id, member, &score_bytes(score))?;
     let (store, txn) = tx.store_txn();
-    Ok(store
-        .zscore
-        .put(txn, &ix_key(id, score_key(score), member), &[])?)
+    let ix = ix_key(coll.id, score_key(score), member);
+    store.zscore.put(txn, &ix, &[])?;
+    if coll.head == RANKED {
+        zrank::inserted(&store.zscore, txn, coll.id, &ix)?;
+    }
+    Ok(())
 }
 
 fn del_member(
     tx: &mut Tx<'_, '_, '_>,
-    id: u64,
+    coll: &CollMeta,
     member: &[u8],
     score: f64,
 ) -> Result<(), StoreError> {
-    tx.elem_del(id, member)?;
+    tx.elem_del(coll.id, member)?;
     let (store, txn) = tx.store_txn();
-    store
-        .zscore
-        .delete(txn, &ix_key(id, score_key(score), member))?;
+    let ix = ix_key(coll.id, score_key(score), member);
+    if store.zscore.delete(txn, &ix)? && coll.head == RANKED {
+        zrank::removed(&store.zscore, txn, coll.id, &ix)?;
+    }
     Ok(())
+}
+
+/// The sorted set under `key` for a write, with its rank directory: a set stored by a memkeep
+/// that kept none gets one now (`zrank::build`), saved with its metadata at once.
+fn find_ranked(tx: &mut Tx<'_, '_, '_>, key: &[u8]) -> Result<Found, StoreError> {
+    let found = tx.find(key, Kind::ZSet)?;
+    let Found::Coll(meta, mut coll) = found else {
+        return Ok(found);
+    };
+    if coll.head != RANKED {
+        let (store, txn) = tx.store_txn();
+        zrank::build(&store.zscore, txn, coll.id)?;
+        coll.head = RANKED;
+        tx.save(key, &meta, &coll)?;
+        return Ok(Found::Coll(meta, coll));
+    }
+    Ok(found)
+}
+
+/// A new, empty sorted set (its directory kept from the start).
+fn create(tx: &mut Tx<'_, '_, '_>) -> Result<(ItemMeta, CollMeta), StoreError> {
+    let (meta, mut coll) = tx.create(Kind::ZSet)?;
+    coll.head = RANKED;
+    Ok((meta, coll))
 }
 
 /// Up to `take` (member, score) of the index within `bounds`, after skipping `skip`.
@@ -661,7 +691,7 @@ pub fn apply(w: &mut LmdbWrite<'_, '_>, op: &ZSetOp, now: u64) -> Result<Outcome
     match op {
         ZSetOp::Add { key, flags, pairs } => add(&mut tx, key, *flags, pairs),
         ZSetOp::Rem { key, members } => {
-            let (meta, mut coll) = match tx.find(key, Kind::ZSet)? {
+            let (meta, mut coll) = match find_ranked(&mut tx, key)? {
                 Found::WrongType => return Ok(Outcome::WrongType),
                 Found::Missing => return Ok(Outcome::Int(0)),
                 Found::Coll(m, c) => (m, c),
@@ -669,7 +699,7 @@ pub fn apply(w: &mut LmdbWrite<'_, '_>, op: &ZSetOp, now: u64) -> Result<Outcome
             let mut removed = 0;
             for m in members {
                 if let Some(s) = score_of(&mut tx, coll.id, m)? {
-                    del_member(&mut tx, coll.id, m, s)?;
+                    del_member(&mut tx, &coll, m, s)?;
                     coll.len -= 1;
                     removed += 1;
                 }
@@ -680,7 +710,7 @@ pub fn apply(w: &mut LmdbWrite<'_, '_>, op: &ZSetOp, now: u64) -> Result<Outcome
             Ok(Outcome::Int(removed))
         }
         ZSetOp::RemRange { key, by } => {
-            let (meta, mut coll) = match tx.find(key, Kind::ZSet)? {
+            let (meta, mut coll) = match find_ranked(&mut tx, key)? {
                 Found::WrongType => return Ok(Outcome::WrongType),
                 Found::Missing => return Ok(Outcome::Int(0)),
                 Found::Coll(m, c) => (m, c),
@@ -689,6 +719,12 @@ pub fn apply(w: &mut LmdbWrite<'_, '_>, op: &ZSetOp, now: u64) -> Result<Outcome
             let victims = match by {
                 RangeBy::Rank(start, stop) => match clamp_range(*start, *stop, coll.len) {
                     None => Vec::new(),
+                    Some((s, e)) if coll.head == RANKED => {
+                        let (store, txn) = tx.store_txn();
+                        let first = zrank::key_at(&store.zscore, txn, id, coll.len, s)?;
+                        let from = (Bound::Included(first), prefix_end(id));
+                        collect_ix(&mut tx, &from, false, 0, e - s + 1)?
+                    }
                     Some((s, e)) => {
                         let k = e - s + 1;
                         // Walk from the nearer end.
@@ -718,7 +754,7 @@ pub fn apply(w: &mut LmdbWrite<'_, '_>, op: &ZSetOp, now: u64) -> Result<Outcome
                 },
             };
             for (m, s) in &victims {
-                del_member(&mut tx, id, m, *s)?;
+                del_member(&mut tx, &coll, m, *s)?;
             }
             coll.len = coll.len.saturating_sub(victims.len() as u64);
             if !victims.is_empty() {
@@ -727,7 +763,7 @@ pub fn apply(w: &mut LmdbWrite<'_, '_>, op: &ZSetOp, now: u64) -> Result<Outcome
             Ok(Outcome::Int(victims.len() as i64))
         }
         ZSetOp::Pop { key, max, count } => {
-            let (meta, mut coll) = match tx.find(key, Kind::ZSet)? {
+            let (meta, mut coll) = match find_ranked(&mut tx, key)? {
                 Found::WrongType => return Ok(Outcome::WrongType),
                 Found::Missing => return Ok(Outcome::Array(Vec::new())),
                 Found::Coll(m, c) => (m, c),
@@ -736,7 +772,7 @@ pub fn apply(w: &mut LmdbWrite<'_, '_>, op: &ZSetOp, now: u64) -> Result<Outcome
             let popped = collect_ix(&mut tx, &whole(coll.id), *max, 0, n)?;
             let mut pairs = Vec::with_capacity(popped.len());
             for (m, s) in popped {
-                del_member(&mut tx, coll.id, &m, s)?;
+                del_member(&mut tx, &coll, &m, s)?;
                 coll.len -= 1;
                 pairs.push((Outcome::Bulk(m), Outcome::Double(s)));
             }
@@ -759,7 +795,7 @@ fn add(
     f: AddFlags,
     pairs: &[(f64, Vec<u8>)],
 ) -> Result<Outcome, StoreError> {
-    let (meta, mut coll) = match tx.find(key, Kind::ZSet)? {
+    let (meta, mut coll) = match find_ranked(tx, key)? {
         Found::WrongType => return Ok(Outcome::WrongType),
         Found::Missing if f.xx => {
             return Ok(if f.incr {
@@ -768,7 +804,7 @@ fn add(
                 Outcome::Int(0)
             });
         }
-        Found::Missing => tx.create(Kind::ZSet)?,
+        Found::Missing => create(tx)?,
         Found::Coll(m, c) => (m, c),
     };
     let (mut added, mut updated, mut processed) = (0i64, 0i64, 0i64);
@@ -794,14 +830,14 @@ fn add(
                 processed += 1;
                 last = score;
                 if score != cur {
-                    del_member(tx, coll.id, member, cur)?;
-                    put_member(tx, coll.id, member, score)?;
+                    del_member(tx, &coll, member, cur)?;
+                    put_member(tx, &coll, member, score)?;
                     updated += 1;
                 }
             }
             None if f.xx => {}
             None => {
-                put_member(tx, coll.id, member, score)?;
+                put_member(tx, &coll, member, score)?;
                 coll.len += 1;
                 added += 1;
                 processed += 1;
@@ -922,6 +958,9 @@ fn read_inner(
             };
             let n = match bounds {
                 None => 0,
+                Some((c, b)) if code == ZCOUNT && c.head == RANKED => {
+                    count_ranked(cx, c, &b).map_err(storage_err)?
+                }
                 Some((c, b)) => count_in(db, cx.txn, c.id, c.len, &b).map_err(storage_err)?,
             };
             enc::int(out, n as i64);
@@ -935,12 +974,16 @@ fn read_inner(
     Ok(())
 }
 
-/// The rank of `member`, walking from both ends at once: O(min(rank, n - rank)).
+/// The rank of `member`: from the rank directory, or (a set without one) walking from both
+/// ends at once, O(min(rank, n - rank)).
 fn rank(cx: &ReadCx<'_, '_>, c: CollMeta, member: &[u8]) -> Result<Option<u64>, StoreError> {
     let Some(score) = read_score(cx, c.id, member)? else {
         return Ok(None);
     };
     let target = ix_key(c.id, score_key(score), member);
+    if c.head == RANKED {
+        return zrank::below(&cx.store.zscore, cx.txn, c.id, c.len, &target).map(Some);
+    }
     let before = (
         Bound::Included(c.id.to_be_bytes().to_vec()),
         Bound::Excluded(target.clone()),
@@ -965,6 +1008,22 @@ fn rank(cx: &ReadCx<'_, '_>, c: CollMeta, member: &[u8]) -> Result<Option<u64>, 
             }
         }
     }
+}
+
+/// ZCOUNT from the rank directory: the entries below the range's end less those below its
+/// start (a score range's bounds are `Included(id ++ lo)` and `Excluded(id ++ hi + 1)` or the
+/// set's end).
+fn count_ranked(cx: &ReadCx<'_, '_>, c: CollMeta, b: &KeyBounds) -> Result<u64, StoreError> {
+    let below = |k: &[u8]| zrank::below(&cx.store.zscore, cx.txn, c.id, c.len, k);
+    let hi = match &b.1 {
+        Bound::Excluded(k) if k.len() > 8 => below(k)?,
+        _ => c.len,
+    };
+    let lo = match &b.0 {
+        Bound::Included(k) if k.len() > 8 => below(k)?,
+        _ => 0,
+    };
+    Ok(hi.saturating_sub(lo))
 }
 
 /// Streams an array reply of members (and scores) straight into `out`; the header, whose count
@@ -1139,7 +1198,28 @@ fn rank_range(
     let k = (e - s + 1) as usize;
     let from_far_end = c.len - 1 - e;
     let all = whole(c.id);
-    if s <= from_far_end {
+    if c.head == RANKED {
+        // Seek to the first rank replied (counted from the reply's end), then walk.
+        let first = if rev { c.len - 1 - s } else { s };
+        let at = zrank::key_at(&cx.store.zscore, cx.txn, c.id, c.len, first)?;
+        let from = if rev {
+            (
+                Bound::Included(c.id.to_be_bytes().to_vec()),
+                Bound::Included(at),
+            )
+        } else {
+            (Bound::Included(at), prefix_end(c.id))
+        };
+        for r in walk(&cx.store.zscore, cx.txn, &from, rev)?.take(k) {
+            match r.and_then(|(key, _)| ix_entry(key)) {
+                Ok((m, score)) => emit.push(m, score),
+                Err(err) => {
+                    emit.fail(&storage_err(err));
+                    return Ok(());
+                }
+            }
+        }
+    } else if s <= from_far_end {
         // Walk in the reply's direction.
         let it = walk(&cx.store.zscore, cx.txn, &all, rev)?;
         for r in it.skip(s as usize).take(k) {
@@ -1264,6 +1344,76 @@ fn zscan(args: Args<'_>, cx: &ReadCx<'_, '_>, out: &mut Vec<u8>) -> Result<(), S
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::storage::WriteView;
+    use crate::storage::lmdb::{LmdbStore, ZRANK_DIR};
+
+    /// The sorted set under `key` as the store holds it.
+    fn coll_of(store: &LmdbStore, txn: &RoTxn, key: &[u8]) -> (ItemMeta, CollMeta) {
+        let bytes = store.items.get(txn, key).expect("get").expect("present");
+        let it = crate::storage::item::decode(bytes).expect("decode");
+        (it.meta, CollMeta::decode(it.value).expect("meta"))
+    }
+
+    #[test]
+    fn a_set_without_a_rank_directory_gets_one_at_its_first_write() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (store, _) = LmdbStore::open(dir.path(), 64 << 20, 16).expect("open");
+        let mut cas = 1;
+        let mut txn = store.write_txn().expect("txn");
+        let add = |n: std::ops::Range<u32>| ZSetOp::Add {
+            key: b"z".to_vec(),
+            flags: AddFlags::default(),
+            pairs: n
+                .map(|i| (f64::from(i % 97), format!("m{i}").into_bytes()))
+                .collect(),
+        };
+        apply(&mut store.writer(&mut txn, &mut cas), &add(0..700), 0).expect("zadd");
+        let (meta, mut coll) = coll_of(&store, &txn, b"z");
+        assert_eq!((coll.len, coll.head), (700, RANKED));
+        // Make it a set an older memkeep wrote: no directory, head 0.
+        let dir_prefix = (coll.id | ZRANK_DIR).to_be_bytes();
+        let records: Vec<Vec<u8>> = store
+            .zscore
+            .prefix_iter(&txn, &dir_prefix[..])
+            .expect("iter")
+            .map(|r| r.expect("record").0.to_vec())
+            .collect();
+        assert!(records.len() >= 3, "{} chunks", records.len());
+        for k in records {
+            store.zscore.delete(&mut txn, &k).expect("delete");
+        }
+        coll.head = 0;
+        store
+            .writer(&mut txn, &mut cas)
+            .put(b"z", &meta, &[&coll.encode()])
+            .expect("put");
+        // A write that changes nothing still builds the directory, and later writes keep it.
+        let none = ZSetOp::Rem {
+            key: b"z".to_vec(),
+            members: vec![b"absent".to_vec()],
+        };
+        apply(&mut store.writer(&mut txn, &mut cas), &none, 0).expect("zrem");
+        let (_, coll) = coll_of(&store, &txn, b"z");
+        assert_eq!((coll.len, coll.head), (700, RANKED));
+        assert_eq!(
+            zrank::verify(&store.zscore, &txn, coll.id, 700).expect("verify"),
+            Vec::<String>::new()
+        );
+        apply(&mut store.writer(&mut txn, &mut cas), &add(650..900), 0).expect("zadd");
+        let by_rank = ZSetOp::RemRange {
+            key: b"z".to_vec(),
+            by: RangeBy::Rank(100, 399),
+        };
+        let out =
+            apply(&mut store.writer(&mut txn, &mut cas), &by_rank, 0).expect("zremrangebyrank");
+        assert_eq!(out, Outcome::Int(300));
+        let (_, coll) = coll_of(&store, &txn, b"z");
+        assert_eq!(coll.len, 600);
+        assert_eq!(
+            zrank::verify(&store.zscore, &txn, coll.id, 600).expect("verify"),
+            Vec::<String>::new()
+        );
+    }
 
     fn g(d: f64) -> String {
         String::from_utf8(fmt_score(d).as_bytes().to_vec()).expect("ascii")
