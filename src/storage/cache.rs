@@ -216,6 +216,8 @@ pub struct CacheStats {
     pub evicted_unfetched: AtomicU64,
     /// Expired items removed early to make room (beside the sweeper's own).
     pub expired_reclaimed: AtomicU64,
+    /// Expired items the writer's sweeper removed (cache mode or not).
+    pub expired_swept: AtomicU64,
     /// The pages the data occupies, in bytes, as of the writer's last batch (cache mode only).
     pub data_bytes: AtomicU64,
 }
@@ -226,6 +228,8 @@ pub struct CacheFigures {
     pub evictions: u64,
     pub evicted_unfetched: u64,
     pub data_bytes: u64,
+    /// Expired items removed by the sweeper or an eviction pass (Redis `expired_keys`).
+    pub expired: u64,
 }
 
 impl CacheStats {
@@ -237,6 +241,8 @@ impl CacheStats {
             evictions: self.evictions.load(Ordering::Acquire),
             evicted_unfetched: self.evicted_unfetched.load(Ordering::Acquire),
             data_bytes: self.data_bytes.load(Ordering::Acquire),
+            expired: self.expired_swept.load(Ordering::Acquire)
+                + self.expired_reclaimed.load(Ordering::Acquire),
         }
     }
 
@@ -245,6 +251,7 @@ impl CacheStats {
         self.evictions.store(0, Ordering::Relaxed);
         self.evicted_unfetched.store(0, Ordering::Relaxed);
         self.expired_reclaimed.store(0, Ordering::Relaxed);
+        self.expired_swept.store(0, Ordering::Relaxed);
     }
 }
 
