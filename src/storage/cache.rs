@@ -396,15 +396,10 @@ impl Evictor {
         Ok((if expired { 0 } else { score }, expired))
     }
 
-    /// Whether the memory page holding the start of `bytes` is resident (mincore).
+    /// Whether the memory page holding the start of `bytes` is resident (a page of LMDB's
+    /// map, or of the transaction's own dirty pages).
     fn resident(&self, bytes: &[u8]) -> bool {
-        let start = (bytes.as_ptr() as usize) & !(self.os_page - 1);
-        let mut vec = [0u8; 1];
-        // Safety: mincore reads no memory: it reports on the one page at `start` (a page of
-        // LMDB's map, or of the transaction's own dirty pages) into the one byte of `vec`,
-        // and fails with ENOMEM, harmlessly, if nothing is mapped there.
-        let rc = unsafe { libc::mincore(start as *mut libc::c_void, 1, vec.as_mut_ptr()) };
-        rc == 0 && vec[0] & 1 == 1
+        super::resident::resident(bytes.as_ptr() as usize, 1, self.os_page) == Some(true)
     }
 
     /// Puts a candidate in the pool if it is among the oldest; true if it went into the older
