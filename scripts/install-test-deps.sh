@@ -45,6 +45,8 @@ command -v python3 >/dev/null 2>&1 || need+=(python3)
 command -v strace >/dev/null 2>&1 || need+=(strace)
 # tests/powerloss/ mounts a FUSE file system (it needs /dev/fuse too, which no package brings).
 command -v fusermount3 >/dev/null 2>&1 || need+=(fuse3)
+# tests/tls.rs makes its certificates and checks handshakes with the openssl command.
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
 if [ ${#need[@]} -gt 0 ]; then
   apt_install "${need[@]}"
 fi
