@@ -16,6 +16,7 @@ pub mod backup;
 pub mod check;
 pub mod clock;
 pub mod command;
+pub mod commands;
 pub mod config;
 pub mod protocol;
 pub mod semantics;

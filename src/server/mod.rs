@@ -2,6 +2,7 @@
 //! event loop, and the writer thread. Shutdown (SIGINT/SIGTERM) stops accepting, lets workers
 //! finish what is in flight, lets the writer commit and sync, then closes the environment.
 
+pub mod admin;
 pub mod binary;
 pub mod clients;
 pub mod cold;
@@ -47,7 +48,7 @@ pub struct Shared {
     pub shutdown: AtomicBool,
     /// Client ids for RESP `CLIENT ID` / `HELLO`.
     pub next_client_id: AtomicU64,
-    pub scan_cursors: Arc<Mutex<resp::ScanCursors>>,
+    pub scan_cursors: Arc<Mutex<crate::commands::ScanCursors>>,
     /// The keys RESP connections WATCH (shared with the writer, which moves their versions).
     pub watches: Arc<crate::storage::watch::Watches>,
     pub backups: Arc<crate::backup::Backups>,
@@ -352,7 +353,7 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         started: Instant::now(),
         shutdown: AtomicBool::new(false),
         next_client_id: AtomicU64::new(0),
-        scan_cursors: Arc::new(Mutex::new(resp::ScanCursors::default())),
+        scan_cursors: Arc::new(Mutex::new(crate::commands::ScanCursors::default())),
         watches: Arc::default(),
         backups: Arc::new(crate::backup::Backups::default()),
         mc_auth,

@@ -27,8 +27,8 @@ use super::list::{self, ListOp};
 use super::zset::{self, ZSetOp};
 use super::{Found, Tx};
 use crate::command::Outcome;
+use crate::commands::{Args, Cmd, NOKEY, SYNTAX, Spec, W, key_ok, spec};
 use crate::protocol::resp::parse_i64;
-use crate::server::resp::{Args, Cmd, NOKEY, SYNTAX, Spec, W, key_ok, spec};
 use crate::storage::lmdb::LmdbWrite;
 use crate::storage::{Kind, StoreError};
 

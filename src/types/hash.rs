@@ -18,10 +18,10 @@ use heed::{Database, RoTxn};
 
 use super::{CollMeta, Found, MAX_SUB, ReadCx, Tx, elem_key, random_u64, storage_error};
 use crate::command::{Outcome, REPLY_MAX};
+use crate::commands::{Args, Cmd, Family, KEY1, NOT_INTEGER, R, SYNTAX, Spec, W, glob_match};
+use crate::commands::{int_arg, scan_opts, spec};
 use crate::protocol::resp::{enc, parse_i64};
 use crate::semantics::{format_float, parse_float};
-use crate::server::resp::{Args, Cmd, Family, KEY1, NOT_INTEGER, R, SYNTAX, Spec, W, glob_match};
-use crate::server::resp::{int_arg, scan_opts, spec};
 use crate::storage::lmdb::{LmdbStore, LmdbWrite};
 use crate::storage::{Kind, StoreError};
 

@@ -7,10 +7,10 @@ use std::ops::Bound;
 
 use super::{CollMeta, Found, ReadCx, Tx, clamp_range, elem_key};
 use crate::command::Outcome;
-use crate::protocol::resp::{enc, parse_i64};
-use crate::server::resp::{
+use crate::commands::{
     Args, Cmd, Family, KEY1, NOT_INTEGER, R, SYNTAX, Spec, W, int_arg, key_ok, spec,
 };
+use crate::protocol::resp::{enc, parse_i64};
 use crate::storage::lmdb::LmdbWrite;
 use crate::storage::{Kind, StoreError};
 

@@ -286,7 +286,7 @@ pub struct ReadCx<'a, 't> {
     pub flushed: bool,
     /// Server-side scan cursors (HSCAN, SSCAN, ZSCAN): a cursor names the sub-key to resume
     /// after.
-    pub cursors: &'a std::sync::Mutex<crate::server::resp::ScanCursors>,
+    pub cursors: &'a std::sync::Mutex<crate::commands::ScanCursors>,
 }
 
 impl ReadCx<'_, '_> {

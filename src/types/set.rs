@@ -25,8 +25,8 @@ use super::hash::{
 };
 use super::{CollMeta, Found, MAX_SUB, ReadCx, Tx, elem_key, storage_error};
 use crate::command::{Outcome, REPLY_MAX};
+use crate::commands::{Args, Cmd, Family, KEY1, NOKEY, R, SYNTAX, Spec, W, key_ok, spec};
 use crate::protocol::resp::{enc, parse_i64};
-use crate::server::resp::{Args, Cmd, Family, KEY1, NOKEY, R, SYNTAX, Spec, W, key_ok, spec};
 use crate::storage::lmdb::LmdbWrite;
 use crate::storage::{Kind, StoreError, WriteView};
 

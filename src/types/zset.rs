@@ -42,11 +42,11 @@ use heed::{Database, RoRange, RoRevRange, RoTxn};
 use super::zrank::{self, RANKED};
 use super::{CollMeta, Found, MAX_SUB, ReadCx, Tx, clamp_range, elem_key};
 use crate::command::Outcome;
-use crate::protocol::resp::enc::{ScoreText, fmt_double as fmt_score};
-use crate::protocol::resp::{enc, parse_i64};
-use crate::server::resp::{
+use crate::commands::{
     Args, Cmd, Family, KEY1, R, SYNTAX, ScanOpts, Spec, W, glob_match, int_arg, scan_opts, spec,
 };
+use crate::protocol::resp::enc::{ScoreText, fmt_double as fmt_score};
+use crate::protocol::resp::{enc, parse_i64};
 use crate::storage::ItemMeta;
 use crate::storage::lmdb::LmdbWrite;
 use crate::storage::{Kind, StoreError};
