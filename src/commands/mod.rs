@@ -28,11 +28,16 @@ macro_rules! lookup1 {
 }
 
 pub mod args;
+pub mod blocking;
+pub mod hash;
 pub mod keys;
+pub mod list;
 pub mod reply;
 pub mod server;
+pub mod set;
 pub mod strings;
 pub mod table;
+pub mod zset;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -107,6 +112,27 @@ impl Hits<'_> {
     }
 }
 
+/// What a collection read runs against: the storage view (`types::ReadCx`, which it derefs
+/// to) and the server-side scan cursors (HSCAN, SSCAN, ZSCAN: a cursor names the sub-key to
+/// resume after).
+pub struct Cx<'a, 't> {
+    pub data: types::ReadCx<'a, 't>,
+    pub cursors: &'a Mutex<ScanCursors>,
+}
+
+impl<'a, 't> std::ops::Deref for Cx<'a, 't> {
+    type Target = types::ReadCx<'a, 't>;
+
+    fn deref(&self) -> &types::ReadCx<'a, 't> {
+        &self.data
+    }
+}
+
+/// Answers a read whose storage failed.
+pub fn storage_error(out: &mut Vec<u8>, e: impl Into<StoreError>) {
+    enc::error(out, &e.into().resp_reply())
+}
+
 /// Answers a failed read (damage is logged where it was found).
 pub fn failed(out: &mut Vec<u8>, e: StoreError) {
     if !e.is_damage() {
@@ -175,7 +201,7 @@ pub fn write_op(
     }
     if let Cmd::Pop(code) = cmd {
         // A pop that never waits: LMPOP, ZMPOP, or a blocking pop inside MULTI.
-        let p = types::blocking::parse(code, args)?;
+        let p = blocking::parse(code, args)?;
         return Ok((WriteOp::Coll(CollOp::Pop(p.form)), RespReply::Plain));
     }
     // Every other write names its key first (the command table says so).
@@ -185,10 +211,10 @@ pub fn write_op(
     match cmd {
         Cmd::Coll(family, code) => {
             let op = match family {
-                Family::List => CollOp::List(types::list::write_op(code, args)?),
-                Family::Hash => CollOp::Hash(types::hash::write_op(code, args)?),
-                Family::Set => CollOp::Set(types::set::write_op(code, args)?),
-                Family::ZSet => CollOp::ZSet(types::zset::write_op(code, args)?),
+                Family::List => CollOp::List(list::write_op(code, args)?),
+                Family::Hash => CollOp::Hash(hash::write_op(code, args)?),
+                Family::Set => CollOp::Set(set::write_op(code, args)?),
+                Family::ZSet => CollOp::ZSet(zset::write_op(code, args)?),
             };
             plain(WriteOp::Coll(op))
         }
@@ -219,18 +245,20 @@ pub fn read_view(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, view: &V
                 cursors,
                 ..
             } = *view;
-            let cx = types::ReadCx {
-                store,
-                txn,
-                now,
-                flushed,
+            let cx = Cx {
+                data: types::ReadCx {
+                    store,
+                    txn,
+                    now,
+                    flushed,
+                },
                 cursors,
             };
             match family {
-                Family::List => types::list::read(code, args, &cx, out, v3),
-                Family::Hash => types::hash::read(code, args, &cx, out, v3),
-                Family::Set => types::set::read(code, args, &cx, out, v3),
-                Family::ZSet => types::zset::read(code, args, &cx, out, v3),
+                Family::List => list::read(code, args, &cx, out, v3),
+                Family::Hash => hash::read(code, args, &cx, out, v3),
+                Family::Set => set::read(code, args, &cx, out, v3),
+                Family::ZSet => zset::read(code, args, &cx, out, v3),
             }
         }
         Cmd::Get | Cmd::StrLen | Cmd::GetRange => strings::read(cmd, args, out, v3, view),

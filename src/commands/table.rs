@@ -6,7 +6,8 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::OnceLock;
 
-/// The collection families whose commands live in `crate::types`.
+/// The collection families, whose commands live in `commands::{list, hash, set, zset}` (and
+/// whose storage is `crate::types`').
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Family {
     List,
@@ -123,7 +124,7 @@ pub const KEY1: (i32, i32, i32) = (1, 1, 1);
 
 /// Every command table: the string, key and server commands here, then each collection family's.
 fn tables() -> [&'static [Spec]; 6] {
-    use crate::types::{blocking, hash, list, set, zset};
+    use super::{blocking, hash, list, set, zset};
     [
         COMMANDS,
         list::COMMANDS,

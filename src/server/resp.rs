@@ -18,6 +18,7 @@ use super::worker::{Pass, Reply, Stop, Tag};
 use crate::command::{ExecOp, Outcome, Step, WriteOp};
 pub use crate::commands::RespReply;
 use crate::commands::args::unknown_command;
+use crate::commands::blocking;
 use crate::commands::{
     Args, Cmd, OwnedArgs, QueuedRead, Spec, complete, fixed, lookup, reads_store, write_op,
 };
@@ -564,9 +565,9 @@ fn dispatch(args: Args<'_>, sess: &mut Session, pass: &mut Pass<'_>) -> Action {
         return Action::Immediate(Now::Run(spec));
     }
     if let Cmd::Pop(code) = spec.cmd
-        && types::blocking::blocks(code)
+        && blocking::blocks(code)
     {
-        return match types::blocking::parse(code, args) {
+        return match blocking::parse(code, args) {
             Ok(p) => Action::Block(p.form, p.timeout.flatten()),
             Err(msg) => Action::Immediate(Now::Error(msg)),
         };
