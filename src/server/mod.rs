@@ -1,6 +1,13 @@
 //! The server: listeners and the acceptor on the main thread, worker threads each running an
 //! event loop, and the writer thread. Shutdown (SIGINT/SIGTERM) stops accepting, lets workers
 //! finish what is in flight, lets the writer commit and sync, then closes the environment.
+//!
+//! Per protocol: `memcache`, `meta` and `binary` run the memcached port's requests; `resp` is a
+//! RESP connection's session and loop (dispatch, MULTI, the writer hand-off), `admin` the RESP
+//! commands that need a session or the server's state (CLIENT, CONFIG, INFO, AUTH, HELLO,
+//! WATCH, pub/sub), over the socket-free command layer in `crate::commands`. `worker` is the
+//! event loop, `conn` a connection's buffers, `pubsub` and `clients` the cross-thread
+//! registries, `cold` the reader pool for values not in memory, `stats` the counters.
 
 pub mod admin;
 pub mod binary;

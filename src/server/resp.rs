@@ -1,10 +1,14 @@
-//! Runs Redis RESP commands for one connection over the same keyspace as the memcached port.
+//! A RESP connection's session and its pass over the input: parse requests, dispatch them,
+//! queue them under MULTI, hand writes and blocking pops to the writer, and answer writes once
+//! they commit. Over the same keyspace as the memcached port.
 //!
-//! Every command is declared once in `COMMANDS` (name, arity, write or not, key positions);
-//! unknown names, authentication and arity are checked once before dispatch. Reads run on the
-//! worker against the pass's LMDB read transaction; writes become `WriteOp`s for the writer
-//! and are answered when they commit. Replies follow the connection's protocol version (RESP2,
-//! or RESP3 after `HELLO 3`).
+//! What each command means is `crate::commands`'s: its table (`commands::lookup`) gives the
+//! name, arity, write or not and key positions; unknown names, authentication and arity are
+//! checked here once before dispatch. Writes are parsed by `commands::write_op` into `WriteOp`s
+//! for the writer; reads run on the worker (`admin::read`, which calls `commands::read_view`
+//! for reads of the store) against the pass's LMDB read transaction. EXEC turns the queue into
+//! one `WriteOp::Exec` whose reads (`commands::QueuedRead`) run in the writer's transaction.
+//! Replies follow the connection's protocol version (RESP2, or RESP3 after `HELLO 3`).
 
 use std::ops::Range;
 use std::sync::Arc;

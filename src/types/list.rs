@@ -2,6 +2,8 @@
 //! metadata's `head` to `tail - 1`. LPUSH/RPUSH/LPOP/RPOP/LINDEX/LSET are O(log n); LRANGE is
 //! one cursor walk, O(log n + k); LREM, LINSERT and LPOS rewrite or scan the list, O(n), as in
 //! Redis.
+//!
+//! The commands' argument parsing and replies are `crate::commands::list`'s.
 
 use super::{CollMeta, Found, Tx, clamp_range};
 use crate::command::Outcome;

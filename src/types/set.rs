@@ -12,6 +12,8 @@
 //! SPOP and SRANDMEMBER pick exactly uniformly from small sets and for counts that are a fair
 //! share of the set (one walk); otherwise with `hash::Picker`, O(log n) seeks per pick but
 //! biased (see there).
+//!
+//! The commands' argument parsing and replies are `crate::commands::set`'s.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;

@@ -33,6 +33,9 @@
 //!   `-0`; in small sets it prints `0`, as memkeep always does).
 //! - Scores are formatted as Redis 7.0 replies with them (`%.17g`, `enc::fmt_double`), in reads
 //!   and in write replies (ZINCRBY, ZADD INCR, ZPOPMIN/ZPOPMAX) alike.
+//!
+//! This module is the storage side (layout, `apply`, and the walks, counts and rank lookups the
+//! reads use); the argument rules and the replies are `crate::commands::zset`'s.
 
 use std::ops::Bound;
 
