@@ -70,7 +70,6 @@ pub struct View<'a, 't> {
     pub flushed: bool,
     pub cursors: &'a Mutex<ScanCursors>,
     /// Hit and miss counters (a connection's worker; none inside EXEC).
-    /// Hit and miss counters (a connection's worker; none inside EXEC).
     pub counters: Option<Hits<'a>>,
 }
 
