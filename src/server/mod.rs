@@ -1,7 +1,15 @@
 //! The server: listeners and the acceptor on the main thread, worker threads each running an
 //! event loop, and the writer thread. Shutdown (SIGINT/SIGTERM) stops accepting, lets workers
 //! finish what is in flight, lets the writer commit and sync, then closes the environment.
+//!
+//! Per protocol: `memcache`, `meta` and `binary` run the memcached port's requests; `resp` is a
+//! RESP connection's session and loop (dispatch, MULTI, the writer hand-off), `admin` the RESP
+//! commands that need a session or the server's state (CLIENT, CONFIG, INFO, AUTH, HELLO,
+//! WATCH, pub/sub), over the socket-free command layer in `crate::commands`. `worker` is the
+//! event loop, `conn` a connection's buffers, `pubsub` and `clients` the cross-thread
+//! registries, `cold` the reader pool for values not in memory, `stats` the counters.
 
+pub mod admin;
 pub mod binary;
 pub mod clients;
 pub mod cold;
@@ -48,7 +56,7 @@ pub struct Shared {
     pub shutdown: AtomicBool,
     /// Client ids for RESP `CLIENT ID` / `HELLO`.
     pub next_client_id: AtomicU64,
-    pub scan_cursors: Arc<Mutex<resp::ScanCursors>>,
+    pub scan_cursors: Arc<Mutex<crate::commands::ScanCursors>>,
     /// The keys RESP connections WATCH (shared with the writer, which moves their versions).
     pub watches: Arc<crate::storage::watch::Watches>,
     pub backups: Arc<crate::backup::Backups>,
@@ -364,7 +372,7 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         started: Instant::now(),
         shutdown: AtomicBool::new(false),
         next_client_id: AtomicU64::new(0),
-        scan_cursors: Arc::new(Mutex::new(resp::ScanCursors::default())),
+        scan_cursors: Arc::new(Mutex::new(crate::commands::ScanCursors::default())),
         watches: Arc::default(),
         backups: Arc::new(crate::backup::Backups::default()),
         mc_auth,
