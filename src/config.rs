@@ -66,6 +66,8 @@ pub struct Config {
     pub max_disk: u64,
     /// Password RESP clients must give (AUTH / HELLO AUTH); empty means none.
     pub requirepass: String,
+    /// Redis ACL users: a file of `user <name> <rules...>` lines (Redis's `aclfile`).
+    pub aclfile: Option<PathBuf>,
     /// Close client connections that send nothing for this many seconds; 0 never does.
     pub idle_timeout: u64,
     /// memcached ASCII authentication (-Y): a file of `user:password` lines; none when absent.
@@ -127,6 +129,7 @@ impl Default for Config {
             max_batch: 1024,
             max_disk: 0,
             requirepass: String::new(),
+            aclfile: None,
             idle_timeout: 0,
             auth_file: None,
             user: None,
@@ -201,6 +204,9 @@ pub struct Cli {
     /// Password RESP clients must send with AUTH before anything else
     #[arg(long)]
     pub requirepass: Option<String>,
+    /// Redis ACL users: a file of `user <name> <rules...>` lines (Redis's aclfile)
+    #[arg(long, value_name = "FILE")]
+    pub aclfile: Option<PathBuf>,
     /// memcached ASCII authentication: a file of user:password lines (memcached's -Y)
     #[arg(short = 'Y', long, value_name = "FILE")]
     pub auth_file: Option<PathBuf>,
@@ -476,6 +482,9 @@ impl Config {
         }
         if let Some(f) = &cli.auth_file {
             c.auth_file = Some(f.clone());
+        }
+        if let Some(f) = &cli.aclfile {
+            c.aclfile = Some(f.clone());
         }
         if let Some(u) = &cli.user {
             c.user = Some(u.clone());

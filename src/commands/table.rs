@@ -89,6 +89,7 @@ pub enum Cmd {
     Object,
     Latency,
     Wait,
+    Acl,
 }
 
 /// One command: Redis's arity rule (n: exactly n arguments including the name; -n: at least n),
@@ -210,6 +211,7 @@ static COMMANDS: &[Spec] = &[
     spec("object", -2, R, (2, 2, 1), Cmd::Object),
     spec("latency", -2, R, NOKEY, Cmd::Latency),
     spec("wait", 3, R, NOKEY, Cmd::Wait),
+    spec("acl", -2, R, NOKEY, Cmd::Acl),
 ];
 
 pub fn lookup(name: &[u8]) -> Option<&'static Spec> {

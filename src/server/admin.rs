@@ -107,6 +107,7 @@ pub(super) fn read(
             sess.subs.clear();
             sess.v3 = false;
             sess.authed = false;
+            sess.user = None;
             sess.name = None;
             if let Some(i) = &sess.info {
                 i.set_name(None);
@@ -114,6 +115,7 @@ pub(super) fn read(
             enc::simple(out, "RESET");
         }
         Cmd::Latency => latency(args, out, v3),
+        Cmd::Acl => acl(args, out, sess, pass, v3),
         Cmd::Wait => {
             // No replica ever acknowledges: 0 at once (Redis, with none, would wait out the
             // timeout first). The writes before it are already durable per the sync mode.
@@ -375,27 +377,140 @@ fn data_file_line(cfg: &crate::config::Config) -> String {
 }
 
 fn auth(args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session, pass: &Pass<'_>) {
-    let required = &pass.shared.config.requirepass;
+    let acl = &pass.shared.acl;
     let (user, pass_arg) = match args.len() {
         2 => (&b"default"[..], args.get(1)),
         3 => (args.get(1), args.get(2)),
         _ => return enc::error(out, SYNTAX),
     };
-    if required.is_empty() && args.len() == 2 {
+    if args.len() == 2 && !acl.default_has_password() {
         return enc::error(
             out,
             "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
         );
     }
-    // Without a password the default user takes any password (Redis's `nopass`).
-    if user == b"default" && (required.is_empty() || pass_arg == required.as_bytes()) {
-        sess.authed = true;
+    if acl.authenticate(user, pass_arg) {
+        log_in(sess, user);
         enc::ok(out);
     } else {
-        enc::error(
+        enc::error(out, WRONGPASS);
+    }
+}
+
+const WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
+
+fn log_in(sess: &mut Session, user: &[u8]) {
+    sess.authed = true;
+    sess.user = (user != b"default").then(|| String::from_utf8_lossy(user).into_owned());
+}
+
+/// ACL WHOAMI, USERS, LIST, GETUSER, SETUSER, DELUSER, CAT, HELP.
+fn acl(args: Args<'_>, out: &mut Vec<u8>, sess: &Session, pass: &Pass<'_>, v3: bool) {
+    use super::acl::{CATEGORIES, categories};
+    let acl = &pass.shared.acl;
+    let n = args.len();
+    let text = |i: usize| String::from_utf8_lossy(args.get(i)).into_owned();
+    let bulks = |out: &mut Vec<u8>, items: &[String]| {
+        enc::array(out, items.len());
+        for i in items {
+            enc::bulk(out, i.as_bytes());
+        }
+    };
+    if args.is(1, "WHOAMI") && n == 2 {
+        enc::bulk(out, sess.user.as_deref().unwrap_or("default").as_bytes());
+    } else if args.is(1, "USERS") && n == 2 {
+        bulks(out, &acl.user_names());
+    } else if args.is(1, "LIST") && n == 2 {
+        bulks(out, &acl.list());
+    } else if args.is(1, "CAT") && n == 2 {
+        let cats: Vec<String> = CATEGORIES.iter().map(|c| c.to_string()).collect();
+        bulks(out, &cats);
+    } else if args.is(1, "CAT") && n == 3 {
+        let cat = text(2).to_ascii_lowercase();
+        if !CATEGORIES.contains(&cat.as_str()) {
+            return enc::error(out, &format!("ERR Unknown category '{cat}'"));
+        }
+        let names: Vec<String> = crate::commands::table::all_specs()
+            .filter(|s| categories(s).contains(&cat.as_str()))
+            .map(|s| s.name.to_string())
+            .collect();
+        bulks(out, &names);
+    } else if args.is(1, "SETUSER") && n >= 3 {
+        let rules: Vec<String> = (3..n).map(text).collect();
+        let rules: Vec<&str> = rules.iter().map(String::as_str).collect();
+        match acl.set_user(&text(2), &rules) {
+            Ok(()) => enc::ok(out),
+            Err(e) => enc::error(out, &e),
+        }
+    } else if args.is(1, "DELUSER") && n >= 3 {
+        let names: Vec<String> = (2..n).map(text).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        match acl.del_users(&names) {
+            Ok(k) => enc::int(out, k as i64),
+            Err(e) => enc::error(out, &e),
+        }
+    } else if args.is(1, "GETUSER") && n == 3 {
+        let Some(super::acl::UserView {
+            flags,
+            passwords,
+            commands,
+            keys,
+            channels,
+        }) = acl.get_user(&text(2))
+        else {
+            return enc::null(out, v3);
+        };
+        let pairs = 6;
+        if v3 {
+            out.extend_from_slice(format!("%{pairs}\r\n").as_bytes());
+        } else {
+            enc::array(out, pairs * 2);
+        }
+        enc::bulk(out, b"flags");
+        bulks(out, &flags);
+        enc::bulk(out, b"passwords");
+        bulks(out, &passwords);
+        enc::bulk(out, b"commands");
+        enc::bulk(out, commands.as_bytes());
+        enc::bulk(out, b"keys");
+        enc::bulk(out, keys.as_bytes());
+        enc::bulk(out, b"channels");
+        enc::bulk(out, channels.as_bytes());
+        enc::bulk(out, b"selectors");
+        enc::array(out, 0);
+    } else if args.is(1, "HELP") && n == 2 {
+        help(
             out,
-            "WRONGPASS invalid username-password pair or user is disabled.",
+            &[
+                "ACL <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+                "CAT [<category>]",
+                "    List all commands that belong to <category>, or all command categories",
+                "    when no category is specified.",
+                "DELUSER <username> [<username> ...]",
+                "    Delete a list of users.",
+                "GETUSER <username>",
+                "    Get the user's details.",
+                "LIST",
+                "    Show users details in config file format.",
+                "SETUSER <username> <attribute> [<attribute> ...]",
+                "    Create or modify a user with the specified attributes.",
+                "USERS",
+                "    List all the registered usernames.",
+                "WHOAMI",
+                "    Return the current connection username.",
+                "HELP",
+                "    Prints this help.",
+            ],
         );
+    } else if [
+        "WHOAMI", "USERS", "LIST", "CAT", "SETUSER", "DELUSER", "GETUSER", "HELP",
+    ]
+    .iter()
+    .any(|s| args.is(1, s))
+    {
+        sub_arity(out, "acl", args);
+    } else {
+        unknown_sub(out, "ACL", args);
     }
 }
 
@@ -417,19 +532,19 @@ fn hello(args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session, pass: &Pass<'_>)
         i = 2;
     }
     let mut authed = sess.authed;
+    let mut user = None;
     let mut name = None;
     while i < args.len() {
         if args.is(i, "AUTH") && i + 2 < args.len() {
-            let required = &pass.shared.config.requirepass;
-            let ok = args.get(i + 1) == b"default"
-                && (required.is_empty() || args.get(i + 2) == required.as_bytes());
-            if !ok {
-                return enc::error(
-                    out,
-                    "WRONGPASS invalid username-password pair or user is disabled.",
-                );
+            if !pass
+                .shared
+                .acl
+                .authenticate(args.get(i + 1), args.get(i + 2))
+            {
+                return enc::error(out, WRONGPASS);
             }
             authed = true;
+            user = Some(args.get(i + 1));
             i += 3;
         } else if args.is(i, "SETNAME") && i + 1 < args.len() {
             name = Some(args.get(i + 1).to_vec());
@@ -444,7 +559,7 @@ fn hello(args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session, pass: &Pass<'_>)
             );
         }
     }
-    if !pass.shared.config.requirepass.is_empty() && !authed {
+    if !pass.shared.acl.open() && !authed {
         return enc::error(
             out,
             "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time",
@@ -452,6 +567,9 @@ fn hello(args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session, pass: &Pass<'_>)
     }
     sess.v3 = v3;
     sess.authed = authed;
+    if let Some(u) = user {
+        log_in(sess, u);
+    }
     if name.is_some() {
         sess.name = name;
         if let Some(i) = &sess.info {
@@ -976,7 +1094,7 @@ fn info(args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
         "stats",
         "Stats",
         format!(
-            "total_connections_received:{}\r\ntotal_commands_processed:{}\r\ninstantaneous_ops_per_sec:0\r\nrejected_connections:{}\r\nexpired_keys:{}\r\nevicted_keys:{}\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\npubsub_channels:{channels}\r\npubsub_patterns:{patterns}\r\npubsubshard_channels:0\r\nclient_output_buffer_limit_disconnections:{}\r\n",
+            "total_connections_received:{}\r\ntotal_commands_processed:{}\r\ninstantaneous_ops_per_sec:0\r\nrejected_connections:{}\r\nexpired_keys:{}\r\nevicted_keys:{}\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\npubsub_channels:{channels}\r\npubsub_patterns:{patterns}\r\npubsubshard_channels:0\r\nclient_output_buffer_limit_disconnections:{}\r\nacl_access_denied_auth:{}\r\nacl_access_denied_cmd:{}\r\nacl_access_denied_key:{}\r\nacl_access_denied_channel:{}\r\n",
             t.total_connections,
             t.resp_commands + t.cmd_get + t.cmd_set,
             t.rejected_connections,
@@ -984,7 +1102,11 @@ fn info(args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
             cache.evictions,
             t.get_hits,
             t.get_misses,
-            t.output_limit_disconnections
+            t.output_limit_disconnections,
+            pass.shared.acl.denied_auth.load(Ordering::Relaxed),
+            pass.shared.acl.denied_cmd.load(Ordering::Relaxed),
+            pass.shared.acl.denied_key.load(Ordering::Relaxed),
+            pass.shared.acl.denied_channel.load(Ordering::Relaxed),
         ),
     );
     // Monitoring (redis_exporter and the like) reads the role from here.

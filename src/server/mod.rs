@@ -9,6 +9,7 @@
 //! event loop, `conn` a connection's buffers, `pubsub` and `clients` the cross-thread
 //! registries, `cold` the reader pool for values not in memory, `stats` the counters.
 
+pub mod acl;
 pub mod admin;
 pub mod binary;
 pub mod clients;
@@ -78,6 +79,8 @@ pub struct Shared {
     pub cache: Arc<crate::storage::cache::CacheStats>,
     /// The TLS configuration, when a port speaks TLS (`tls_port`, `memcache_tls`).
     pub tls: Option<Arc<tls::TlsContext>>,
+    /// RESP users (`requirepass`, `aclfile`, ACL SETUSER).
+    pub acl: acl::Acl,
 }
 
 /// CLIENT PAUSE's state: until when (ms since `origin`, 0 = not paused) and whether it holds
@@ -284,6 +287,7 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
     };
     // Read while memkeep may still be root (a key file is often readable by root only).
     let tls = tls::TlsContext::from_config(&config).map_err(ServerError)?;
+    let acl = acl::Acl::new(&config.requirepass, config.aclfile.as_deref()).map_err(ServerError)?;
     // The reader threads' descriptor of the data file, opened while memkeep may still be root.
     let cold_file = match config.io_threads {
         0 => None,
@@ -378,11 +382,12 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         mc_auth,
         cache: Arc::default(),
         tls,
+        acl,
         config,
     });
     let cfg = &shared.config;
-    let unauthenticated = (cfg.port != 0 && cfg.auth_file.is_none())
-        || (cfg.resp_port != 0 && cfg.requirepass.is_empty());
+    let unauthenticated =
+        (cfg.port != 0 && cfg.auth_file.is_none()) || (cfg.resp_port != 0 && shared.acl.open());
     if !is_loopback(&cfg.listen) && unauthenticated {
         warn!(
             "listening on {} beyond loopback without authentication: anyone who can reach it can read and change every item",

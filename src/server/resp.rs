@@ -41,6 +41,8 @@ pub struct Session {
     pub exec_kinds: std::collections::VecDeque<Vec<RespReply>>,
     pub v3: bool,
     pub authed: bool,
+    /// The ACL user logged in (AUTH / HELLO AUTH); None: `default`.
+    pub user: Option<String>,
     pub name: Option<Vec<u8>>,
     pub id: u64,
     /// An MGET whose reply was paused at the output limit: the index of its next key to answer;
@@ -421,7 +423,8 @@ fn check(args: Args<'_>, sess: &Session, pass: &Pass<'_>) -> Result<&'static Spe
     let Some(spec) = lookup(name) else {
         return Err(unknown_command(args));
     };
-    let needs_auth = !pass.shared.config.requirepass.is_empty() && !sess.authed;
+    let acl = &pass.shared.acl;
+    let needs_auth = !sess.authed && !acl.open();
     if needs_auth && !matches!(spec.cmd, Cmd::Auth | Cmd::Hello | Cmd::Quit) {
         return Err("NOAUTH Authentication required.".into());
     }
@@ -431,6 +434,10 @@ fn check(args: Args<'_>, sess: &Session, pass: &Pass<'_>) -> Result<&'static Spe
             "ERR wrong number of arguments for '{}' command",
             spec.name
         ));
+    }
+    if acl.restricted() || sess.user.is_some() {
+        let all: Vec<&[u8]> = (0..args.len()).map(|i| args.get(i)).collect();
+        acl.permit(sess.user.as_deref(), spec, &all)?;
     }
     // RESP2 subscribed mode (Redis's processCommand): only these may run.
     let allowed = matches!(
