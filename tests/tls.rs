@@ -538,3 +538,68 @@ fn tls_configuration_errors_stop_startup_with_a_reason() {
         assert!(r.stderr.contains(want), "{args:?}: {}", r.describe());
     }
 }
+
+#[test]
+fn five_thousand_idle_tls_connections_stay_bounded_in_memory() {
+    const N: usize = 5000;
+    let certs = Certs::new();
+    let (mut server, tls) = start_resp_tls(&certs, &["-c", "5100"]);
+    let pid = server.pid().expect("pid");
+    let script = r#"
+import sys, ssl, socket, resource
+port, ca, pid, n = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+if hard != resource.RLIM_INFINITY and hard < n + 100:
+    print("SKIP hard limit", hard)
+    sys.exit(0)
+resource.setrlimit(resource.RLIMIT_NOFILE, (n + 100, hard))
+def anon():
+    for l in open(f"/proc/{pid}/status"):
+        if l.startswith("RssAnon:"):
+            return int(l.split()[1])
+ctx = ssl.create_default_context(cafile=ca)
+base = anon()
+conns = []
+for i in range(n):
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    conns.append(ctx.wrap_socket(s, server_hostname="127.0.0.1"))
+for c in conns[::500]:
+    c.sendall(b"PING\r\n")
+    assert c.recv(100) == b"+PONG\r\n"
+print(base, anon())
+"#;
+    let run = python(
+        script,
+        &[
+            tls.to_string(),
+            certs.p("ca.crt"),
+            pid.to_string(),
+            N.to_string(),
+        ],
+    );
+    let out = run.success(&[&server]).stdout;
+    if out.starts_with("SKIP") {
+        println!("SKIPPED five_thousand_idle_tls_connections: {out}");
+        return;
+    }
+    let kb: Vec<u64> = out
+        .split_whitespace()
+        .map(|v| v.parse().expect("kB"))
+        .collect();
+    let per_conn = kb[1].saturating_sub(kb[0]) * 1024 / N as u64;
+    println!(
+        "{N} idle TLS connections: server RssAnon {} -> {} kB, {per_conn} B each",
+        kb[0], kb[1]
+    );
+    // A TLS session with its buffers, plus the connection's own (16 KiB read buffer): bounded,
+    // not growing with what a client sent.
+    assert!(
+        per_conn < 48 * 1024,
+        "{per_conn} bytes per idle TLS connection"
+    );
+    assert_eq!(
+        stdout_ok(redis_cli(tls, &certs, false, &["PING"]), &[&server]),
+        "PONG"
+    );
+    assert_healthy(&mut server);
+}
