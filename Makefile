@@ -28,11 +28,13 @@ unit:
 test: deps lint unit
 
 # Replays the golden transcripts against real memcached and redis-server, proving the goldens
-# right (cases that need memkeep's clock or restarts are skipped there).
+# right (cases that need memkeep's clock or restarts are skipped there), and runs the
+# client-library programs (ioredis, node-redis, phpredis, redis-rb) against redis-server.
 conformance: deps
 	MEMKEEP_CONFORMANCE=memcached $(CARGO) test --release --test transcripts
 	MEMKEEP_CONFORMANCE=memcached $(CARGO) test --release --test binary_vectors
 	MEMKEEP_CONFORMANCE=redis $(CARGO) test --release --test transcripts
+	MEMKEEP_CONFORMANCE=redis $(CARGO) test --release --test client_libs
 
 clean:
 	$(CARGO) clean
