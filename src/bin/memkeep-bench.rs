@@ -26,7 +26,8 @@
 //! Its rate is distinct messages delivered per second, its latency (p50/p99) the end-to-end
 //! time from the LPUSH being written to the BRPOP reply being read (`set_*` latencies are the
 //! pushes' round trips, `get_*` the pops'), `misses` the acknowledged messages never delivered
-//! and `duplicates` those delivered twice: either fails the run.
+//! and `duplicates` those delivered twice: either fails the run. Under `--duration-limit` the
+//! producers stop at the deadline and the consumers then drain what was acknowledged.
 //!
 //! Latency: for each request, the time from the moment its batch starts being written to the
 //! moment its reply has been completely read and parsed. With `--pipeline 1` that is the plain
