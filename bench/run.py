@@ -3,7 +3,7 @@
 
 Usage (from the repo root; `make bench` / `make bench-quick` run it through ./.venv/bin/python):
 
-    bench/run.py [--only W1,W2,W3,W3b,W4,restart,scaling] [--scale 0.1] [--out BENCHMARKS.md]
+    bench/run.py [--only W1,W2,W3,W3b,W3z,W4,restart,scaling,multi,queue] [--scale 0.1] [--out BENCHMARKS.md]
                  [--chart bench/throughput.svg] [--keep-json PATH] [--servers a,b,...]
     bench/run.py --from-json results.jsonl --out BENCHMARKS.md   # re-render a finished run
 
@@ -23,6 +23,8 @@ Workloads (N is multiplied by --scale):
   W2       the same with 20 KiB values
   W3       redis-benchmark -t set,get,incr,lpush,lpop,lrange,mset (one test per invocation)
   W3b      redis-benchmark custom hash / sorted-set commands, in order, on one fresh server
+  W3z      rank reads on one sorted set of 100,000 members (ZRANK, ZREVRANK, ZRANGE by rank in
+           the middle, ZCOUNT), redis-benchmark -c 50 -r 100000; memkeep-never vs redis-nopersist
   W4       pogreb-bench shapes over the memcached protocol: (a) 16-64-byte keys with
            128-512-byte values, 2 connections; (b) 8-byte keys with 16-byte values at 10 and 100
            connections; on-disk size after the puts and after the gets
@@ -72,7 +74,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-ALL_WORKLOADS = ["W1", "W2", "W3", "W3b", "W4", "restart", "scaling", "multi", "queue"]
+ALL_WORKLOADS = ["W1", "W2", "W3", "W3b", "W3z", "W4", "restart", "scaling", "multi", "queue"]
 
 MEMKEEP_MODES = {
     "memkeep-always": ["--sync", "always"],
@@ -116,6 +118,16 @@ W3B_COMMANDS = [
     "ZREVRANGEBYSCORE z __rand_int__ -inf WITHSCORES LIMIT 0 100",
     "ZREM z __rand_int__",
 ]
+# W3z: a set of W3Z_MEMBERS members named as redis-benchmark's __rand_int__ prints them (12
+# digits), member i scored i; every command reads at a random member or rank.
+W3Z_MEMBERS = 100_000
+W3Z_COMMANDS = [
+    "ZRANK z __rand_int__",
+    "ZREVRANK z __rand_int__",
+    "ZRANGE z 50000 50009",
+    "ZCOUNT z __rand_int__ +inf",
+]
+W3Z_SERVERS = ["memkeep-never", "redis-nopersist"]
 
 # Every live server process, so that `finally` can stop whatever is left.
 LIVE: dict[int, "Server"] = {}
@@ -691,6 +703,51 @@ class Runner:
             finally:
                 srv.cleanup()
 
+    def fill_w3z(self, srv: Server) -> None:
+        """ZADD z i 000000000i for i < W3Z_MEMBERS, 1000 members per command, pipelined."""
+        with socket.create_connection(("127.0.0.1", srv.resp_port), timeout=60) as sock:
+            sent = 0
+            for start in range(0, W3Z_MEMBERS, 1000):
+                args = [b"ZADD", b"z"]
+                for i in range(start, min(start + 1000, W3Z_MEMBERS)):
+                    args += [str(i).encode(), f"{i:012d}".encode()]
+                frame = b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)
+                sock.sendall(frame)
+                sent += 1
+            buf = b""
+            got = 0
+            while got < sent:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    raise BenchError("W3z fill: connection closed")
+                buf += chunk
+                while b"\r\n" in buf:
+                    line, buf = buf.split(b"\r\n", 1)
+                    if not line.startswith(b":"):
+                        raise BenchError(f"W3z fill: {line[:100]!r}")
+                    got += 1
+            sock.sendall(b"*2\r\n$5\r\nZCARD\r\n$1\r\nz\r\n")
+            card = sock.recv(100)
+            if card != b":%d\r\n" % W3Z_MEMBERS:
+                raise BenchError(f"W3z fill: ZCARD answered {card!r}")
+
+    def run_w3z(self) -> None:
+        n = self.n(self.args.n_w3b)
+        for name in [s for s in self.resp_servers() if s in W3Z_SERVERS]:
+            srv = self.new_server(name, "W3z")
+            try:
+                self.fill_w3z(srv)
+                reqs = 0
+                for c in W3Z_COMMANDS:
+                    recs = self.redis_benchmark(srv, "W3z", ["-c", "50", "-n", str(n), "-r", str(W3Z_MEMBERS),
+                                                             "--csv"] + c.split(), c)
+                    reqs += n * sum(1 for r in recs if r.get("rps"))
+                self.server_summary(srv, "W3z", requests=reqs)
+            except BenchError as e:
+                self.fail(f"W3z {name}: {e}")
+            finally:
+                srv.cleanup()
+
     # -- W4 ------------------------------------------------------------------------------------
 
     def run_w4(self) -> None:
@@ -798,6 +855,11 @@ class Runner:
             self.probe("before W3b")
             log(f"W3b: redis-benchmark -c 50 -n {self.n(self.args.n_w3b)} -r 10000, hashes and sorted sets")
             self.run_w3b()
+        if "W3z" in only:
+            self.probe("before W3z")
+            log(f"W3z: rank reads on a {W3Z_MEMBERS}-member sorted set, redis-benchmark -c 50 "
+                f"-n {self.n(self.args.n_w3b)}")
+            self.run_w3z()
         if "W4" in only:
             self.probe("before W4")
             log(f"W4: pogreb-bench shapes, {self.n(self.args.n_w4a)} / {self.n(self.args.n_w4b)} keys")
@@ -1076,6 +1138,7 @@ class Report:
         self.md_kv(w)
         self.md_rb(w, "W3", "W3: redis-benchmark (requests/s, 50 clients)")
         self.md_rb(w, "W3b", "W3b: hashes and sorted sets (requests/s, 50 clients, -r 10000)")
+        self.md_rb(w, "W3z", f"W3z: ranks in a sorted set of {W3Z_MEMBERS:,} members (requests/s, 50 clients)")
         self.md_restart(w)
         self.md_scaling(w)
         self.md_durable(w)
@@ -1138,7 +1201,7 @@ class Report:
         w(f"## {title}\n")
         w("| test | " + " | ".join(servers) + " |")
         w("|---|" + "---|" * len(servers))
-        labels = W3B_COMMANDS if workload == "W3b" else None
+        labels = {"W3b": W3B_COMMANDS, "W3z": W3Z_COMMANDS}.get(workload)
         tests = self.rb_tests(workload)
         if labels:
             tests = labels
@@ -1331,10 +1394,11 @@ class Report:
             kv(wl, "memkeep-always", "memcache", "redis-always", "resp", "set")
             kv(wl, "memkeep-always", "resp", "redis-always", "resp", "set")
             kv(wl, "memkeep-always", "memcache", "memcached", "memcache", "get")
-        for wl, title in (("W3", "W3 redis-benchmark"), ("W3b", "W3b hashes and sorted sets")):
+        for wl, title in (("W3", "W3 redis-benchmark"), ("W3b", "W3b hashes and sorted sets"),
+                          ("W3z", "W3z ranks in a 100,000-member sorted set")):
             group = title
             for mk, ref in (("memkeep-always", "redis-always"), ("memkeep-never", "redis-nopersist")):
-                tests = W3B_COMMANDS if wl == "W3b" else self.rb_tests(wl)
+                tests = {"W3b": W3B_COMMANDS, "W3z": W3Z_COMMANDS}.get(wl) or self.rb_tests(wl)
                 for t in tests:
                     a, ea = self.rb_cell(wl, mk, t)
                     b, eb = self.rb_cell(wl, ref, t)

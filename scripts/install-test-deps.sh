@@ -50,6 +50,8 @@ command -v python3 >/dev/null 2>&1 || need+=(python3)
 command -v strace >/dev/null 2>&1 || need+=(strace)
 # tests/powerloss/ mounts a FUSE file system (it needs /dev/fuse too, which no package brings).
 command -v fusermount3 >/dev/null 2>&1 || need+=(fuse3)
+# tests/tls.rs makes its certificates and checks handshakes with the openssl command.
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
 # Client libraries in other languages (tests/client_libs.rs).
 command -v php >/dev/null 2>&1 || need+=(php-cli)
 { command -v php >/dev/null 2>&1 && php -r 'exit(extension_loaded("redis") ? 0 : 1);' 2>/dev/null; } ||

@@ -734,6 +734,7 @@ fn walk(store: &LmdbStore, ck: &mut Checker<'_>, sum: &mut Summary) {
     };
     let txn = &txn;
     let mut score_orphans: HashMap<u64, u64> = HashMap::new();
+    let mut dir_owners: HashSet<u64> = HashSet::new();
     match store.zscore.iter(txn) {
         Err(e) => ck.problem(format!("cannot read the score index: {e}")),
         Ok(iter) => {
@@ -745,6 +746,12 @@ fn walk(store: &LmdbStore, ck: &mut Checker<'_>, sum: &mut Summary) {
                         break;
                     }
                 };
+                if crate::types::zrank::is_directory(key) {
+                    if let Some(id) = crate::types::zrank::directory_owner(key) {
+                        dir_owners.insert(id);
+                    }
+                    continue;
+                }
                 if key.len() < 16 {
                     ck.problem(format!(
                         "score index record {} is shorter than an id and a score",
@@ -816,6 +823,34 @@ fn walk(store: &LmdbStore, ck: &mut Checker<'_>, sum: &mut Summary) {
                 c.scores
             ));
         }
+        if c.kind == Kind::ZSet && c.meta.head == crate::types::zrank::RANKED {
+            match crate::types::zrank::verify(&store.zscore, txn, c.meta.id, c.meta.len) {
+                Ok(found) => {
+                    for p in found {
+                        ck.problem(format!("sorted set {}: {p}", show(&c.key)));
+                    }
+                }
+                Err(e) => ck.problem(format!(
+                    "sorted set {}: cannot read its rank directory: {e}",
+                    show(&c.key)
+                )),
+            }
+        }
+    }
+    let mut stray: Vec<u64> = dir_owners
+        .into_iter()
+        .filter(|id| {
+            !gc.contains(id)
+                && !colls.get(id).is_some_and(|c| {
+                    c.kind == Kind::ZSet && c.meta.head == crate::types::zrank::RANKED
+                })
+        })
+        .collect();
+    stray.sort_unstable();
+    for id in stray {
+        ck.problem(format!(
+            "rank directory records of collection id {id} belong to no sorted set that keeps one"
+        ));
     }
 
     // The expiry index.

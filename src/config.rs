@@ -76,6 +76,38 @@ pub struct Config {
     pub backup_dir: PathBuf,
     /// Verbosity: 0 warnings, 1 info, 2 debug, 3 trace.
     pub verbosity: u8,
+    /// RESP over TLS on this port, beside `resp_port` (Redis's `tls-port`); 0 disables it.
+    pub tls_port: u16,
+    /// The memcached port speaks TLS only (memcached's `-Z`).
+    pub memcache_tls: bool,
+    /// The server's certificate chain (PEM), for every TLS port.
+    pub tls_cert_file: Option<PathBuf>,
+    /// The certificate's private key (PEM).
+    pub tls_key_file: Option<PathBuf>,
+    /// CA certificates (PEM) client certificates are verified against.
+    pub tls_ca_cert_file: Option<PathBuf>,
+    /// Client certificates: "yes" (required), "optional", "no"; unset: "yes" with a CA file,
+    /// "no" without.
+    pub tls_auth_clients: Option<TlsAuth>,
+}
+
+/// Whether TLS clients must present a certificate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum TlsAuth {
+    Yes,
+    Optional,
+    No,
+}
+
+impl TlsAuth {
+    pub fn name(self) -> &'static str {
+        match self {
+            TlsAuth::Yes => "yes",
+            TlsAuth::Optional => "optional",
+            TlsAuth::No => "no",
+        }
+    }
 }
 
 impl Default for Config {
@@ -100,6 +132,12 @@ impl Default for Config {
             user: None,
             backup_dir: PathBuf::from("./backup"),
             verbosity: 0,
+            tls_port: 0,
+            memcache_tls: false,
+            tls_cert_file: None,
+            tls_key_file: None,
+            tls_ca_cert_file: None,
+            tls_auth_clients: None,
         }
     }
 }
@@ -172,6 +210,30 @@ pub struct Cli {
     /// Directory online backups (db_compact, db_archive, BGSAVE) write to [default: ./backup]
     #[arg(long)]
     pub backup_dir: Option<PathBuf>,
+    /// RESP over TLS on this port, beside --resp-port (Redis's tls-port) [default: 0 = off]
+    #[arg(long)]
+    pub tls_port: Option<u16>,
+    /// The memcached port speaks TLS only (memcached's -Z / --enable-ssl)
+    #[arg(short = 'Z', long = "enable-ssl", action = ArgAction::SetTrue)]
+    pub memcache_tls: bool,
+    /// Server certificate chain, PEM (memcached's -o ssl_chain_cert=)
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// The certificate's private key, PEM (memcached's -o ssl_key=)
+    #[arg(long, value_name = "FILE")]
+    pub tls_key_file: Option<PathBuf>,
+    /// CA certificates client certificates are verified against, PEM (-o ssl_ca_cert=)
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca_cert_file: Option<PathBuf>,
+    /// Client certificates required (yes), optional, or never asked for (no) [default: yes
+    /// with a CA file, no without]
+    #[arg(long, value_enum)]
+    pub tls_auth_clients: Option<TlsAuth>,
+    /// memcached's extended options, comma-separated key=value: memkeep reads ssl_chain_cert,
+    /// ssl_key, ssl_ca_cert and ssl_verify_mode (0 none, 1 optional, 2 and 3 required) and
+    /// says at startup which others it ignores
+    #[arg(short = 'o', value_name = "OPTIONS")]
+    pub extended: Vec<String>,
     /// Run in the background (MemcacheDB's and memcached's -d)
     #[arg(short = 'd', long, action = ArgAction::SetTrue)]
     pub daemon: bool,
@@ -305,6 +367,19 @@ impl Cli {
         note(self.rep_master, "-M", rep);
         note(self.rep_slave, "-S", rep);
         note(self.rep_sites.is_some(), "-n", rep);
+        for opts in &self.extended {
+            for opt in opts.split(',').filter(|o| !o.is_empty()) {
+                let k = opt.split_once('=').map_or(opt, |(k, _)| k);
+                if !matches!(
+                    k,
+                    "ssl_chain_cert" | "ssl_key" | "ssl_ca_cert" | "ssl_verify_mode"
+                ) {
+                    v.push(format!(
+                        "ignoring -o {k}: memcached tuning that does not apply to memkeep"
+                    ));
+                }
+            }
+        }
         v
     }
 }
@@ -358,8 +433,47 @@ impl Config {
             max_disk,
             requirepass,
             idle_timeout,
-            backup_dir
+            backup_dir,
+            tls_port
         );
+        if cli.memcache_tls {
+            c.memcache_tls = true;
+        }
+        for (flag, field) in [
+            (&cli.tls_cert_file, &mut c.tls_cert_file),
+            (&cli.tls_key_file, &mut c.tls_key_file),
+            (&cli.tls_ca_cert_file, &mut c.tls_ca_cert_file),
+        ] {
+            if let Some(f) = flag {
+                *field = Some(f.clone());
+            }
+        }
+        if let Some(a) = cli.tls_auth_clients {
+            c.tls_auth_clients = Some(a);
+        }
+        for opts in &cli.extended {
+            for opt in opts.split(',').filter(|o| !o.is_empty()) {
+                let (k, v) = opt.split_once('=').unwrap_or((opt, ""));
+                match k {
+                    "ssl_chain_cert" => c.tls_cert_file = Some(PathBuf::from(v)),
+                    "ssl_key" => c.tls_key_file = Some(PathBuf::from(v)),
+                    "ssl_ca_cert" => c.tls_ca_cert_file = Some(PathBuf::from(v)),
+                    "ssl_verify_mode" => {
+                        c.tls_auth_clients = Some(match v {
+                            "0" => TlsAuth::No,
+                            "1" => TlsAuth::Optional,
+                            "2" | "3" => TlsAuth::Yes,
+                            _ => {
+                                return Err(ConfigError(format!(
+                                    "-o ssl_verify_mode={v}: expected 0, 1, 2 or 3"
+                                )));
+                            }
+                        })
+                    }
+                    _ => {}
+                }
+            }
+        }
         if let Some(f) = &cli.auth_file {
             c.auth_file = Some(f.clone());
         }
@@ -423,7 +537,23 @@ impl Config {
         if self.port != 0 && self.port == self.resp_port {
             return err("port and resp_port must differ");
         }
+        if self.tls_port != 0 && (self.tls_port == self.port || self.tls_port == self.resp_port) {
+            return err("tls_port must differ from port and resp_port");
+        }
+        if self.memcache_tls && self.port == 0 {
+            return err("memcache_tls (-Z) needs the memcached port");
+        }
         Ok(())
+    }
+
+    /// The client-certificate policy in force (`tls_auth_clients`, or its default).
+    pub fn tls_auth(&self) -> TlsAuth {
+        self.tls_auth_clients
+            .unwrap_or(if self.tls_ca_cert_file.is_some() {
+                TlsAuth::Yes
+            } else {
+                TlsAuth::No
+            })
     }
 
     /// Worker threads to start.
@@ -498,6 +628,8 @@ mod tests {
             "backup_dir",
             "idle_timeout",
             "verbosity",
+            "tls_port",
+            "memcache_tls",
         ] {
             assert!(
                 text.lines()

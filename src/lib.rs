@@ -8,6 +8,26 @@
 //! per the sync mode) and only then hands the outcomes back to the worker, which encodes the
 //! replies strictly in request order.
 //!
+//! Layout, from the bottom up:
+//! - `protocol`: pure parsers and encoders for the memcached text, meta and binary protocols
+//!   and RESP (bytes in, requests out; replies into a buffer);
+//! - `storage`: LMDB (`lmdb`), the write-ahead log (`wal`, `durable`), the in-memory overlay
+//!   readers see uncommitted batches through (`overlay`), the writer thread that group-commits
+//!   (`writer`), and the registries of watched keys and blocked pops;
+//! - `command`: the protocol-neutral write operations (`WriteOp`) and outcomes (`Outcome`)
+//!   the workers hand to the writer; `semantics`: how the string/item writes behave, shared by
+//!   both protocols; `types`: the Redis collections on LMDB (layout, typed writes, walks);
+//! - `commands`: the Redis command layer, which knows no sockets: the command table, argument
+//!   parsing into `WriteOp`s, reads against a snapshot or EXEC's transaction, and reply
+//!   encoding, as plain functions;
+//! - `server`: listeners, worker event loops, connections and sessions, MULTI queueing,
+//!   pub/sub, the hand-off to the writer, and the commands that need a session or the server.
+//!
+//! Nothing below `server` imports it. `command`, `semantics`, `storage` and `types` still
+//! import one another (the writer in `storage` applies `semantics`' and `types`' writes, which
+//! run on `storage`'s transaction and answer `command`'s outcomes): they are one engine,
+//! layered by file rather than by folder.
+//!
 //! Goals: every memcached and Redis client works unchanged; no acknowledged write is lost with
 //! `sync = always`; throughput at or above memcached and Redis. Non-goals for now: LRU eviction
 //! (a full store refuses writes and keeps serving reads), UDP, scripting.
@@ -16,6 +36,7 @@ pub mod backup;
 pub mod check;
 pub mod clock;
 pub mod command;
+pub mod commands;
 pub mod config;
 pub mod protocol;
 pub mod semantics;

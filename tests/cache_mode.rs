@@ -472,3 +472,32 @@ fn without_the_cap_a_full_store_refuses_and_never_evicts() {
     assert_eq!(c.present(&stored), stored.len());
     assert_eq!(c.stats("settings")["evictions"], "off");
 }
+
+#[test]
+fn expired_keys_counts_what_the_sweeper_removed() {
+    // No cap: the sweeper's removals alone.
+    let data = tempfile::tempdir().expect("tempdir");
+    let mut s = start(data.path(), &[], Some(common::now_ms()));
+    let mut r = Resp::connect(s.resp_addr().expect("resp"));
+    assert_eq!(info_field(&info(&mut r), "expired_keys"), 0);
+    for i in 0..5 {
+        let k = format!("short{i}");
+        assert_eq!(
+            r.call(&[b"SET", k.as_bytes(), b"v", b"PX", b"100"]),
+            Reply::Simple("OK".into())
+        );
+    }
+    assert_eq!(r.call(&[b"SET", b"long", b"v"]), Reply::Simple("OK".into()));
+    s.advance_clock(200).expect("clock");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let n = info_field(&info(&mut r), "expired_keys");
+        if n == 5 {
+            break;
+        }
+        assert!(n < 5, "expired_keys {n}: more than expired");
+        assert!(Instant::now() < deadline, "the sweeper never counted: {n}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(r.call(&[b"DBSIZE"]), Reply::Int(1));
+}

@@ -1236,9 +1236,34 @@ fn rank_slice(len: usize, start: i64, stop: i64) -> Option<(usize, usize)> {
 }
 
 /// One random command and the reply the model expects (applying it to the model).
-fn step(rng: &mut Rng, model: &mut BTreeMap<String, ZSet>) -> (Vec<String>, Exp) {
-    let key = format!("k{}", rng.below(4));
-    let mut members: Vec<Vec<u8>> = (0..30).map(|i| format!("m{i}").into_bytes()).collect();
+/// The shape of a model run: how many keys, members to draw from, and members per ZADD.
+#[derive(Clone, Copy)]
+struct Shape {
+    keys: u64,
+    pool: usize,
+    add_max: i64,
+}
+
+/// Small sets: every member is met often, options and edge cases collide.
+const SMALL: Shape = Shape {
+    keys: 4,
+    pool: 30,
+    add_max: 12,
+};
+
+/// Sets of hundreds to thousands of members: the rank directory (`types::zrank`) splits and
+/// merges its chunks under the same operations.
+const LARGE: Shape = Shape {
+    keys: 2,
+    pool: 4000,
+    add_max: 120,
+};
+
+fn step(rng: &mut Rng, model: &mut BTreeMap<String, ZSet>, shape: Shape) -> (Vec<String>, Exp) {
+    let key = format!("k{}", rng.below(shape.keys));
+    let mut members: Vec<Vec<u8>> = (0..shape.pool)
+        .map(|i| format!("m{i}").into_bytes())
+        .collect();
     members.push(Vec::new());
     let member = |rng: &mut Rng| members[rng.below(members.len() as u64) as usize].clone();
     let text = |m: &[u8]| String::from_utf8(m.to_vec()).unwrap();
@@ -1265,7 +1290,7 @@ fn step(rng: &mut Rng, model: &mut BTreeMap<String, ZSet>) -> (Vec<String>, Exp)
                 lt = false;
             }
             let incr = rng.chance(0.1);
-            let n = if incr { 1 } else { rng.range(1, 12) };
+            let n = if incr { 1 } else { rng.range(1, shape.add_max) };
             cmd.push("ZADD".into());
             cmd.push(key.clone());
             for (on, name) in [(nx, "NX"), (xx, "XX"), (gt, "GT"), (lt, "LT"), (ch, "CH")] {
@@ -1627,16 +1652,14 @@ fn scan_matches(r: &Reply, e: &Exp) -> bool {
         })
 }
 
-#[test]
-fn model_test_random_operations() {
+fn model_run(shape: Shape, seed: u64, ops: usize) {
     let mut server = start();
     let mut c = Client::connect(&server);
-    let mut rng = Rng(0x5eed_2024_0001);
+    let mut rng = Rng(seed);
     let mut model: BTreeMap<String, ZSet> = BTreeMap::new();
     let mut v3 = false;
-    const OPS: usize = 2000;
-    for i in 0..OPS {
-        if i == OPS / 2 {
+    for i in 0..ops {
+        if i == ops / 2 {
             server.restart();
             c = Client::connect(&server);
             v3 = false;
@@ -1646,7 +1669,7 @@ fn model_test_random_operations() {
             let r = c.q(if v3 { "HELLO 3" } else { "HELLO 2" });
             assert!(r.starts_with('{') || r.starts_with('['), "HELLO: {r}");
         }
-        let (cmd, exp) = step(&mut rng, &mut model);
+        let (cmd, exp) = step(&mut rng, &mut model, shape);
         let got = c.call(&cmd);
         let ok = if cmd[0] == "ZSCAN" {
             scan_matches(&got, &exp)
@@ -1667,5 +1690,33 @@ fn model_test_random_operations() {
         assert!(matches(&got, &want, v3), "{key}: {}", render(&got));
     }
     assert!(!model.is_empty());
+    if shape.pool > 256 {
+        // Past one chunk of the rank directory (256 members), so splits were exercised.
+        let sizes: Vec<usize> = model.values().map(|z| z.len()).collect();
+        assert!(sizes.iter().any(|&n| n > 512), "sizes {sizes:?}");
+    }
     assert_healthy(&mut server);
+    // And the store is sound offline: every set's score index and rank directory agree.
+    server.stop();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_memkeep"))
+        .arg("check")
+        .arg(server.data_dir())
+        .output()
+        .expect("run memkeep check");
+    assert!(
+        out.status.success(),
+        "memkeep check: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn model_test_random_operations() {
+    model_run(SMALL, 0x5eed_2024_0001, 2000);
+}
+
+#[test]
+fn model_test_random_operations_on_large_sets() {
+    model_run(LARGE, 0x5eed_2026_1202, 1500);
 }

@@ -84,6 +84,9 @@ pub struct Conn {
     resp_bufs: super::resp::ArgBufs,
     /// Meta writes in flight: what their replies echo.
     pub meta_echo: super::meta::EchoQueue,
+    /// The TLS session of a connection to a TLS port: the socket carries its records, and
+    /// `rbuf`/`wbuf` hold the plain text on either side of it.
+    pub tls: Option<Box<rustls::ServerConnection>>,
 }
 
 impl Conn {
@@ -119,6 +122,7 @@ impl Conn {
             resp: super::resp::Session::default(),
             resp_bufs: super::resp::ArgBufs::default(),
             meta_echo: Default::default(),
+            tls: None,
         }
     }
 
@@ -217,19 +221,27 @@ impl Conn {
             && self.pending_output() < WRITE_HIGH
     }
 
+    /// Makes room at the end of the read buffer (compacting, then growing up to the cap).
+    fn make_room(&mut self) {
+        if self.rend == self.rbuf.len() {
+            if self.rpos > 0 {
+                self.rbuf.copy_within(self.rpos..self.rend, 0);
+                self.rend -= self.rpos;
+                self.rpos = 0;
+            } else {
+                let grown = (self.rbuf.len() * 2).clamp(READ_INITIAL, self.read_cap);
+                self.rbuf.resize(grown, 0);
+            }
+        }
+    }
+
     /// Reads until the socket would block, the peer closes, or the buffer is at its cap.
     pub fn fill(&mut self, counters: &Counters) {
+        if self.tls.is_some() {
+            return self.fill_tls(counters);
+        }
         while self.may_read() {
-            if self.rend == self.rbuf.len() {
-                if self.rpos > 0 {
-                    self.rbuf.copy_within(self.rpos..self.rend, 0);
-                    self.rend -= self.rpos;
-                    self.rpos = 0;
-                } else {
-                    let grown = (self.rbuf.len() * 2).clamp(READ_INITIAL, self.read_cap);
-                    self.rbuf.resize(grown, 0);
-                }
-            }
+            self.make_room();
             match self.stream.read(&mut self.rbuf[self.rend..]) {
                 Ok(0) => {
                     self.eof = true;
@@ -260,9 +272,126 @@ impl Conn {
         }
     }
 
+    /// `fill` over TLS: moves decrypted bytes into the read buffer while it has room, and
+    /// reads records from the socket until it would block. Plain text rustls still holds when
+    /// the buffer is full keeps `readable` set, so a later pass takes it (no socket event will
+    /// come for it).
+    fn fill_tls(&mut self, counters: &Counters) {
+        let mut socket_eof = false;
+        loop {
+            while self.may_read() {
+                self.make_room();
+                let Some(tls) = self.tls.as_mut() else { return };
+                match tls.reader().read(&mut self.rbuf[self.rend..]) {
+                    Ok(0) => {
+                        // close_notify: the client is done sending.
+                        self.eof = true;
+                        self.readable = false;
+                        return;
+                    }
+                    Ok(n) => {
+                        self.last_active = std::time::Instant::now();
+                        self.rend += n;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(_) => {
+                        // The socket closed without close_notify (or mid-record).
+                        self.eof = true;
+                        self.readable = false;
+                        return;
+                    }
+                }
+            }
+            if !self.may_read() {
+                return;
+            }
+            if socket_eof {
+                self.eof = true;
+                self.readable = false;
+                return;
+            }
+            let Some(tls) = self.tls.as_mut() else { return };
+            match tls.read_tls(&mut self.stream) {
+                Ok(0) => socket_eof = true,
+                Ok(n) => Counters::add(&counters.bytes_read, n as u64),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.readable = false;
+                    return;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    self.broken = true;
+                    return;
+                }
+            }
+            if let Err(e) = tls.process_new_packets() {
+                // A bad record or a failed handshake: the alert rustls queued goes out with the
+                // next flush, then the connection closes.
+                log::debug!("TLS from {:?}: {e}", self.peer);
+                self.closing = true;
+                self.eof = true;
+                self.readable = false;
+                return;
+            }
+        }
+    }
+
+    /// `flush` over TLS: hands the pending output to rustls (which holds a bounded amount of
+    /// plain text) and writes its records until done or the socket would block.
+    fn flush_tls(&mut self, counters: &Counters) -> bool {
+        loop {
+            let Some(tls) = self.tls.as_mut() else {
+                return false;
+            };
+            let mut taken = 0;
+            if self.wpos < self.wbuf.len() {
+                match tls.writer().write(&self.wbuf[self.wpos..]) {
+                    Ok(n) => taken = n,
+                    Err(_) => {
+                        self.broken = true;
+                        return false;
+                    }
+                }
+                self.wpos += taken;
+            }
+            if taken == 0 && !tls.wants_write() {
+                // rustls holds all the plain text it will (before the handshake ends, say):
+                // the rest waits in `wbuf` for the next flush.
+                return self.wpos < self.wbuf.len();
+            }
+            while tls.wants_write() {
+                match tls.write_tls(&mut self.stream) {
+                    Ok(0) => {
+                        self.broken = true;
+                        return false;
+                    }
+                    Ok(n) => Counters::add(&counters.bytes_written, n as u64),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(_) => {
+                        self.broken = true;
+                        return false;
+                    }
+                }
+            }
+            if self.wpos >= self.wbuf.len() {
+                break;
+            }
+        }
+        self.wbuf.clear();
+        self.wpos = 0;
+        if self.wbuf.capacity() > WRITE_KEEP {
+            self.wbuf = Vec::new();
+        }
+        false
+    }
+
     /// Writes pending output until done or the socket would block; returns true when some
     /// output is still pending.
     pub fn flush(&mut self, counters: &Counters) -> bool {
+        if self.tls.is_some() {
+            return self.flush_tls(counters);
+        }
         while self.wpos < self.wbuf.len() {
             match self.stream.write(&self.wbuf[self.wpos..]) {
                 Ok(0) => {

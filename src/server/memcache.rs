@@ -12,7 +12,7 @@ use super::stats::{Counters, Totals, rusage};
 use super::worker::{Pass, Reply, Stop, Tag};
 use crate::command::{KeyValue, Outcome, StoreMode, WriteOp};
 use crate::protocol::memcache::{Frame, Incomplete, KeyList, Request, parse};
-use crate::storage::overlay::Found;
+use crate::storage::overlay::{COLD_AHEAD, Found};
 use crate::storage::{ItemRef, Kind, StoreError};
 
 /// How to answer a memcached write once it commits.
@@ -390,10 +390,6 @@ fn immediate(req: Request<'_>, out: &mut Vec<u8>, pass: &mut Pass<'_>) -> bool {
     }
     false
 }
-
-/// A multi-key read that stopped at a cold key looks this many keys further for other cold
-/// ones, so that their reads go to the disk together.
-pub(super) const COLD_AHEAD: usize = 64;
 
 /// Answers `get`/`gets` from byte `from` of the key list on (0 for a new request). Once the reply
 /// has added `room` bytes it stops after the value at hand and returns the offset of the next

@@ -1,7 +1,15 @@
 //! The server: listeners and the acceptor on the main thread, worker threads each running an
 //! event loop, and the writer thread. Shutdown (SIGINT/SIGTERM) stops accepting, lets workers
 //! finish what is in flight, lets the writer commit and sync, then closes the environment.
+//!
+//! Per protocol: `memcache`, `meta` and `binary` run the memcached port's requests; `resp` is a
+//! RESP connection's session and loop (dispatch, MULTI, the writer hand-off), `admin` the RESP
+//! commands that need a session or the server's state (CLIENT, CONFIG, INFO, AUTH, HELLO,
+//! WATCH, pub/sub), over the socket-free command layer in `crate::commands`. `worker` is the
+//! event loop, `conn` a connection's buffers, `pubsub` and `clients` the cross-thread
+//! registries, `cold` the reader pool for values not in memory, `stats` the counters.
 
+pub mod admin;
 pub mod binary;
 pub mod clients;
 pub mod cold;
@@ -11,6 +19,7 @@ pub mod meta;
 pub mod pubsub;
 pub mod resp;
 pub mod stats;
+pub mod tls;
 pub mod worker;
 
 use std::io::{self, Write};
@@ -47,7 +56,7 @@ pub struct Shared {
     pub shutdown: AtomicBool,
     /// Client ids for RESP `CLIENT ID` / `HELLO`.
     pub next_client_id: AtomicU64,
-    pub scan_cursors: Arc<Mutex<resp::ScanCursors>>,
+    pub scan_cursors: Arc<Mutex<crate::commands::ScanCursors>>,
     /// The keys RESP connections WATCH (shared with the writer, which moves their versions).
     pub watches: Arc<crate::storage::watch::Watches>,
     pub backups: Arc<crate::backup::Backups>,
@@ -67,6 +76,8 @@ pub struct Shared {
     pub cold: Option<cold::ColdPool>,
     /// Cache mode's figures (evictions; all zero when `max_disk` is off).
     pub cache: Arc<crate::storage::cache::CacheStats>,
+    /// The TLS configuration, when a port speaks TLS (`tls_port`, `memcache_tls`).
+    pub tls: Option<Arc<tls::TlsContext>>,
 }
 
 /// CLIENT PAUSE's state: until when (ms since `origin`, 0 = not paused) and whether it holds
@@ -160,6 +171,7 @@ impl std::error::Error for ServerError {}
 
 const MC_LISTENER: Token = Token(0);
 const RESP_LISTENER: Token = Token(1);
+const TLS_LISTENER: Token = Token(3);
 
 fn bind(listen: &str, port: u16) -> Result<TcpListener, ServerError> {
     let addr: SocketAddr = (listen, port)
@@ -270,6 +282,13 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
     } else {
         None
     };
+    let mut tls_listener = if config.tls_port != 0 {
+        Some(bind(&config.listen, config.tls_port)?)
+    } else {
+        None
+    };
+    // Read while memkeep may still be root (a key file is often readable by root only).
+    let tls = tls::TlsContext::from_config(&config).map_err(ServerError)?;
     // The reader threads' descriptor of the data file, opened while memkeep may still be root.
     let cold_file = match config.io_threads {
         0 => None,
@@ -292,6 +311,7 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
     for (l, token) in [
         (mc_listener.as_mut(), MC_LISTENER),
         (resp_listener.as_mut(), RESP_LISTENER),
+        (tls_listener.as_mut(), TLS_LISTENER),
     ] {
         if let Some(l) = l {
             acceptor
@@ -357,11 +377,12 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         started: Instant::now(),
         shutdown: AtomicBool::new(false),
         next_client_id: AtomicU64::new(0),
-        scan_cursors: Arc::new(Mutex::new(resp::ScanCursors::default())),
+        scan_cursors: Arc::new(Mutex::new(crate::commands::ScanCursors::default())),
         watches: Arc::default(),
         backups: Arc::new(crate::backup::Backups::default()),
         mc_auth,
         cache: Arc::default(),
+        tls,
         config,
     });
     let cfg = &shared.config;
@@ -411,19 +432,35 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
     ])
     .map_err(|e| ServerError(format!("cannot install signal handlers: {e}")))?;
     let signals_handle = signals.handle();
     {
         let stop = stop.clone();
         let waker = accept_waker.clone();
+        let tls = shared.tls.clone();
         thread::Builder::new()
             .name("memkeep-signals".into())
             .spawn(move || {
-                if let Some(sig) = signals.forever().next() {
+                for sig in signals.forever() {
+                    if sig == signal_hook::consts::SIGHUP {
+                        // SIGHUP reloads the TLS certificates, and does nothing else.
+                        match &tls {
+                            Some(t) => match t.reload() {
+                                Ok(()) => info!("SIGHUP: TLS certificates reloaded"),
+                                Err(e) => {
+                                    error!("SIGHUP: TLS certificates not reloaded, the old ones stay: {e}")
+                                }
+                            },
+                            None => info!("SIGHUP ignored: no TLS to reload"),
+                        }
+                        continue;
+                    }
                     info!("signal {sig} received: shutting down");
                     stop.store(true, Ordering::Release);
                     let _ = waker.wake();
+                    break;
                 }
             })
             .map_err(|e| ServerError(format!("cannot start signal thread: {e}")))?;
@@ -449,10 +486,31 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
             String::new()
         },
     );
+    if shared.tls.is_some() {
+        info!(
+            "TLS{}{}, client certificates: {}",
+            if cfg.tls_port != 0 {
+                format!(" (RESP) on port {}", cfg.tls_port)
+            } else {
+                String::new()
+            },
+            if cfg.memcache_tls {
+                format!(" (memcached) on port {}", cfg.port)
+            } else {
+                String::new()
+            },
+            cfg.tls_auth().name()
+        );
+    }
 
+    let mc_tls = shared.config.memcache_tls;
     accept_loop(
         &mut acceptor,
-        [mc_listener.as_ref(), resp_listener.as_ref()],
+        [
+            (mc_listener.as_ref(), Proto::Memcache, mc_tls),
+            (resp_listener.as_ref(), Proto::Resp, false),
+            (tls_listener.as_ref(), Proto::Resp, true),
+        ],
         &shared,
         &handles,
         &stop,
@@ -462,6 +520,7 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
     // drop their senders, which lets the writer commit what is left, sync and stop.
     drop(mc_listener);
     drop(resp_listener);
+    drop(tls_listener);
     shared.shutdown.store(true, Ordering::Release);
     for h in &handles {
         h.mailbox.wake();
@@ -488,7 +547,7 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
 
 fn accept_loop(
     poll: &mut Poll,
-    listeners: [Option<&TcpListener>; 2],
+    listeners: [(Option<&TcpListener>, Proto, bool); 3],
     shared: &Shared,
     handles: &[Arc<WorkerHandle>],
     stop: &AtomicBool,
@@ -505,7 +564,7 @@ fn accept_loop(
         }
         retry = None;
         // Accept on every listener each time: cheap, and it also retries after a failed accept.
-        for (listener, proto) in listeners.into_iter().zip([Proto::Memcache, Proto::Resp]) {
+        for (listener, proto, tls) in listeners {
             let Some(listener) = listener else { continue };
             loop {
                 match listener.accept() {
@@ -514,7 +573,10 @@ fn accept_loop(
                         let curr = shared.gauges.curr_connections.load(Ordering::Relaxed);
                         if curr >= shared.config.max_connections {
                             Counters::bump(&shared.counters[0].rejected_connections);
-                            reject(stream, proto);
+                            if !tls {
+                                // (A TLS client cannot read a plain-text reason.)
+                                reject(stream, proto);
+                            }
                             log::debug!("rejected {peer}: too many open connections");
                             continue;
                         }
@@ -528,7 +590,7 @@ fn accept_loop(
                         h.incoming
                             .lock()
                             .unwrap_or_else(|p| p.into_inner())
-                            .push((stream, proto));
+                            .push((stream, proto, tls));
                         h.mailbox.wake();
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,

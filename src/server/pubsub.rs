@@ -16,7 +16,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
 
-use super::resp::glob_match;
+use crate::commands::glob_match;
 use crate::protocol::resp::enc;
 
 /// A subscriber's unsent output (replies and messages) past which it is disconnected.

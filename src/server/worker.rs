@@ -73,7 +73,7 @@ pub enum Stop {
 /// What the acceptor and the writer share with a worker.
 pub struct WorkerHandle {
     pub mailbox: Arc<Mailbox<Tag>>,
-    pub incoming: Mutex<Vec<(std::net::TcpStream, Proto)>>,
+    pub incoming: Mutex<Vec<(std::net::TcpStream, Proto, bool)>>,
     /// Connections (slot, epoch) whose cold values a reader thread has read (`cold.rs`).
     pub warmed: Mutex<Vec<(u32, u32, Vec<Fetched>)>>,
 }
@@ -389,8 +389,8 @@ impl Worker {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner()),
         );
-        for (stream, proto) in incoming {
-            self.add_conn(stream, proto);
+        for (stream, proto, tls) in incoming {
+            self.add_conn(stream, proto, tls);
         }
         // Write completions, in commit order.
         self.completed_here = false;
@@ -698,7 +698,26 @@ impl Worker {
         }
     }
 
-    fn add_conn(&mut self, stream: std::net::TcpStream, proto: Proto) {
+    fn add_conn(&mut self, stream: std::net::TcpStream, proto: Proto, tls: bool) {
+        let session = match (tls, &self.shared.tls) {
+            (false, _) => None,
+            (true, Some(ctx)) => match ctx.session() {
+                Ok(s) => Some(Box::new(s)),
+                Err(e) => {
+                    error!("cannot start a TLS session: {e}");
+                    None
+                }
+            },
+            (true, None) => None,
+        };
+        if tls && session.is_none() {
+            // Never serve a TLS port in plain text.
+            self.shared
+                .gauges
+                .curr_connections
+                .fetch_sub(1, Ordering::Relaxed);
+            return;
+        }
         let mut stream = mio::net::TcpStream::from_std(stream);
         let entry = self.conns.vacant_entry();
         let key = entry.key();
@@ -716,6 +735,7 @@ impl Worker {
         }
         self.next_epoch = self.next_epoch.wrapping_add(1);
         let mut conn = Conn::new(stream, proto, self.next_epoch, self.read_cap);
+        conn.tls = session;
         conn.peer = conn.stream.peer_addr().ok();
         debug!("worker {}: connection from {:?}", self.id, conn.peer);
         conn.resp.id = self.shared.next_client_id.fetch_add(1, Ordering::Relaxed) + 1;

@@ -216,6 +216,8 @@ pub struct CacheStats {
     pub evicted_unfetched: AtomicU64,
     /// Expired items removed early to make room (beside the sweeper's own).
     pub expired_reclaimed: AtomicU64,
+    /// Expired items the writer's sweeper removed (cache mode or not).
+    pub expired_swept: AtomicU64,
     /// The pages the data occupies, in bytes, as of the writer's last batch (cache mode only).
     pub data_bytes: AtomicU64,
 }
@@ -226,6 +228,8 @@ pub struct CacheFigures {
     pub evictions: u64,
     pub evicted_unfetched: u64,
     pub data_bytes: u64,
+    /// Expired items removed by the sweeper or an eviction pass (Redis `expired_keys`).
+    pub expired: u64,
 }
 
 impl CacheStats {
@@ -237,6 +241,8 @@ impl CacheStats {
             evictions: self.evictions.load(Ordering::Acquire),
             evicted_unfetched: self.evicted_unfetched.load(Ordering::Acquire),
             data_bytes: self.data_bytes.load(Ordering::Acquire),
+            expired: self.expired_swept.load(Ordering::Acquire)
+                + self.expired_reclaimed.load(Ordering::Acquire),
         }
     }
 
@@ -245,6 +251,7 @@ impl CacheStats {
         self.evictions.store(0, Ordering::Relaxed);
         self.evicted_unfetched.store(0, Ordering::Relaxed);
         self.expired_reclaimed.store(0, Ordering::Relaxed);
+        self.expired_swept.store(0, Ordering::Relaxed);
     }
 }
 
@@ -389,15 +396,10 @@ impl Evictor {
         Ok((if expired { 0 } else { score }, expired))
     }
 
-    /// Whether the memory page holding the start of `bytes` is resident (mincore).
+    /// Whether the memory page holding the start of `bytes` is resident (a page of LMDB's
+    /// map, or of the transaction's own dirty pages).
     fn resident(&self, bytes: &[u8]) -> bool {
-        let start = (bytes.as_ptr() as usize) & !(self.os_page - 1);
-        let mut vec = [0u8; 1];
-        // Safety: mincore reads no memory: it reports on the one page at `start` (a page of
-        // LMDB's map, or of the transaction's own dirty pages) into the one byte of `vec`,
-        // and fails with ENOMEM, harmlessly, if nothing is mapped there.
-        let rc = unsafe { libc::mincore(start as *mut libc::c_void, 1, vec.as_mut_ptr()) };
-        rc == 0 && vec[0] & 1 == 1
+        super::resident::resident(bytes.as_ptr() as usize, 1, self.os_page) == Some(true)
     }
 
     /// Puts a candidate in the pool if it is among the oldest; true if it went into the older

@@ -13,7 +13,10 @@
 //! - `elems`:  collection id (u64 BE) ++ sub-key -> element (list items, hash fields, set and
 //!   sorted-set members; see `types`). A collection's id is fixed when it is created, so a
 //!   RENAME moves only its metadata record.
-//! - `zscore`: collection id ++ order-preserving score ++ member -> empty (sorted-set order).
+//! - `zscore`: collection id ++ order-preserving score ++ member -> empty (sorted-set order);
+//!   and, under the id with its top bit set (`ZRANK_DIR`), the set's rank directory:
+//!   `(id | ZRANK_DIR) ++ chunk boundary -> count` (see `types::zrank`). Ids are CAS uniques,
+//!   which never reach 2^63.
 //! - `gc`:     collection id -> empty: collections deleted or overwritten whose elements the
 //!   writer still has to reclaim, a bounded chunk per batch (so DEL of any size is O(1)).
 
@@ -169,6 +172,9 @@ pub const DB_META: u8 = 2;
 pub const DB_ELEMS: u8 = 3;
 pub const DB_ZSCORE: u8 = 4;
 pub const DB_GC: u8 = 5;
+
+/// Set in the id of a sorted set's rank-directory records in `zscore` (`types::zrank`).
+pub const ZRANK_DIR: u64 = 1 << 63;
 
 #[derive(Clone)]
 pub struct LmdbStore {
@@ -709,9 +715,19 @@ impl LmdbStore {
             let Some(id) = self.gc.first(txn)?.map(|(k, _)| k.to_vec()) else {
                 break;
             };
-            for db in [self.elems, self.zscore] {
+            let dir = (u64::from_be_bytes(
+                id[..]
+                    .try_into()
+                    .map_err(|_| StoreError::damaged("a gc record is not a collection id"))?,
+            ) | ZRANK_DIR)
+                .to_be_bytes();
+            for (db, prefix) in [
+                (self.elems, &id[..]),
+                (self.zscore, &id[..]),
+                (self.zscore, &dir[..]),
+            ] {
                 let keys: Vec<Vec<u8>> = db
-                    .prefix_iter(txn, &id[..])?
+                    .prefix_iter(txn, prefix)?
                     .take(budget)
                     .map(|r| r.map(|(k, _)| k.to_vec()))
                     .collect::<Result<_, _>>()?;

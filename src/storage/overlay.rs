@@ -129,6 +129,10 @@ pub fn absorb(map: &mut Map, payload: &[u8]) -> Result<bool, String> {
     Ok(true)
 }
 
+/// A multi-key read that stopped at a cold key looks this many keys further for other cold
+/// ones, so that their reads go to the disk together (`Snap::note_cold`).
+pub const COLD_AHEAD: usize = 64;
+
 /// A reader's view for one pass: an LMDB snapshot and the overlay state over it; or, inside
 /// the writer (EXEC's reads), its own write transaction, which holds everything.
 pub struct Snap<'s> {

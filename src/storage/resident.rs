@@ -157,34 +157,36 @@ impl MapSpan {
     }
 
     fn mincore_cold(&self, at: usize, len: usize) -> bool {
-        let start = at & !(self.page - 1);
-        let end = at + len;
-        let pages = (end - start).div_ceil(self.page);
-        let mut vec = [0u8; PAGES_PER_CALL];
-        let mut done = 0;
-        while done < pages {
-            let n = (pages - done).min(PAGES_PER_CALL);
-            let addr = start + done * self.page;
-            // SAFETY: [addr, addr + n pages) lies inside the mapping found above (which LMDB
-            // keeps for the environment's life), and `vec` has room for n entries.
-            let rc = unsafe {
-                libc::mincore(
-                    addr as *mut libc::c_void,
-                    n * self.page,
-                    vec.as_mut_ptr().cast(),
-                )
-            };
-            if rc != 0 {
-                // Cannot tell: read it as before.
-                return false;
-            }
-            if vec[..n].iter().any(|&b| b & 1 == 0) {
-                return true;
-            }
-            done += n;
-        }
-        false
+        // Cannot tell: read it as before.
+        resident(at, len, self.page).is_some_and(|all| !all)
     }
+}
+
+/// Whether every page (of `page` bytes) holding [at, at + len) is resident in memory, by
+/// `mincore(2)`; None when the kernel cannot tell (part of the range is not mapped).
+pub fn resident(at: usize, len: usize, page: usize) -> Option<bool> {
+    let start = at & !(page - 1);
+    let end = at + len.max(1);
+    let pages = (end - start).div_ceil(page);
+    let mut vec = [0u8; PAGES_PER_CALL];
+    let mut done = 0;
+    while done < pages {
+        let n = (pages - done).min(PAGES_PER_CALL);
+        let addr = start + done * page;
+        // SAFETY: mincore reads no memory of ours: it reports on the pages of [addr, addr + n
+        // pages) into `vec`, which has room for n entries, and fails with ENOMEM, harmlessly,
+        // where nothing is mapped.
+        let rc =
+            unsafe { libc::mincore(addr as *mut libc::c_void, n * page, vec.as_mut_ptr().cast()) };
+        if rc != 0 {
+            return None;
+        }
+        if vec[..n].iter().any(|&b| b & 1 == 0) {
+            return Some(false);
+        }
+        done += n;
+    }
+    Some(true)
 }
 
 #[cfg(test)]

@@ -501,6 +501,8 @@ pub struct Writer<T> {
     data: std::fs::File,
     /// Cache mode: the evictor and what it shares (None: the store is a store).
     cache: Option<Cache>,
+    /// Where the sweeper's expired items are counted (`with_cache` sets it, cap or not).
+    counters: Option<Arc<CacheStats>>,
     /// Cache mode: the data is past the cap; leaders leave batches to the writer thread,
     /// which evicts until it is under again.
     over: Arc<std::sync::atomic::AtomicBool>,
@@ -571,6 +573,7 @@ impl<T: Send + Clone> Writer<T> {
             nearly_full: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             data,
             cache: None,
+            counters: None,
             over: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         })
     }
@@ -581,6 +584,7 @@ impl<T: Send + Clone> Writer<T> {
     /// writes. A store already over the cap is brought under it by the writer thread's first
     /// passes.
     pub fn with_cache(mut self, stats: Arc<CacheStats>) -> Result<Writer<T>, StoreError> {
+        self.counters = Some(stats.clone());
         if self.cfg.max_disk == 0 {
             return Ok(self);
         }
@@ -1204,6 +1208,10 @@ impl<T: Send + Clone> Writer<T> {
         // Before the replies: a client that reads `stats` after its write sees the data's
         // size as this batch left it (and whether an eviction pass is due).
         self.check_cap();
+        if let (Some(c), false) = (&self.counters, failed) {
+            // Published (committed) before counted, as evictions are.
+            c.expired_swept.fetch_add(swept as u64, Ordering::Release);
+        }
         self.deliver(leader);
         self.nearly_full.store(self.near_full(0), Ordering::Release);
         (handled, swept)

@@ -12,14 +12,17 @@
 //! DEL of any collection is O(1): its id goes to the `gc` database and the writer reclaims the
 //! elements in bounded chunks. An empty collection is deleted, as Redis does.
 //!
-//! Each family module declares its RESP commands in one table and provides `write_op` (parse a
-//! write's arguments on the worker), `apply` (run it in the writer's transaction) and `read`
-//! (answer a read from the worker's read transaction, straight from the map).
+//! This is storage, protocol-neutral: each family module defines its typed write (`ListOp`,
+//! `HashOp`, `SetOp`, `ZSetOp`, `blocking::PopForm`), `apply` (run it in the writer's
+//! transaction, answering an `Outcome`), and the reads and walks of its layout with typed
+//! results (`ReadCx`, a read snapshot). The RESP side of each family (its command table, the
+//! parse of its arguments into those writes, its read replies) is in `crate::commands`.
 
 pub mod blocking;
 pub mod hash;
 pub mod list;
 pub mod set;
+pub mod zrank;
 pub mod zset;
 
 use heed::RoTxn;
@@ -283,9 +286,6 @@ pub struct ReadCx<'a, 't> {
     pub now: u64,
     /// A delayed flush_all has come due: everything reads as missing.
     pub flushed: bool,
-    /// Server-side scan cursors (HSCAN, SSCAN, ZSCAN): a cursor names the sub-key to resume
-    /// after.
-    pub cursors: &'a std::sync::Mutex<crate::server::resp::ScanCursors>,
 }
 
 impl ReadCx<'_, '_> {
@@ -330,11 +330,6 @@ pub fn random_u64() -> u64 {
         s.set(x);
         x
     })
-}
-
-/// Answers a read whose storage failed.
-pub fn storage_error(out: &mut Vec<u8>, e: impl Into<StoreError>) {
-    crate::protocol::resp::enc::error(out, &e.into().resp_reply())
 }
 
 /// The message Redis gives for a command on the wrong kind of value.

@@ -1,0 +1,472 @@
+//! Keyspace commands: DEL, EXISTS, the EXPIRE and TTL families, PERSIST, TYPE, RENAME, KEYS,
+//! SCAN (with the server-side cursors the SCAN family shares), RANDOMKEY, DBSIZE, OBJECT and
+//! FLUSHDB/FLUSHALL.
+
+use std::sync::Mutex;
+
+use super::args::{
+    Args, SYNTAX, ScanOpts, expire_arg, glob_match, help, key_ok, scan_opts, sub_arity, unknown_sub,
+};
+use super::{Cmd, RespReply, View, failed};
+use crate::command::{ExpireCond, WriteOp};
+use crate::protocol::resp::enc;
+use crate::storage::{ItemRef, Kind, StoreError};
+use crate::types;
+
+/// FLUSHDB / FLUSHALL [ASYNC|SYNC]: either way the store is cleared before the reply.
+pub(super) fn flush(args: Args<'_>) -> Result<(WriteOp, RespReply), String> {
+    match args.len() {
+        1 => Ok((WriteOp::FlushAll { delay: 0 }, RespReply::Plain)),
+        2 if args.is(1, "ASYNC") || args.is(1, "SYNC") => {
+            Ok((WriteOp::FlushAll { delay: 0 }, RespReply::Plain))
+        }
+        _ => Err(SYNTAX.into()),
+    }
+}
+
+/// Parses a key write (its key, argument 1, already checked).
+pub(super) fn write_op(cmd: Cmd, args: Args<'_>, now: u64) -> Result<(WriteOp, RespReply), String> {
+    let key = args.get(1);
+    let plain = |op| Ok((op, RespReply::Plain));
+    match cmd {
+        Cmd::Del => {
+            let keys = (1..args.len()).map(|i| args.get(i).to_vec()).collect();
+            plain(WriteOp::Del { keys })
+        }
+        Cmd::Expire | Cmd::PExpire | Cmd::ExpireAt | Cmd::PExpireAt => {
+            let (unit, absolute, name) = match cmd {
+                Cmd::Expire => (1000, false, "expire"),
+                Cmd::PExpire => (1, false, "pexpire"),
+                Cmd::ExpireAt => (1000, true, "expireat"),
+                _ => (1, true, "pexpireat"),
+            };
+            let at_ms = expire_arg(args.get(2), unit, absolute, now, name, false)?;
+            // Redis reads every option first, then checks how they combine.
+            let (mut nx, mut xx, mut gt, mut lt) = (false, false, false, false);
+            for i in 3..args.len() {
+                if args.is(i, "NX") {
+                    nx = true;
+                } else if args.is(i, "XX") {
+                    xx = true;
+                } else if args.is(i, "GT") {
+                    gt = true;
+                } else if args.is(i, "LT") {
+                    lt = true;
+                } else {
+                    return Err(format!(
+                        "ERR Unsupported option {}",
+                        String::from_utf8_lossy(args.get(i))
+                    ));
+                }
+            }
+            if nx && (xx || gt || lt) {
+                return Err(
+                    "ERR NX and XX, GT or LT options at the same time are not compatible".into(),
+                );
+            }
+            if gt && lt {
+                return Err("ERR GT and LT options at the same time are not compatible".into());
+            }
+            let cond = match (nx, xx, gt, lt) {
+                (true, ..) => ExpireCond::Nx,
+                // GT already needs an expiry (none counts as infinitely late), so XX adds nothing.
+                (_, _, true, _) => ExpireCond::Gt,
+                (_, true, _, true) => ExpireCond::XxLt,
+                (_, false, _, true) => ExpireCond::Lt,
+                (_, true, ..) => ExpireCond::Xx,
+                _ => ExpireCond::Always,
+            };
+            plain(WriteOp::Expire {
+                key: key.to_vec(),
+                at_ms,
+                cond,
+            })
+        }
+        Cmd::Persist => plain(WriteOp::Persist { key: key.to_vec() }),
+        Cmd::Rename | Cmd::RenameNx => {
+            key_ok(args.get(2))?;
+            plain(WriteOp::Rename {
+                from: key.to_vec(),
+                to: args.get(2).to_vec(),
+                nx: cmd == Cmd::RenameNx,
+            })
+        }
+        _ => Err(SYNTAX.into()),
+    }
+}
+
+/// EXISTS, TTL family, OBJECT, TYPE, DBSIZE, KEYS, SCAN, RANDOMKEY.
+pub(super) fn read(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, view: &View<'_, '_>) {
+    let View {
+        store,
+        txn,
+        now,
+        flushed,
+        cursors,
+        ..
+    } = *view;
+    let lookup = |key: &[u8]| view.live(key);
+    match cmd {
+        Cmd::Exists => {
+            let mut n = 0;
+            for i in 1..args.len() {
+                match lookup(args.get(i)) {
+                    Ok(found) => n += i64::from(found.is_some()),
+                    Err(e) => return failed(out, e),
+                }
+            }
+            enc::int(out, n);
+        }
+        Cmd::Ttl | Cmd::PTtl | Cmd::ExpireTime | Cmd::PExpireTime => {
+            let v = match lookup1!(view, args, out) {
+                None => -2,
+                Some(i) if i.meta.expire_at == 0 => -1,
+                Some(i) => {
+                    let at = i.meta.expire_at as i64;
+                    let left = at - now as i64;
+                    match cmd {
+                        Cmd::Ttl => (left + 500) / 1000,
+                        Cmd::PTtl => left,
+                        Cmd::ExpireTime => (at + 500) / 1000,
+                        _ => at,
+                    }
+                }
+            };
+            enc::int(out, v);
+        }
+        Cmd::Object => {
+            let sub = String::from_utf8_lossy(args.get(1)).to_ascii_uppercase();
+            let known = ["ENCODING", "REFCOUNT", "IDLETIME", "FREQ"];
+            if sub == "HELP" && args.len() == 2 {
+                return help(out, OBJECT_HELP);
+            }
+            if !known.contains(&sub.as_str()) && sub != "HELP" {
+                return unknown_sub(out, "OBJECT", args);
+            }
+            if args.len() != 3 {
+                return sub_arity(out, "object", args);
+            }
+            let item = match lookup(args.get(2)) {
+                Ok(Some(item)) => item,
+                Ok(None) => return enc::null(out, v3),
+                Err(e) => return failed(out, e),
+            };
+            match sub.as_str() {
+                "ENCODING" => match object_encoding(store, txn, &item) {
+                    Ok(name) => enc::bulk(out, name.as_bytes()),
+                    Err(e) => failed(out, e),
+                },
+                // Redis shares the objects of the integers 0..9999 (OBJ_SHARED_INTEGERS).
+                "REFCOUNT" => enc::int(
+                    out,
+                    if item.meta.kind == Kind::String
+                        && redis_int(item.value).is_some_and(|n| (0..10_000).contains(&n))
+                    {
+                        i32::MAX as i64
+                    } else {
+                        1
+                    },
+                ),
+                // memkeep does not track access times: every key reads as just used.
+                "IDLETIME" => enc::int(out, 0),
+                _ => enc::error(
+                    out,
+                    "ERR An LFU maxmemory policy is not selected, access frequency not tracked. Please note that when switching between policies at runtime LRU and LFU data will take some time to adjust.",
+                ),
+            }
+        }
+        Cmd::Type => {
+            let item = lookup1!(view, args, out);
+            enc::simple(out, item.map_or("none", |i| i.meta.kind.name()))
+        }
+        Cmd::DbSize => match store.len() {
+            Ok(n) => enc::int(out, n as i64),
+            Err(e) => failed(out, e),
+        },
+        Cmd::Keys => {
+            let pattern = args.get(1);
+            let mut found: Vec<&[u8]> = Vec::new();
+            let mut walk = || -> Result<(), StoreError> {
+                use std::ops::Bound::Unbounded;
+                for entry in store.range(Unbounded, Unbounded)? {
+                    let (key, bytes) = entry?;
+                    let item = crate::storage::item::decode(bytes)?;
+                    if !flushed && !item.meta.is_expired(now) && glob_match(pattern, key) {
+                        found.push(key);
+                    }
+                }
+                Ok(())
+            };
+            if let Err(e) = walk() {
+                return failed(out, e);
+            }
+            enc::array(out, found.len());
+            for k in found {
+                enc::bulk(out, k);
+            }
+        }
+        Cmd::Scan => scan(
+            args,
+            out,
+            ScanView {
+                store,
+                now,
+                flushed,
+            },
+            cursors,
+        ),
+        Cmd::RandomKey => match random_key(store) {
+            Ok(Some(k)) => enc::bulk(out, &k),
+            Ok(None) => enc::null(out, v3),
+            Err(e) => failed(out, e),
+        },
+        _ => enc::error(out, "ERR command not available here"),
+    }
+}
+
+const OBJECT_HELP: &[&str] = &[
+    "OBJECT <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+    "ENCODING <key>",
+    "    Return the kind of internal representation used in order to store the value",
+    "    associated with a <key>.",
+    "FREQ <key>",
+    "    Return the access frequency index of the <key>. The returned integer is",
+    "    proportional to the logarithm of the recent access frequency of the key.",
+    "IDLETIME <key>",
+    "    Return the idle time of the <key>, that is the approximated number of",
+    "    seconds elapsed since the last access to the key.",
+    "REFCOUNT <key>",
+    "    Return the number of references of the value associated with the specified",
+    "    <key>.",
+    "HELP",
+    "    Prints this help.",
+];
+
+/// The value as Redis's `string2ll` reads it: a canonical decimal i64 of at most 20 bytes.
+fn redis_int(v: &[u8]) -> Option<i64> {
+    if v.is_empty() || v.len() > 20 {
+        return None;
+    }
+    let n: i64 = std::str::from_utf8(v).ok()?.parse().ok()?;
+    (n.to_string().as_bytes() == v).then_some(n)
+}
+
+/// The encoding Redis 7.0 would report for this value, by its rules and default thresholds:
+/// strings `int` / `embstr` (up to 44 bytes) / `raw`; lists `quicklist`; hashes `listpack` up
+/// to 128 fields of at most 64 bytes each (fields and values), else `hashtable`; sets `intset`
+/// up to 512 integer members, else `hashtable`; sorted sets `listpack` up to 128 members of at
+/// most 64 bytes, else `skiplist`. Small collections are walked (at most 512 elements).
+fn object_encoding(
+    store: &crate::storage::overlay::Snap<'_>,
+    txn: &heed::RoTxn<'_>,
+    item: &ItemRef<'_>,
+) -> Result<&'static str, StoreError> {
+    let small = |max_len: u64, ok: &dyn Fn(&[u8], &[u8]) -> bool| -> Result<bool, StoreError> {
+        let coll = types::CollMeta::decode(item.value)?;
+        if coll.len > max_len {
+            return Ok(false);
+        }
+        for r in store.elems.prefix_iter(txn, &coll.id.to_be_bytes()[..])? {
+            let (k, v) = r?;
+            if !ok(&k[8..], v) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    };
+    Ok(match item.meta.kind {
+        Kind::String if redis_int(item.value).is_some() => "int",
+        Kind::String if item.value.len() <= 44 => "embstr",
+        Kind::String => "raw",
+        Kind::List => "quicklist",
+        Kind::Hash if small(128, &|f, v| f.len() <= 64 && v.len() <= 64)? => "listpack",
+        Kind::Hash => "hashtable",
+        Kind::Set if small(512, &|m, _| redis_int(m).is_some())? => "intset",
+        Kind::Set => "hashtable",
+        // A member's element value is its score's 8 bytes.
+        Kind::ZSet if small(128, &|m, _| m.len() <= 64)? => "listpack",
+        Kind::ZSet => "skiplist",
+    })
+}
+
+/// Up to this many keys, RANDOMKEY draws an index and walks to it: exactly uniform.
+const RANDOMKEY_WALK: u64 = 4096;
+
+/// A random key. Small stores: uniform (a random index, walked to). Larger ones: a random
+/// probe between the first and the last key, drawn byte by byte from where they differ, then
+/// the first key at or after it; keys of one shape (`user:0001`.., hex ids) come out close to
+/// uniform, but a key after a wide gap is more likely than one in a dense run.
+fn random_key(store: &crate::storage::overlay::Snap<'_>) -> Result<Option<Vec<u8>>, StoreError> {
+    use std::ops::Bound::{Included, Unbounded};
+    let n = store.len()?;
+    if n == 0 {
+        return Ok(None);
+    }
+    let first_at = |lo: std::ops::Bound<&[u8]>| -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(match store.range(lo, Unbounded)?.next() {
+            Some(r) => Some(r?.0.to_vec()),
+            None => None,
+        })
+    };
+    if n <= RANDOMKEY_WALK {
+        let skip = (types::random_u64() % n) as usize;
+        let mut last = None;
+        for (i, r) in store.range(Unbounded, Unbounded)?.enumerate() {
+            let (k, _) = r?;
+            last = Some(k.to_vec());
+            if i == skip {
+                break;
+            }
+        }
+        return Ok(last);
+    }
+    let Some(first) = first_at(Unbounded)? else {
+        return Ok(None);
+    };
+    let last = store
+        .items()
+        .last(store.txn())?
+        .map(|(k, _)| k.to_vec())
+        .unwrap_or_else(|| first.clone());
+    let common = first.iter().zip(&last).take_while(|(a, b)| a == b).count();
+    let mut probe = first[..common].to_vec();
+    let lo = first.get(common).copied().unwrap_or(0);
+    let hi = last.get(common).copied().unwrap_or(0xff).max(lo);
+    probe.push(lo + (types::random_u64() % (u64::from(hi - lo) + 1)) as u8);
+    probe.extend((0..8).map(|_| types::random_u64() as u8));
+    Ok(first_at(Included(&probe[..]))?.or(Some(first)))
+}
+
+/// What SCAN needs from the pass.
+struct ScanView<'a, 't> {
+    store: &'a crate::storage::overlay::Snap<'t>,
+    now: u64,
+    flushed: bool,
+}
+
+/// SCAN cursor [MATCH pattern] [COUNT n] [TYPE t]: keys in LMDB's order; the cursor names the
+/// last key returned (kept server-side), so keys present for the whole scan are returned even
+/// while others are written.
+fn scan(args: Args<'_>, out: &mut Vec<u8>, view: ScanView<'_, '_>, cursors: &Mutex<ScanCursors>) {
+    let Some(cursor) = std::str::from_utf8(args.get(1))
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+    else {
+        return enc::error(out, "ERR invalid cursor");
+    };
+    let ScanOpts {
+        pattern,
+        count,
+        type_filter,
+    } = match scan_opts(args, 2, true) {
+        Ok(o) => o,
+        Err(msg) => return enc::error(out, msg),
+    };
+    let after: Option<Vec<u8>> = if cursor == 0 {
+        None
+    } else {
+        match cursors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(cursor)
+        {
+            Some(k) => Some(k),
+            None => return enc::error(out, "ERR invalid cursor"),
+        }
+    };
+    let range = match &after {
+        None => (std::ops::Bound::Unbounded, std::ops::Bound::Unbounded),
+        Some(k) => (
+            std::ops::Bound::Excluded(&k[..]),
+            std::ops::Bound::Unbounded,
+        ),
+    };
+    let iter = match view.store.range(range.0, range.1) {
+        Ok(it) => it,
+        Err(e) => return enc::error(out, &e.resp_reply()),
+    };
+    let mut found: Vec<&[u8]> = Vec::new();
+    let mut last: Option<&[u8]> = None;
+    let mut exhausted = true;
+    for (examined, entry) in iter.enumerate() {
+        let (key, bytes) = match entry {
+            Ok(kv) => kv,
+            Err(e) => {
+                let e = StoreError::from(e);
+                if e.is_damage() {
+                    return enc::error(out, crate::storage::RESP_DAMAGED);
+                }
+                break;
+            }
+        };
+        if examined == count {
+            exhausted = false;
+            break;
+        }
+        last = Some(key);
+        let item = match crate::storage::item::decode(bytes) {
+            Ok(item) => Some(item),
+            Err(e) => return enc::error(out, &e.resp_reply()),
+        };
+        let live = item.is_some_and(|i| !view.flushed && !i.meta.is_expired(view.now));
+        let type_ok = type_filter.is_none_or(|t| {
+            item.is_some_and(|i| t.eq_ignore_ascii_case(i.meta.kind.name().as_bytes()))
+        });
+        if live && type_ok && pattern.is_none_or(|p| glob_match(p, key)) {
+            found.push(key);
+        }
+    }
+    let next = match (exhausted, last) {
+        (false, Some(k)) => cursors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(k.to_vec()),
+        _ => 0,
+    };
+    enc::array(out, 2);
+    enc::bulk(out, next.to_string().as_bytes());
+    enc::array(out, found.len());
+    for k in found {
+        enc::bulk(out, k);
+    }
+}
+
+fn splitmix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// The scan cursors handed out, so a cursor names the key to resume after. Bounded: the oldest
+/// are forgotten (a forgotten cursor answers "ERR invalid cursor").
+#[derive(Debug, Default)]
+pub struct ScanCursors {
+    next: u64,
+    map: std::collections::HashMap<u64, Vec<u8>>,
+    order: std::collections::VecDeque<u64>,
+}
+
+const SCAN_CURSORS_MAX: usize = 16 * 1024;
+
+impl ScanCursors {
+    /// Remembers `key` as a resume point; the cursor id to hand out.
+    pub fn insert(&mut self, key: Vec<u8>) -> u64 {
+        self.next += 1;
+        // Not guessable from the count alone, never 0.
+        let id = (splitmix(self.next) >> 1) | 1;
+        if self.order.len() == SCAN_CURSORS_MAX
+            && let Some(old) = self.order.pop_front()
+        {
+            self.map.remove(&old);
+        }
+        self.map.insert(id, key);
+        self.order.push_back(id);
+        id
+    }
+
+    /// The resume point of cursor `id`, if still remembered.
+    pub fn get(&self, id: u64) -> Option<Vec<u8>> {
+        self.map.get(&id).cloned()
+    }
+}
