@@ -28,19 +28,21 @@ unit:
 test: deps lint unit
 
 # Replays the golden transcripts against real memcached and redis-server, proving the goldens
-# right (cases that need memkeep's clock or restarts are skipped there).
+# right (cases that need memkeep's clock or restarts are skipped there), and runs the
+# client-library programs (ioredis, node-redis, phpredis, redis-rb) against redis-server.
 conformance: deps
 	MEMKEEP_CONFORMANCE=memcached $(CARGO) test --release --test transcripts
 	MEMKEEP_CONFORMANCE=memcached $(CARGO) test --release --test binary_vectors
 	MEMKEEP_CONFORMANCE=redis $(CARGO) test --release --test transcripts
+	MEMKEEP_CONFORMANCE=redis $(CARGO) test --release --test client_libs
 
 clean:
 	$(CARGO) clean
 
 # Benchmarks against memcached and Redis (bench/run.py; installs what it needs through
 # bench/deps.sh): writes BENCHMARKS.md (keeping its `## Data larger than memory` section) and
-# bench/throughput.svg; 8-16 minutes on 2 cores. `bench/run.py --only scaling` runs the
-# connection sweep alone.
+# bench/throughput.svg; 10-18 minutes on 2 cores. `bench/run.py --only scaling` runs the
+# connection sweep alone, `--only multi,queue` the durable transaction and queue workloads.
 # `make bench-quick` is a smoke run at 5% of the sizes, written to $(BENCH_QUICK_OUT).
 BENCH_QUICK_OUT ?= /tmp/memkeep-bench-quick
 .PHONY: bench bench-quick

@@ -3,7 +3,7 @@
 
 Usage (from the repo root; `make bench` / `make bench-quick` run it through ./.venv/bin/python):
 
-    bench/run.py [--only W1,W2,W3,W3b,W3z,W4,restart,scaling] [--scale 0.1] [--out BENCHMARKS.md]
+    bench/run.py [--only W1,W2,W3,W3b,W3z,W4,restart,scaling,multi,queue] [--scale 0.1] [--out BENCHMARKS.md]
                  [--chart bench/throughput.svg] [--keep-json PATH] [--servers a,b,...]
     bench/run.py --from-json results.jsonl --out BENCHMARKS.md   # re-render a finished run
 
@@ -34,6 +34,13 @@ Workloads (N is multiplied by --scale):
            server stopped after --scaling-secs seconds, for memkeep-always vs redis-always,
            memkeep-never vs memcached and memkeep-periodic vs memkeep-never; a table of those
            ratios per connection count (runs alone with --only scaling)
+  multi    memkeep-bench --multi 10 over RESP: transactions of MULTI, 10 SETs (100-byte
+           values), EXEC, at 1 and 16 connections, then every key read back; memkeep-always vs
+           redis-always, each point a fresh server, at most --durable-secs seconds of SETs
+  queue    memkeep-bench's queue phase: P producers LPUSH 100-byte messages, C consumers BRPOP
+           them, every message checked delivered exactly once; (P, C) = (1, 1) and (8, 8);
+           memkeep-always vs redis-always, messages per second, at most --durable-secs seconds
+           of pushes
 
 The `## Data larger than memory` section that bench/bigdata.py (`make bench-bigdata`) writes
 into --out is kept as it is when this script rewrites the file.
@@ -67,7 +74,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-ALL_WORKLOADS = ["W1", "W2", "W3", "W3b", "W3z", "W4", "restart", "scaling"]
+ALL_WORKLOADS = ["W1", "W2", "W3", "W3b", "W3z", "W4", "restart", "scaling", "multi", "queue"]
 
 MEMKEEP_MODES = {
     "memkeep-always": ["--sync", "always"],
@@ -88,6 +95,12 @@ SCALING_PAIRS = [
     ("memkeep-periodic", "memkeep-never", "cost of an fsync every second"),
 ]
 DURABLE = ["memkeep-always", "memkeep-periodic", "memkeep-never", "redis-everysec", "redis-always"]
+# The transaction and queue workloads compare the servers that make every write durable before
+# its reply.
+DURABLE_PAIR = ("memkeep-always", "redis-always")
+MULTI_SIZE = 10
+MULTI_CONNS = (1, 16)
+QUEUE_SHAPES = ((1, 1), (8, 8))  # (producers, consumers)
 
 W3_TESTS = ["set", "get", "incr", "lpush", "lpop", "lrange", "mset"]
 W3B_COMMANDS = [
@@ -467,7 +480,7 @@ class Runner:
     # -- memkeep-bench -------------------------------------------------------------------------
 
     def bench_argv(self, port: str, proto: str, conns: int, keys: int, phase: str, shape: dict,
-                   cap: float | None = None) -> list[str]:
+                   cap: float | None = None, flags: list[str] | None = None) -> list[str]:
         argv = [self.bins["memkeep-bench"], "--host", "127.0.0.1", "--port", port, "--protocol", proto,
                 "--connections", str(conns), "--keys", str(keys), "--value-size", str(shape["vmin"])]
         if shape["vmax"] != shape["vmin"]:
@@ -475,15 +488,18 @@ class Runner:
         if shape.get("kmin") is not None:
             argv += ["--key-size-min", str(shape["kmin"]), "--key-size-max", str(shape["kmax"])]
         argv += ["--phases", phase, "--json", "--timeout", "10", "--duration-limit", f"{cap or self.args.phase_cap:g}"]
-        return argv
+        return argv + (flags or [])
 
     def bench_phase(self, srv: Server, workload: str, proto: str, conns: int, keys: int, phase: str,
-                    shape: dict, extra: dict | None = None, cap: float | None = None) -> dict:
-        argv = self.bench_argv(str(srv.port(proto)), proto, conns, keys, phase, shape, cap)
-        tmpl = self.bench_argv("$PORT", proto, conns, keys, phase, shape, cap)
+                    shape: dict, extra: dict | None = None, cap: float | None = None,
+                    flags: list[str] | None = None) -> dict:
+        argv = self.bench_argv(str(srv.port(proto)), proto, conns, keys, phase, shape, cap, flags)
+        tmpl = self.bench_argv("$PORT", proto, conns, keys, phase, shape, cap, flags)
         tmpl[0] = "memkeep-bench"
-        self.commands.setdefault(f"{workload} {phase} ({proto}, {conns} conns)", shlex.join(tmpl))
-        probe = fsync_probe(self.tmp / "data", 20) if srv.name.endswith("-always") and phase == "set" else None
+        what = f"{conns} conns" + (f", {' '.join(flags)}" if flags else "")
+        self.commands.setdefault(f"{workload} {phase} ({proto}, {what})", shlex.join(tmpl))
+        probe = (fsync_probe(self.tmp / "data", 20)
+                 if srv.name.endswith("-always") and phase in ("set", "queue") else None)
         cpu0 = srv.cpu()
         rec = {"type": "phase", "workload": workload, "server": srv.name, "proto": proto, "phase": phase,
                "connections": conns, "keys": keys, "shape": {k: v for k, v in shape.items() if k != "raw"}}
@@ -775,6 +791,46 @@ class Runner:
                 finally:
                     srv.cleanup()
 
+    # -- transactions and queues, durable ---------------------------------------------------
+
+    def durable_secs(self) -> float:
+        """Seconds of writes per point: --durable-secs, shortened for reduced runs (--scale < 0.2)."""
+        return max(1.5, self.args.durable_secs * min(1.0, self.args.scale * 5))
+
+    def run_multi(self) -> None:
+        # Time-bounded: N is an upper bound; every key the SETs got to is read back.
+        keys = max(self.n(self.args.n_multi), 1000)
+        shape = {"vmin": 100, "vmax": 100, "raw": lambda k: raw_bytes(k, 100, 100)}
+        for conns in MULTI_CONNS:
+            for name in [s for s in DURABLE_PAIR if s in self.servers]:
+                srv = self.new_server(name, f"multi{conns}")
+                try:
+                    rec = self.bench_phase(srv, "multi", "resp", conns, keys, "set", shape,
+                                           cap=self.durable_secs(), flags=["--multi", str(MULTI_SIZE)])
+                    done = rec.get("prefix_done") or 0
+                    if done:
+                        self.bench_phase(srv, "multi-verify", "resp", conns, done, "get", shape)
+                except BenchError as e:
+                    self.fail(f"multi {name} c={conns}: {e}")
+                finally:
+                    srv.cleanup()
+
+    def run_queue(self) -> None:
+        # Time-bounded like multi: the producers stop at the cap, the consumers drain the rest.
+        msgs = max(self.n(self.args.n_queue), 1000)
+        shape = {"vmin": 100, "vmax": 100, "raw": lambda k: raw_bytes(k, 100, 100)}
+        for producers, consumers in QUEUE_SHAPES:
+            for name in [s for s in DURABLE_PAIR if s in self.servers]:
+                srv = self.new_server(name, f"queue{producers}x{consumers}")
+                try:
+                    self.bench_phase(srv, "queue", "resp", producers, msgs, "queue", shape,
+                                     extra={"consumers": consumers}, cap=self.durable_secs(),
+                                     flags=["--consumers", str(consumers)])
+                except BenchError as e:
+                    self.fail(f"queue {name} {producers}x{consumers}: {e}")
+                finally:
+                    srv.cleanup()
+
     def probe(self, when: str) -> None:
         pr = fsync_probe(self.tmp / "data")
         self.record({"type": "fsync", "when": when, **pr})
@@ -813,6 +869,16 @@ class Runner:
             log(f"scaling: SET of 100-byte values for {self.scaling_secs():g} s at "
                 f"{', '.join(map(str, SCALING_CONNS))} connections")
             self.run_scaling()
+        if "multi" in only:
+            self.probe("before multi")
+            log(f"multi: MULTI + {MULTI_SIZE} SETs + EXEC for {self.durable_secs():g} s at "
+                f"{', '.join(map(str, MULTI_CONNS))} connections, {' vs '.join(DURABLE_PAIR)}")
+            self.run_multi()
+        if "queue" in only:
+            self.probe("before queue")
+            log(f"queue: LPUSH / BRPOP for {self.durable_secs():g} s, (producers, consumers) "
+                f"{', '.join(map(str, QUEUE_SHAPES))}, {' vs '.join(DURABLE_PAIR)}")
+            self.run_queue()
         self.probe("end")
 
 
@@ -1075,6 +1141,7 @@ class Report:
         self.md_rb(w, "W3z", f"W3z: ranks in a sorted set of {W3Z_MEMBERS:,} members (requests/s, 50 clients)")
         self.md_restart(w)
         self.md_scaling(w)
+        self.md_durable(w)
         self.md_failures(w)
         return "\n".join(o) + "\n"
 
@@ -1231,6 +1298,64 @@ class Report:
             w(f"| {s} | {p} | " + " | ".join(cells) + " |")
         w("")
 
+    def durable_points(self) -> list[tuple[str, str, int, int | None]]:
+        """(workload, label, connections or producers, consumers) of the multi and queue runs."""
+        pts = []
+        for r in self.phases:
+            if r["workload"] == "multi":
+                key = ("multi", f"MULTI + {MULTI_SIZE} SETs + EXEC, {r['connections']} conns", r["connections"], None)
+            elif r["workload"] == "queue":
+                c = r.get("consumers")
+                key = ("queue", f"queue, {r['connections']} producers / {c} consumers", r["connections"], c)
+            else:
+                continue
+            if key not in pts:
+                pts.append(key)
+        return pts
+
+    def durable_phase(self, workload, server, conns, consumers):
+        for r in self.phases:
+            if (r["workload"] == workload and r["server"] == server and r["connections"] == conns
+                    and (consumers is None or r.get("consumers") == consumers)):
+                return r
+        return None
+
+    def md_durable(self, w) -> None:
+        pts = self.durable_points()
+        if not pts:
+            return
+        mk, ref = DURABLE_PAIR
+        secs = max((r.get("secs") or 0) for r in self.phases if r["workload"] in ("multi", "queue"))
+        w("## Transactions and a durable queue: memkeep `--sync always` vs Redis `appendfsync always`\n")
+        w(f"Both servers make every write durable before its reply. *multi*: memkeep-bench sends "
+          f"MULTI, {MULTI_SIZE} SETs of 100-byte values and EXEC in one write per transaction, one "
+          "transaction in flight per connection, and checks every reply (`+OK`, `+QUEUED`, EXEC's "
+          f"array); the rate counts SETs (transactions/s is a tenth of it) and the latency is per "
+          "transaction; every key written is then read back. *queue*: producers LPUSH 100-byte "
+          "messages onto one list, consumers BRPOP them (0.1 s timeout, looping); every message is "
+          "checked delivered exactly once and intact; the rate is messages delivered per second "
+          "from the start to the last delivery, the latency end to end (LPUSH written to BRPOP's "
+          f"reply read). Each point is a fresh server with about {secs:.0f} s of writes "
+          "(`--durable-secs`); both follow the disk's fsync latency of the moment.\n")
+        w(f"| workload | {mk} ops/s | {ref} ops/s | ratio | {mk} p50 / p99 ms | {ref} p50 / p99 ms | notes |")
+        w("|---|---|---|---|---|---|---|")
+        for wl, label, conns, consumers in pts:
+            a = self.durable_phase(wl, mk, conns, consumers)
+            b = self.durable_phase(wl, ref, conns, consumers)
+            cell = lambda r: fmt_n(r.get("ops_per_sec")) if r and r.get("ops_per_sec") else ("error" if r else "n/a")
+            lat = lambda r: f"{fmt_ms(r.get('p50_ms'))} / {fmt_ms(r.get('p99_ms'))}" if r else "n/a"
+            notes = []
+            for r in (a, b):
+                if r and (r.get("error") or r.get("misses") or r.get("mismatches") or r.get("duplicates")):
+                    notes.append(f"{r['server']}: error={r.get('error')} lost/misses={r.get('misses')} "
+                                 f"mismatches={r.get('mismatches')} duplicates={r.get('duplicates')}")
+                if r and r.get("fsync_p50_ms") is not None:
+                    notes.append(f"{r['server']} fsync p50 {r['fsync_p50_ms']:.2f} ms just before")
+            ratio_v = ratio((a or {}).get("ops_per_sec"), (b or {}).get("ops_per_sec"))
+            w(f"| {label} | {cell(a)} | {cell(b)} | {fmt_ratio(ratio_v)} | {lat(a)} | {lat(b)} | "
+              f"{'; '.join(notes).replace('|', '/')} |")
+        w("")
+
     def md_failures(self, w) -> None:
         fails = self.end.get("failures") or []
         w("## Failures and anomalies\n")
@@ -1294,6 +1419,18 @@ class Report:
                     a, b = refs[mk].get("first_get_s"), refs[ref].get("first_get_s")
                     rows.append((group, f"restart ({refs[mk]['keys']:,} keys)", "s to first GET", mk, ref,
                                  a, b, ratio(a, b), "lower"))
+        group = "Transactions and a durable queue (memkeep --sync always vs Redis appendfsync always)"
+        mk, ref = DURABLE_PAIR
+        for wl, label, conns, consumers in self.durable_points():
+            a = self.durable_phase(wl, mk, conns, consumers)
+            b = self.durable_phase(wl, ref, conns, consumers)
+            if not a or not b:
+                continue
+            unit = "SET/s" if wl == "multi" else "messages/s"
+            rows.append((group, label, unit, mk, ref, a.get("ops_per_sec"), b.get("ops_per_sec"),
+                         ratio(a.get("ops_per_sec"), b.get("ops_per_sec")), "higher"))
+            rows.append((group, label, "p99 ms", mk, ref, a.get("p99_ms"), b.get("p99_ms"),
+                         ratio(a.get("p99_ms"), b.get("p99_ms")), "lower"))
         group = "Server CPU seconds per million requests vs memcached"
         for wl, conns in (("W1", None), ("W2", None), ("W4a", 2), ("W4b", 10), ("W4b", 100)):
             for mk in ("memkeep-never", "memkeep-always"):
@@ -1556,6 +1693,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--scaling-secs", "--scaling-cap", dest="scaling_secs", type=float, default=4.0,
                    help="connection sweep: seconds of SET per point (default 4; 1.5-4 s below --scale 0.2)")
     p.add_argument("--rb-timeout", type=float, default=180.0, help="timeout per redis-benchmark run (default 180)")
+    p.add_argument("--n-multi", type=int, default=1_000_000,
+                   help="multi: most keys one point writes (default 1000000; the time ends it first)")
+    p.add_argument("--n-queue", type=int, default=1_000_000,
+                   help="queue: most messages one point pushes (default 1000000; the time ends it first)")
+    p.add_argument("--durable-secs", type=float, default=8.0,
+                   help="multi and queue: seconds of writes per point (default 8; 1.5-8 s below --scale 0.2)")
     a = p.parse_args(argv)
     a.only = [w.strip() for w in a.only.split(",") if w.strip()]
     bad = [w for w in a.only if w not in ALL_WORKLOADS]

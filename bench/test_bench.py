@@ -69,6 +69,40 @@ class Sections(unittest.TestCase):
         self.assertIn("old body", merged)
 
 
+class DurableReport(unittest.TestCase):
+    @staticmethod
+    def phase(workload, server, conns, ops, consumers=None, **more):
+        rec = {"type": "phase", "workload": workload, "server": server, "proto": "resp",
+               "phase": "queue" if workload == "queue" else "set", "connections": conns,
+               "ops_per_sec": ops, "p50_ms": 1.0, "p99_ms": 2.0, "secs": 8.0}
+        if consumers is not None:
+            rec["consumers"] = consumers
+        rec.update(more)
+        return rec
+
+    def test_multi_and_queue_rows_and_ratios(self):
+        recs = [{"type": "meta", "scale": 1, "date": "today"},
+                self.phase("multi", "memkeep-always", 16, 3000.0),
+                self.phase("multi", "redis-always", 16, 2000.0),
+                self.phase("queue", "memkeep-always", 8, 500.0, consumers=8, duplicates=1),
+                self.phase("queue", "redis-always", 8, 1000.0, consumers=8),
+                self.phase("queue", "redis-always", 1, 900.0, consumers=1)]
+        rep = run.Report(recs)
+        md = rep.markdown(None)
+        self.assertIn("## Transactions and a durable queue", md)
+        self.assertIn("| MULTI + 10 SETs + EXEC, 16 conns | 3,000 | 2,000 | **1.50** |", md)
+        self.assertIn("| queue, 8 producers / 8 consumers | 500 | 1,000 | **0.50** |", md)
+        self.assertIn("duplicates=1", md, "a duplicate delivery is shown")
+        # A point only one server ran has no ratio row, and its table row says n/a.
+        self.assertIn("| queue, 1 producers / 1 consumers | n/a | 900 | n/a |", md)
+        rows = [r for r in rep.ratio_rows() if r[0].startswith("Transactions")]
+        self.assertEqual([(r[1], r[2], round(r[7], 2)) for r in rows],
+                         [("MULTI + 10 SETs + EXEC, 16 conns", "SET/s", 1.5),
+                          ("MULTI + 10 SETs + EXEC, 16 conns", "p99 ms", 1.0),
+                          ("queue, 8 producers / 8 consumers", "messages/s", 0.5),
+                          ("queue, 8 producers / 8 consumers", "p99 ms", 1.0)])
+
+
 class Helpers(unittest.TestCase):
     def test_parse_size(self):
         self.assertEqual(bigdata.parse_size("1g"), 1 << 30)

@@ -9,6 +9,11 @@
 #   replay proto/binary/sasl.txt against memcached -S), strace (tests/fsync_order.rs), fuse3
 #   (fusermount3, for the power-loss test's FUSE file system in tests/powerloss/; the fuser
 #   crate mounts without libfuse, so no -dev package is needed).
+# - apt: php-cli and php-redis (phpredis), ruby and ruby-redis (redis-rb), nodejs and npm when
+#   node/npm are missing, for the client-library programs of tests/client_libs.rs.
+# - npm: ioredis and redis (node-redis) into tests/client_programs/node/node_modules
+#   (.gitignored), exactly as its package-lock.json pins them (`npm ci`); redone only when the
+#   lock file changed since the last install.
 # - a Python virtualenv at ./.venv (repo root, .gitignored) with the client libraries the client
 #   tests drive: redis (redis-py), pymemcache, python-memcached, meta-memcache, from PyPI.
 set -euo pipefail
@@ -47,8 +52,25 @@ command -v strace >/dev/null 2>&1 || need+=(strace)
 command -v fusermount3 >/dev/null 2>&1 || need+=(fuse3)
 # tests/tls.rs makes its certificates and checks handshakes with the openssl command.
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
+# Client libraries in other languages (tests/client_libs.rs).
+command -v php >/dev/null 2>&1 || need+=(php-cli)
+{ command -v php >/dev/null 2>&1 && php -r 'exit(extension_loaded("redis") ? 0 : 1);' 2>/dev/null; } ||
+  need+=(php-redis)
+command -v ruby >/dev/null 2>&1 || need+=(ruby)
+{ command -v ruby >/dev/null 2>&1 && ruby -e 'require "redis"' 2>/dev/null; } || need+=(ruby-redis)
+command -v node >/dev/null 2>&1 || need+=(nodejs)
+command -v npm >/dev/null 2>&1 || need+=(npm)
 if [ ${#need[@]} -gt 0 ]; then
   apt_install "${need[@]}"
+fi
+
+# ioredis and node-redis, as the lock file pins them. A copy of the lock file that was last
+# installed is kept in node_modules; while it matches, nothing is fetched.
+NODE_DIR=tests/client_programs/node
+if ! cmp -s "$NODE_DIR/package-lock.json" "$NODE_DIR/node_modules/.memkeep-installed-lock.json"; then
+  echo "installing (npm ci in $NODE_DIR): ioredis, redis"
+  (cd "$NODE_DIR" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+  cp "$NODE_DIR/package-lock.json" "$NODE_DIR/node_modules/.memkeep-installed-lock.json"
 fi
 
 # The Debian packages may start their own daemons; the tests start their own on free ports.

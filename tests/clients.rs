@@ -264,3 +264,141 @@ fn client_pause_holds_writes_or_everything_until_it_ends() {
     }
     assert_healthy(&mut server);
 }
+
+#[test]
+fn inside_exec_client_info_and_list_show_the_transaction_as_redis_7_does() {
+    let mut server = start();
+    let (mut me, _, _) = client(&server);
+    let my_id = id(&mut me);
+    assert_eq!(me.cmd("MULTI"), Reply::Simple("OK".into()));
+    for cmd in ["CLIENT INFO", &format!("CLIENT LIST ID {my_id}"), "SET k v"] {
+        assert_eq!(me.cmd(cmd), Reply::Simple("QUEUED".into()), "{cmd}");
+    }
+    let Reply::Array(Some(replies)) = me.cmd("EXEC") else {
+        panic!("EXEC did not answer an array");
+    };
+    assert_eq!(replies.len(), 3, "{replies:?}");
+    assert_eq!(replies[2], Reply::Simple("OK".into()));
+    // Redis 7.0.15 shows EXEC running the transaction: flags=x, the number queued, cmd=exec.
+    for (what, reply) in [("CLIENT INFO", &replies[0]), ("CLIENT LIST", &replies[1])] {
+        let line = text(reply.clone());
+        let f = fields(&line, my_id);
+        assert_eq!(
+            (field(&f, "flags"), field(&f, "multi"), field(&f, "cmd")),
+            ("x", "3", "exec"),
+            "{what} inside EXEC: {line}"
+        );
+    }
+    // After EXEC the connection is an ordinary one again.
+    let after = text(me.cmd("CLIENT INFO"));
+    let f = fields(&after, my_id);
+    assert_eq!(
+        (field(&f, "flags"), field(&f, "multi"), field(&f, "cmd")),
+        ("N", "-1", "client|info"),
+        "{after}"
+    );
+    assert_healthy(&mut server);
+}
+
+/// A memcached text-protocol connection with a read timeout.
+fn memcached(server: &Server, timeout: Duration) -> TcpStream {
+    let s = TcpStream::connect(server.addr()).expect("connect to the memcached port");
+    s.set_read_timeout(Some(timeout)).unwrap();
+    s
+}
+
+/// Reads until `want` has come whole (at most the socket's timeout per read); the bytes read.
+fn read_until(s: &mut TcpStream, want: &[u8]) -> Vec<u8> {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 512];
+    while !got.windows(want.len()).any(|w| w == want) {
+        match s.read(&mut buf) {
+            Ok(0) => panic!("closed; got {:?}", String::from_utf8_lossy(&got)),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) => panic!(
+                "{e} waiting for {:?}; got {:?}",
+                String::from_utf8_lossy(want),
+                String::from_utf8_lossy(&got)
+            ),
+        }
+    }
+    got
+}
+
+/// Whether `s` stays silent for `quiet` (a held request is not answered).
+fn silent(s: &mut TcpStream, quiet: Duration) -> bool {
+    s.set_read_timeout(Some(quiet)).unwrap();
+    let mut buf = [0u8; 64];
+    let silent = match s.read(&mut buf) {
+        Err(e) => matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut),
+        Ok(_) => false,
+    };
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    silent
+}
+
+/// A binary-protocol SET of `key` to `value` (flags 0, no expiry).
+fn binary_set(key: &[u8], value: &[u8]) -> Vec<u8> {
+    let mut p = vec![0x80, 0x01];
+    p.extend_from_slice(&(key.len() as u16).to_be_bytes());
+    p.extend_from_slice(&[8, 0, 0, 0]);
+    p.extend_from_slice(&((8 + key.len() + value.len()) as u32).to_be_bytes());
+    p.extend_from_slice(&[0; 4 + 8]); // opaque, cas
+    p.extend_from_slice(&[0; 8]); // flags, expiry
+    p.extend_from_slice(key);
+    p.extend_from_slice(value);
+    p
+}
+
+#[test]
+fn client_pause_holds_the_memcached_port_writes_too() {
+    let mut server = start();
+    let (mut admin, _, _) = client(&server);
+    let mut text_conn = memcached(&server, Duration::from_secs(10));
+    let mut bin_conn = memcached(&server, Duration::from_secs(10));
+    // One round trip each before the pause: both are known to speak their protocol.
+    text_conn.write_all(b"version\r\n").unwrap();
+    read_until(&mut text_conn, b"\r\n");
+    bin_conn.write_all(&binary_set(b"bk", b"0")).unwrap();
+    let mut head = [0u8; 24];
+    bin_conn.read_exact(&mut head).unwrap();
+    assert_eq!((head[0], head[1], head[6], head[7]), (0x81, 0x01, 0, 0));
+
+    assert_eq!(
+        admin.cmd("CLIENT PAUSE 60000 WRITE"),
+        Reply::Simple("OK".into())
+    );
+    // Reads go on; the writes of both protocols wait.
+    text_conn.write_all(b"get mk\r\n").unwrap();
+    assert_eq!(read_until(&mut text_conn, b"END\r\n"), b"END\r\n");
+    text_conn.write_all(b"set mk 5 0 1\r\nv\r\n").unwrap();
+    bin_conn.write_all(&binary_set(b"bk", b"1")).unwrap();
+    assert!(
+        silent(&mut text_conn, Duration::from_millis(300)),
+        "a memcached set was answered during CLIENT PAUSE WRITE"
+    );
+    assert!(
+        silent(&mut bin_conn, Duration::from_millis(100)),
+        "a binary set was answered during CLIENT PAUSE WRITE"
+    );
+    assert_eq!(admin.cmd("GET mk"), Reply::Bulk(None), "the set ran");
+    assert_eq!(admin.cmd("GET bk"), Reply::bulk("0"), "the binary set ran");
+    assert_eq!(admin.cmd("CLIENT UNPAUSE"), Reply::Simple("OK".into()));
+    assert_eq!(read_until(&mut text_conn, b"STORED\r\n"), b"STORED\r\n");
+    bin_conn.read_exact(&mut head).unwrap();
+    assert_eq!((head[0], head[1], head[6], head[7]), (0x81, 0x01, 0, 0));
+    assert_eq!(admin.cmd("GET mk"), Reply::bulk("v"));
+    assert_eq!(admin.cmd("GET bk"), Reply::bulk("1"));
+
+    // ALL: a memcached read waits too.
+    assert_eq!(
+        admin.cmd("CLIENT PAUSE 60000 ALL"),
+        Reply::Simple("OK".into())
+    );
+    text_conn.write_all(b"get mk\r\n").unwrap();
+    assert!(
+        silent(&mut text_conn, Duration::from_millis(300)),
+        "a memcached get was answered during CLIENT PAUSE ALL"
+    );
+    assert_healthy(&mut server);
+}

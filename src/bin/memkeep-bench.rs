@@ -17,6 +17,18 @@
 //! sequential set phase then tells, as `prefix_done`, the K such that keys 1..=K all got a
 //! reply, for a following get phase to use as `--keys`.
 //!
+//! With `--protocol resp`, `--multi N` makes the set phase send its SETs as transactions
+//! (`MULTI`, N `SET`s, `EXEC`, in one write; `--pipeline` transactions per batch), checking
+//! every reply of each. The `queue` phase is a durable-queue load: `--connections` producers
+//! LPUSH messages 1..=N onto `--queue-key` while `--consumers` consumers BRPOP them (0.1 s
+//! timeout, looping until every acknowledged message is delivered); each message carries its
+//! id, its send time and the key's value bytes, so every delivery is checked intact and new.
+//! Its rate is distinct messages delivered per second, its latency (p50/p99) the end-to-end
+//! time from the LPUSH being written to the BRPOP reply being read (`set_*` latencies are the
+//! pushes' round trips, `get_*` the pops'), `misses` the acknowledged messages never delivered
+//! and `duplicates` those delivered twice: either fails the run. Under `--duration-limit` the
+//! producers stop at the deadline and the consumers then drain what was acknowledged.
+//!
 //! Latency: for each request, the time from the moment its batch starts being written to the
 //! moment its reply has been completely read and parsed. With `--pipeline 1` that is the plain
 //! round trip; with deeper pipelines, later requests of a batch include the time the server
@@ -87,6 +99,10 @@ enum Phase {
     /// --requests requests on keys drawn from --key-dist: GETs (verified) with probability
     /// --get-fraction, SETs of the key's value otherwise
     Mixed,
+    /// a queue (RESP only): --connections producers LPUSH messages 1..=N (--keys) onto
+    /// --queue-key, --consumers consumers BRPOP them; every message checked delivered exactly
+    /// once and intact
+    Queue,
 }
 
 impl Phase {
@@ -95,6 +111,7 @@ impl Phase {
             Phase::Set => "set",
             Phase::Get => "get",
             Phase::Mixed => "mixed",
+            Phase::Queue => "queue",
         }
     }
 }
@@ -228,6 +245,17 @@ struct Args {
     /// Socket connect/read/write timeout; a timeout is an error that ends the connection
     #[arg(long, value_name = "SECS", default_value_t = 10.0)]
     timeout: f64,
+    /// RESP only: the set phase sends its SETs as transactions of N (MULTI, N SETs, EXEC; a
+    /// connection's last one may be shorter). --pipeline then counts transactions, latency is
+    /// per transaction, and every reply of each is checked (+OK, +QUEUED, EXEC's +OKs)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    multi: Option<u64>,
+    /// The queue phase's consumers, one connection each (--connections are its producers)
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    consumers: u64,
+    /// The list the queue phase uses (deleted when the phase starts)
+    #[arg(long, default_value = "memkeep-bench:queue")]
+    queue_key: String,
 }
 
 /// Longest key the memcached text protocol allows.
@@ -868,6 +896,62 @@ fn parse_resp_get(buf: &[u8]) -> Result<Option<(Reply, usize)>, ProtoError> {
     Ok(Some((reply, end)))
 }
 
+/// Parses the replies to one transaction of `k` SETs: MULTI's `+OK`, `k` times `+QUEUED`, then
+/// EXEC's array of `k` `+OK`s. Anything else in any place makes the whole transaction an
+/// `Error` naming the first surprise, once all of its replies have been read.
+fn parse_resp_tx(buf: &[u8], k: usize) -> Result<Option<(Reply, usize)>, ProtoError> {
+    let mut problem: Option<String> = None;
+    let mut expect = |v: &Resp, want: &[u8], what: &str| {
+        if problem.is_none() && !matches!(v, Resp::Simple(r) if &buf[r.clone()] == want) {
+            problem = Some(format!("{what} answered {}", describe_resp(buf, v)));
+        }
+    };
+    let Some((v, mut at)) = parse_resp_value(buf, 0, 0)? else {
+        return Ok(None);
+    };
+    expect(&v, b"OK", "MULTI");
+    for _ in 0..k {
+        let Some((v, next)) = parse_resp_value(buf, at, 0)? else {
+            return Ok(None);
+        };
+        expect(&v, b"QUEUED", "a SET after MULTI");
+        at = next;
+    }
+    let Some((line, end)) = line_at(buf, at)? else {
+        return Ok(None);
+    };
+    let count = line
+        .strip_prefix(b"*")
+        .and_then(|n| std::str::from_utf8(n).ok()?.parse::<i64>().ok());
+    match count {
+        Some(n) if n < 0 => {
+            expect(&Resp::Nil, b"", "EXEC");
+            at = end;
+        }
+        Some(n) => {
+            at = end;
+            for _ in 0..n {
+                let Some((v, next)) = parse_resp_value(buf, at, 1)? else {
+                    return Ok(None);
+                };
+                expect(&v, b"OK", "a SET inside EXEC");
+                at = next;
+            }
+            if n as usize != k && problem.is_none() {
+                problem = Some(format!("EXEC answered {n} replies for {k} SETs"));
+            }
+        }
+        None => {
+            let Some((v, next)) = parse_resp_value(buf, at, 0)? else {
+                return Ok(None);
+            };
+            expect(&v, b"", "EXEC");
+            at = next;
+        }
+    }
+    Ok(Some((problem.map_or(Reply::Stored, Reply::Error), at)))
+}
+
 fn describe_resp(buf: &[u8], v: &Resp) -> String {
     match v {
         Resp::Simple(r) => format!("+{}", printable(&buf[r.clone()])),
@@ -1043,6 +1127,8 @@ struct ConnConfig {
     scatter: Arc<Permutation>,
     seed: u64,
     set_on_miss: bool,
+    /// SETs per MULTI/EXEC transaction (0: plain requests).
+    multi: u64,
 }
 
 impl ConnConfig {
@@ -1062,6 +1148,7 @@ impl ConnConfig {
             scatter: Arc::new(Permutation::new(keys, 1)),
             seed: 1,
             set_on_miss: false,
+            multi: 0,
         }
     }
 
@@ -1079,7 +1166,7 @@ impl ConnConfig {
                 keys,
                 perm: self.order.clone(),
             },
-            Phase::Mixed => {
+            Phase::Mixed | Phase::Queue => {
                 let c = self.connections;
                 let left = self.requests / c + u64::from(idx < self.requests % c);
                 KeySource::Draws {
@@ -1097,6 +1184,8 @@ impl ConnConfig {
 
 struct ConnResult {
     ops: u64,
+    /// MULTI/EXEC transactions whose replies were read.
+    transactions: u64,
     /// Requests of each kind whose reply was read, and GETs that found a value.
     gets: u64,
     sets: u64,
@@ -1137,6 +1226,7 @@ fn run_connection<S: Read + Write>(
     let begin = Instant::now();
     let mut res = ConnResult {
         ops: 0,
+        transactions: 0,
         gets: 0,
         sets: 0,
         hits: 0,
@@ -1162,6 +1252,8 @@ fn run_connection<S: Read + Write>(
     let mut inflight: Vec<(Op, u64)> = Vec::with_capacity(cfg.pipeline as usize);
     let mut rbuf = RecvBuf::new();
 
+    // Requests per batch: --pipeline requests, or --pipeline transactions of --multi SETs.
+    let per_batch = cfg.pipeline.saturating_mul(cfg.multi.max(1));
     'batches: loop {
         if deadline.is_some_and(|d| Instant::now() >= d) {
             res.stopped_early = pending.is_some() || !refill.is_empty();
@@ -1169,8 +1261,8 @@ fn run_connection<S: Read + Write>(
         }
         inflight.clear();
         wbuf.clear();
-        while (inflight.len() as u64) < cfg.pipeline {
-            let (op, id) = if let Some(id) = refill.pop() {
+        while (inflight.len() as u64) < per_batch {
+            let next = if let Some(id) = refill.pop() {
                 (Op::Set, id)
             } else if let Some(next) = pending {
                 pending = source.next();
@@ -1178,6 +1270,16 @@ fn run_connection<S: Read + Write>(
             } else {
                 break;
             };
+            inflight.push(next);
+        }
+        if inflight.is_empty() {
+            break;
+        }
+        let tx = cfg.multi as usize;
+        for (n, &(op, id)) in inflight.iter().enumerate() {
+            if tx > 0 && n % tx == 0 {
+                wbuf.extend_from_slice(b"*1\r\n$5\r\nMULTI\r\n");
+            }
             wl.key(id, &mut key);
             match op {
                 Op::Set => {
@@ -1186,10 +1288,9 @@ fn run_connection<S: Read + Write>(
                 }
                 Op::Get => encode_get(cfg.proto, &key, &mut wbuf),
             }
-            inflight.push((op, id));
-        }
-        if inflight.is_empty() {
-            break;
+            if tx > 0 && ((n + 1) % tx == 0 || n + 1 == inflight.len()) {
+                wbuf.extend_from_slice(b"*1\r\n$4\r\nEXEC\r\n");
+            }
         }
         let t0 = Instant::now();
         if let Err(e) = stream.write_all(&wbuf).and_then(|()| stream.flush()) {
@@ -1197,47 +1298,96 @@ fn run_connection<S: Read + Write>(
             res.note(format!("write failed: {}", io_text(&e)));
             break;
         }
-        for &(op, id) in &inflight {
-            let (reply, used) = loop {
-                match parse_reply(cfg.proto, op, rbuf.data()) {
-                    Ok(Some(r)) => break r,
-                    Ok(None) => {
-                        if let Err(e) = rbuf.fill(stream) {
-                            res.errors += 1;
-                            res.note(format!("read failed: {}", io_text(&e)));
-                            break 'batches;
-                        }
-                    }
-                    Err(ProtoError(msg)) => {
-                        res.errors += 1;
-                        res.note(format!("bad reply, connection stopped: {msg}"));
-                        break 'batches;
+        if tx > 0 {
+            for chunk in inflight.chunks(tx) {
+                let Some((reply, used)) = read_reply(stream, &mut rbuf, &mut res, |b| {
+                    parse_resp_tx(b, chunk.len())
+                }) else {
+                    break 'batches;
+                };
+                let lat = t0.elapsed().as_nanos() as u64;
+                res.hist.record(lat);
+                res.op_hist[1].record(lat);
+                res.ops += chunk.len() as u64;
+                res.transactions += 1;
+                if let Reply::Error(msg) = &reply {
+                    res.sets += chunk.len() as u64;
+                    res.errors += 1;
+                    res.note(format!("transaction failed: {msg}"));
+                } else {
+                    for &(op, id) in chunk {
+                        check_reply(
+                            op,
+                            wl,
+                            id,
+                            &reply,
+                            rbuf.data(),
+                            &mut key,
+                            &mut value,
+                            &mut res,
+                        );
                     }
                 }
-            };
-            let lat = t0.elapsed().as_nanos() as u64;
-            res.hist.record(lat);
-            res.op_hist[usize::from(op == Op::Set)].record(lat);
-            res.ops += 1;
-            check_reply(
-                op,
-                wl,
-                id,
-                &reply,
-                rbuf.data(),
-                &mut key,
-                &mut value,
-                &mut res,
-            );
-            if cfg.set_on_miss && op == Op::Get && reply == Reply::Miss {
-                refill.push(id);
+                rbuf.consume(used);
             }
-            rbuf.consume(used);
+        } else {
+            for &(op, id) in &inflight {
+                let Some((reply, used)) = read_reply(stream, &mut rbuf, &mut res, |b| {
+                    parse_reply(cfg.proto, op, b)
+                }) else {
+                    break 'batches;
+                };
+                let lat = t0.elapsed().as_nanos() as u64;
+                res.hist.record(lat);
+                res.op_hist[usize::from(op == Op::Set)].record(lat);
+                res.ops += 1;
+                check_reply(
+                    op,
+                    wl,
+                    id,
+                    &reply,
+                    rbuf.data(),
+                    &mut key,
+                    &mut value,
+                    &mut res,
+                );
+                if cfg.set_on_miss && op == Op::Get && reply == Reply::Miss {
+                    refill.push(id);
+                }
+                rbuf.consume(used);
+            }
         }
         progress.fetch_add(inflight.len() as u64, Ordering::Relaxed);
     }
     res.end = Instant::now();
     res
+}
+
+/// Reads until `parse` finds a whole reply at the start of the buffer. None when the connection
+/// has to stop (a read failed or the stream cannot be understood), which `res` then notes.
+fn read_reply<S: Read>(
+    stream: &mut S,
+    rbuf: &mut RecvBuf,
+    res: &mut ConnResult,
+    parse: impl Fn(&[u8]) -> Result<Option<(Reply, usize)>, ProtoError>,
+) -> Option<(Reply, usize)> {
+    loop {
+        match parse(rbuf.data()) {
+            Ok(Some(r)) => return Some(r),
+            Ok(None) => {
+                if let Err(e) = rbuf.fill(stream) {
+                    res.errors += 1;
+                    res.note(format!("read failed: {}", io_text(&e)));
+                    return None;
+                }
+            }
+            Err(ProtoError(msg)) => {
+                res.errors += 1;
+                res.note(format!("bad reply, connection stopped: {msg}"));
+                return None;
+            }
+        }
+    }
 }
 
 /// Classifies one reply: ok, miss, mismatch or error.
@@ -1365,6 +1515,63 @@ struct PhaseResult {
     /// Some connection stopped because of --duration-limit.
     stopped_early: bool,
     notes: Vec<String>,
+    /// MULTI/EXEC transactions (--multi).
+    transactions: u64,
+    /// Queue phase: messages delivered more than once (also counted in `mismatches`).
+    duplicates: u64,
+}
+
+impl PhaseResult {
+    fn new(phase: Phase, planned: u64) -> PhaseResult {
+        PhaseResult {
+            phase,
+            ops: 0,
+            gets: 0,
+            sets: 0,
+            hits: 0,
+            bytes: 0,
+            planned,
+            prefix_done: None,
+            secs: 0.0,
+            misses: 0,
+            mismatches: 0,
+            errors: 0,
+            hist: Histogram::new(),
+            op_hist: [Histogram::new(), Histogram::new()],
+            conn_secs_min: f64::MAX,
+            conn_secs_max: 0.0,
+            complete: true,
+            stopped_early: false,
+            notes: Vec::new(),
+            transactions: 0,
+            duplicates: 0,
+        }
+    }
+
+    /// Adds connection `i`'s counts (its ops, latencies, errors, notes).
+    fn add(&mut self, i: usize, r: &ConnResult) {
+        self.ops += r.ops;
+        self.transactions += r.transactions;
+        self.gets += r.gets;
+        self.sets += r.sets;
+        self.hits += r.hits;
+        self.bytes += r.bytes;
+        self.op_hist[0].merge(&r.op_hist[0]);
+        self.op_hist[1].merge(&r.op_hist[1]);
+        self.misses += r.misses;
+        self.mismatches += r.mismatches;
+        self.errors += r.errors;
+        self.hist.merge(&r.hist);
+        let s = r.end.duration_since(r.begin).as_secs_f64();
+        self.conn_secs_min = self.conn_secs_min.min(s);
+        self.conn_secs_max = self.conn_secs_max.max(s);
+        self.stopped_early |= r.stopped_early;
+        for n in &r.notes {
+            if self.notes.len() < 10 {
+                self.notes.push(format!("conn {i}: {n}"));
+            }
+        }
+    }
 }
 
 /// A failure that ends the whole run with exit code 2.
@@ -1421,6 +1628,11 @@ fn run_phase(
         scatter: Arc::new(Permutation::new(wl.keys.max(1), args.seed)),
         seed: args.seed,
         set_on_miss: args.set_on_miss && phase == Phase::Mixed,
+        multi: if phase == Phase::Set {
+            args.multi.unwrap_or(0)
+        } else {
+            0
+        },
     });
     let progress = Arc::new(AtomicU64::new(0));
     let barrier = Arc::new(Barrier::new(streams.len()));
@@ -1470,54 +1682,14 @@ fn run_phase(
             Err(_) => return Err(Fatal(format!("connection thread {i} panicked"))),
         }
     }
-    let mut hist = Histogram::new();
-    let mut out = PhaseResult {
-        phase,
-        ops: 0,
-        gets: 0,
-        sets: 0,
-        hits: 0,
-        bytes: 0,
-        planned,
-        prefix_done: None,
-        secs: 0.0,
-        misses: 0,
-        mismatches: 0,
-        errors: 0,
-        hist: Histogram::new(),
-        op_hist: [Histogram::new(), Histogram::new()],
-        conn_secs_min: f64::MAX,
-        conn_secs_max: 0.0,
-        complete: true,
-        stopped_early: false,
-        notes: Vec::new(),
-    };
+    let mut out = PhaseResult::new(phase, planned);
     let begin = results.iter().map(|r| r.begin).min();
     let end = results.iter().map(|r| r.end).max();
     if let (Some(b), Some(e)) = (begin, end) {
         out.secs = e.duration_since(b).as_secs_f64();
     }
     for (i, r) in results.iter().enumerate() {
-        out.ops += r.ops;
-        out.gets += r.gets;
-        out.sets += r.sets;
-        out.hits += r.hits;
-        out.bytes += r.bytes;
-        out.op_hist[0].merge(&r.op_hist[0]);
-        out.op_hist[1].merge(&r.op_hist[1]);
-        out.misses += r.misses;
-        out.mismatches += r.mismatches;
-        out.errors += r.errors;
-        hist.merge(&r.hist);
-        let s = r.end.duration_since(r.begin).as_secs_f64();
-        out.conn_secs_min = out.conn_secs_min.min(s);
-        out.conn_secs_max = out.conn_secs_max.max(s);
-        out.stopped_early |= r.stopped_early;
-        for n in &r.notes {
-            if out.notes.len() < 10 {
-                out.notes.push(format!("conn {i}: {n}"));
-            }
-        }
+        out.add(i, r);
     }
     if results.is_empty() {
         out.conn_secs_min = 0.0;
@@ -1535,7 +1707,443 @@ fn run_phase(
             .unwrap_or(0);
         out.prefix_done = Some(first_missing.min(wl.keys));
     }
-    out.hist = hist;
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The queue phase
+// ---------------------------------------------------------------------------------------------
+
+/// One bit per message id (1..=n), set atomically.
+struct Bits {
+    n: u64,
+    words: Vec<AtomicU64>,
+}
+
+impl Bits {
+    fn new(n: u64) -> Bits {
+        Bits {
+            n,
+            words: (0..n.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// Sets id's bit; whether it was set before. Ids out of range count as set (never new).
+    fn set(&self, id: u64) -> bool {
+        if id == 0 || id > self.n {
+            return true;
+        }
+        let i = id - 1;
+        match self.words.get((i / 64) as usize) {
+            Some(w) => w.fetch_or(1 << (i % 64), Ordering::AcqRel) & (1 << (i % 64)) != 0,
+            None => true,
+        }
+    }
+
+    /// Bits set here and not in `other`.
+    fn count_missing_from(&self, other: &Bits) -> u64 {
+        self.words
+            .iter()
+            .zip(&other.words)
+            .map(|(a, b)| {
+                (a.load(Ordering::Acquire) & !b.load(Ordering::Acquire)).count_ones() as u64
+            })
+            .sum()
+    }
+}
+
+/// What the queue's producers and consumers share.
+struct QueueState {
+    /// Message timestamps count from here.
+    epoch: Instant,
+    /// Messages the server acknowledged (LPUSH answered an integer).
+    acked: Bits,
+    /// Messages delivered to a consumer.
+    seen: Bits,
+    pushed: AtomicU64,
+    /// Distinct messages delivered.
+    delivered: AtomicU64,
+    producers_left: AtomicU64,
+    /// When (ns after `epoch`) the last new message was delivered.
+    last_delivery_ns: AtomicU64,
+    duplicates: AtomicU64,
+}
+
+/// A message: `<id>:<ns after epoch when its LPUSH was written>:` then the key's value bytes.
+fn encode_message(wl: &Workload, id: u64, sent_ns: u64, value: &mut Vec<u8>, out: &mut Vec<u8>) {
+    let mut n = itoa::Buffer::new();
+    out.extend_from_slice(n.format(id).as_bytes());
+    out.push(b':');
+    out.extend_from_slice(n.format(sent_ns).as_bytes());
+    out.push(b':');
+    wl.value(id, value);
+    out.extend_from_slice(value);
+}
+
+/// The id and send time of a message, if it is one whose bytes are intact.
+fn decode_message(wl: &Workload, msg: &[u8], value: &mut Vec<u8>) -> Option<(u64, u64)> {
+    let mut parts = msg.splitn(3, |&b| b == b':');
+    let id: u64 = parse_num(parts.next()?)?;
+    let sent: u64 = parse_num(parts.next()?)?;
+    let rest = parts.next()?;
+    if id == 0 || id > wl.keys {
+        return None;
+    }
+    wl.value(id, value);
+    (rest == value.as_slice()).then_some((id, sent))
+}
+
+/// What one BRPOP answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Pop {
+    /// The popped element's bytes.
+    Item(Range<usize>),
+    /// The timeout passed (a null array).
+    Empty,
+    Error(String),
+}
+
+/// Parses the reply to one `BRPOP key timeout` (RESP2).
+fn parse_resp_pop(buf: &[u8]) -> Result<Option<(Pop, usize)>, ProtoError> {
+    let Some((line, end)) = line_at(buf, 0)? else {
+        return Ok(None);
+    };
+    if line == b"*-1" {
+        return Ok(Some((Pop::Empty, end)));
+    }
+    if line != b"*2" {
+        let Some((v, end)) = parse_resp_value(buf, 0, 0)? else {
+            return Ok(None);
+        };
+        return Ok(Some((
+            Pop::Error(format!("BRPOP answered {}", describe_resp(buf, &v))),
+            end,
+        )));
+    }
+    let Some((_, at)) = parse_resp_value(buf, end, 1)? else {
+        return Ok(None);
+    };
+    match parse_resp_value(buf, at, 1)? {
+        None => Ok(None),
+        Some((Resp::Bulk(r), next)) => Ok(Some((Pop::Item(r), next))),
+        Some((v, next)) => Ok(Some((
+            Pop::Error(format!("BRPOP's element is {}", describe_resp(buf, &v))),
+            next,
+        ))),
+    }
+}
+
+/// Parses the reply to one LPUSH: an integer is `Stored`.
+fn parse_resp_push(buf: &[u8]) -> Result<Option<(Reply, usize)>, ProtoError> {
+    let Some((v, end)) = parse_resp_value(buf, 0, 0)? else {
+        return Ok(None);
+    };
+    let reply = match v {
+        Resp::Integer(_) => Reply::Stored,
+        other => Reply::Error(format!("LPUSH answered {}", describe_resp(buf, &other))),
+    };
+    Ok(Some((reply, end)))
+}
+
+fn new_conn_result(begin: Instant) -> ConnResult {
+    ConnResult {
+        ops: 0,
+        transactions: 0,
+        gets: 0,
+        sets: 0,
+        hits: 0,
+        bytes: 0,
+        misses: 0,
+        mismatches: 0,
+        errors: 0,
+        notes: Vec::new(),
+        hist: Histogram::new(),
+        op_hist: [Histogram::new(), Histogram::new()],
+        begin,
+        end: begin,
+        stopped_early: false,
+    }
+}
+
+/// Producer `idx` of `producers`: LPUSHes messages idx+1, idx+1+producers, ... in batches of
+/// `pipeline`, each reply checked. Its push latencies go to `op_hist[1]`.
+#[allow(clippy::too_many_arguments)]
+fn run_producer<S: Read + Write>(
+    stream: &mut S,
+    idx: u64,
+    producers: u64,
+    pipeline: u64,
+    key: &[u8],
+    deadline: Option<Duration>,
+    wl: &Workload,
+    q: &QueueState,
+    start: &Barrier,
+) -> ConnResult {
+    start.wait();
+    let mut res = new_conn_result(Instant::now());
+    let deadline = deadline.map(|d| res.begin + d);
+    let (mut wbuf, mut msg, mut value) = (Vec::new(), Vec::new(), Vec::new());
+    let mut rbuf = RecvBuf::new();
+    let mut next = idx;
+    let mut batch = Vec::with_capacity(pipeline as usize);
+    'batches: while next < wl.keys {
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            res.stopped_early = true;
+            break;
+        }
+        wbuf.clear();
+        batch.clear();
+        let t0 = Instant::now();
+        let sent_ns = q.epoch.elapsed().as_nanos() as u64;
+        while (batch.len() as u64) < pipeline && next < wl.keys {
+            let id = next + 1;
+            next = next.saturating_add(producers);
+            msg.clear();
+            encode_message(wl, id, sent_ns, &mut value, &mut msg);
+            wbuf.extend_from_slice(b"*3\r\n$5\r\nLPUSH\r\n");
+            resp_bulk(key, &mut wbuf);
+            resp_bulk(&msg, &mut wbuf);
+            batch.push(id);
+        }
+        if let Err(e) = stream.write_all(&wbuf).and_then(|()| stream.flush()) {
+            res.errors += 1;
+            res.note(format!("write failed: {}", io_text(&e)));
+            break;
+        }
+        for &id in &batch {
+            let Some((reply, used)) = read_reply(stream, &mut rbuf, &mut res, parse_resp_push)
+            else {
+                break 'batches;
+            };
+            res.op_hist[1].record(t0.elapsed().as_nanos() as u64);
+            res.sets += 1;
+            match reply {
+                Reply::Error(m) => {
+                    res.errors += 1;
+                    res.note(format!("push of message {id}: {m}"));
+                }
+                _ => {
+                    q.acked.set(id);
+                    q.pushed.fetch_add(1, Ordering::AcqRel);
+                    res.bytes += wl.value_len(id) as u64;
+                }
+            }
+            rbuf.consume(used);
+        }
+    }
+    res.end = Instant::now();
+    q.producers_left.fetch_sub(1, Ordering::AcqRel);
+    res
+}
+
+/// A consumer: BRPOPs (0.1 s timeout) until every acknowledged message has been delivered and
+/// the producers are done, or nothing came for `idle` after they were. Each message is checked
+/// intact and new; its end-to-end latency (LPUSH written to BRPOP's reply read) goes to `hist`,
+/// the BRPOP round trips to `op_hist[0]`.
+fn run_consumer<S: Read + Write>(
+    stream: &mut S,
+    key: &[u8],
+    idle: Duration,
+    wl: &Workload,
+    q: &QueueState,
+    start: &Barrier,
+) -> ConnResult {
+    start.wait();
+    let mut res = new_conn_result(Instant::now());
+    let mut request = Vec::new();
+    request.extend_from_slice(b"*3\r\n$5\r\nBRPOP\r\n");
+    resp_bulk(key, &mut request);
+    resp_bulk(b"0.1", &mut request);
+    let mut rbuf = RecvBuf::new();
+    let mut value = Vec::new();
+    // Since when no consumer has had a new message (once the producers are done).
+    let mut quiet_since: Option<(Instant, u64)> = None;
+    loop {
+        if q.producers_left.load(Ordering::Acquire) == 0 {
+            let delivered = q.delivered.load(Ordering::Acquire);
+            if delivered >= q.pushed.load(Ordering::Acquire) {
+                break;
+            }
+            if quiet_since.is_none_or(|(_, seen)| seen != delivered) {
+                quiet_since = Some((Instant::now(), delivered));
+            }
+            if quiet_since.is_some_and(|(since, _)| since.elapsed() > idle) {
+                res.note(format!(
+                    "nothing delivered for {idle:?} after the producers were done"
+                ));
+                break;
+            }
+        }
+        let t0 = Instant::now();
+        if let Err(e) = stream.write_all(&request).and_then(|()| stream.flush()) {
+            res.errors += 1;
+            res.note(format!("write failed: {}", io_text(&e)));
+            break;
+        }
+        let got = loop {
+            match parse_resp_pop(rbuf.data()) {
+                Ok(Some(r)) => break Some(r),
+                Ok(None) => {
+                    if let Err(e) = rbuf.fill(stream) {
+                        res.errors += 1;
+                        res.note(format!("read failed: {}", io_text(&e)));
+                        break None;
+                    }
+                }
+                Err(ProtoError(msg)) => {
+                    res.errors += 1;
+                    res.note(format!("bad reply, connection stopped: {msg}"));
+                    break None;
+                }
+            }
+        };
+        let Some((pop, used)) = got else { break };
+        res.op_hist[0].record(t0.elapsed().as_nanos() as u64);
+        match pop {
+            Pop::Empty => {}
+            Pop::Error(m) => {
+                res.errors += 1;
+                res.note(m);
+                break;
+            }
+            Pop::Item(r) => {
+                res.gets += 1;
+                let msg = &rbuf.data()[r];
+                res.bytes += msg.len() as u64;
+                match decode_message(wl, msg, &mut value) {
+                    None => {
+                        res.mismatches += 1;
+                        res.note(format!(
+                            "a popped message is not one pushed: {}",
+                            printable(msg)
+                        ));
+                    }
+                    Some((id, sent_ns)) => {
+                        if q.seen.set(id) {
+                            res.mismatches += 1;
+                            q.duplicates.fetch_add(1, Ordering::AcqRel);
+                            res.note(format!("message {id} delivered twice"));
+                        } else {
+                            let now = q.epoch.elapsed().as_nanos() as u64;
+                            res.hist.record(now.saturating_sub(sent_ns));
+                            res.ops += 1;
+                            res.hits += 1;
+                            q.delivered.fetch_add(1, Ordering::AcqRel);
+                            q.last_delivery_ns.fetch_max(now, Ordering::AcqRel);
+                        }
+                    }
+                }
+            }
+        }
+        rbuf.consume(used);
+    }
+    res.end = Instant::now();
+    res
+}
+
+/// The queue phase: --connections producers and --consumers consumers on their own
+/// connections. The rate is distinct messages delivered per second, from the start to the
+/// last delivery; `misses` are acknowledged messages never delivered.
+fn run_queue_phase(
+    args: &Args,
+    addrs: &[SocketAddr],
+    target: &str,
+    wl: &Arc<Workload>,
+) -> Result<PhaseResult, Fatal> {
+    let timeout = Duration::from_secs_f64(args.timeout);
+    let key = args.queue_key.as_bytes().to_vec();
+    let open = || {
+        connect(addrs, timeout)
+            .map_err(|e| Fatal(format!("cannot connect to {target}: {}", io_text(&e))))
+    };
+    // Start from an empty queue.
+    let mut first = open()?;
+    let mut del = b"*2\r\n$3\r\nDEL\r\n".to_vec();
+    resp_bulk(&key, &mut del);
+    first
+        .write_all(&del)
+        .map_err(|e| Fatal(format!("DEL {}: {}", args.queue_key, io_text(&e))))?;
+    let mut rbuf = RecvBuf::new();
+    loop {
+        match parse_resp_value(rbuf.data(), 0, 0) {
+            Ok(Some((Resp::Integer(_), _))) => break,
+            Ok(Some((v, _))) => {
+                return Err(Fatal(format!(
+                    "DEL {} answered {}",
+                    args.queue_key,
+                    describe_resp(rbuf.data(), &v)
+                )));
+            }
+            Ok(None) => rbuf
+                .fill(&mut first)
+                .map_err(|e| Fatal(format!("DEL {}: {}", args.queue_key, io_text(&e))))?,
+            Err(ProtoError(m)) => return Err(Fatal(format!("DEL {}: {m}", args.queue_key))),
+        }
+    }
+    drop(first);
+    let producers = args.connections;
+    let consumers = args.consumers;
+    let q = Arc::new(QueueState {
+        epoch: Instant::now(),
+        acked: Bits::new(wl.keys),
+        seen: Bits::new(wl.keys),
+        pushed: AtomicU64::new(0),
+        delivered: AtomicU64::new(0),
+        producers_left: AtomicU64::new(producers),
+        last_delivery_ns: AtomicU64::new(0),
+        duplicates: AtomicU64::new(0),
+    });
+    let mut streams = Vec::new();
+    for _ in 0..producers + consumers {
+        streams.push(open()?);
+    }
+    let barrier = Arc::new(Barrier::new(streams.len()));
+    let deadline = args.duration_limit.map(Duration::from_secs_f64);
+    let mut handles = Vec::with_capacity(streams.len());
+    for (i, mut s) in streams.into_iter().enumerate() {
+        let (q, wl, barrier, key) = (q.clone(), wl.clone(), barrier.clone(), key.clone());
+        let i = i as u64;
+        let (pipeline, idle) = (args.pipeline, timeout);
+        let h = thread::Builder::new()
+            .name(format!("queue-{i}"))
+            .stack_size(256 * 1024)
+            .spawn(move || {
+                if i < producers {
+                    run_producer(
+                        &mut s, i, producers, pipeline, &key, deadline, &wl, &q, &barrier,
+                    )
+                } else {
+                    run_consumer(&mut s, &key, idle, &wl, &q, &barrier)
+                }
+            });
+        match h {
+            Ok(h) => handles.push(h),
+            // The threads already started wait at the barrier forever; nothing to join.
+            Err(e) => return Err(Fatal(format!("cannot start thread {i}: {e}"))),
+        }
+    }
+    let mut results = Vec::with_capacity(handles.len());
+    for (i, h) in handles.into_iter().enumerate() {
+        match h.join() {
+            Ok(r) => results.push(r),
+            Err(_) => return Err(Fatal(format!("queue thread {i} panicked"))),
+        }
+    }
+    let mut out = PhaseResult::new(Phase::Queue, wl.keys);
+    for (i, r) in results.iter().enumerate() {
+        out.add(i, r);
+    }
+    if results.is_empty() {
+        out.conn_secs_min = 0.0;
+    }
+    let begin = results.iter().map(|r| r.begin).min();
+    let last = q.epoch + Duration::from_nanos(q.last_delivery_ns.load(Ordering::Acquire));
+    if let Some(b) = begin {
+        out.secs = last.saturating_duration_since(b).as_secs_f64();
+    }
+    out.misses = q.acked.count_missing_from(&q.seen);
+    out.duplicates = q.duplicates.load(Ordering::Acquire);
+    out.complete = out.ops == wl.keys && out.misses == 0;
     Ok(out)
 }
 
@@ -1588,7 +2196,8 @@ fn json_line(args: &Args, r: &PhaseResult) -> String {
          \"stopped_early\":{},\"planned\":{},\"prefix_done\":{},\"order\":{},\"key_dist\":{},\
          \"get_fraction\":{},\"zipf_exponent\":{},\"seed\":{},\"gets\":{},\"sets\":{},\"hits\":{},\
          \"bytes\":{},\"mb_per_sec\":{:.3},\"get_p50_ms\":{:.4},\"get_p99_ms\":{:.4},\
-         \"set_p50_ms\":{:.4},\"set_p99_ms\":{:.4}}}",
+         \"set_p50_ms\":{:.4},\"set_p99_ms\":{:.4},\"multi\":{},\"transactions\":{},\
+         \"consumers\":{},\"duplicates\":{}}}",
         json_str(r.phase.name()),
         json_str(args.protocol.name()),
         args.connections,
@@ -1629,10 +2238,45 @@ fn json_line(args: &Args, r: &PhaseResult) -> String {
         ms(r.op_hist[0].quantile(0.99)),
         ms(r.op_hist[1].quantile(0.50)),
         ms(r.op_hist[1].quantile(0.99)),
+        match (r.phase, args.multi) {
+            (Phase::Set, Some(m)) => m.to_string(),
+            _ => "null".into(),
+        },
+        r.transactions,
+        if r.phase == Phase::Queue {
+            args.consumers.to_string()
+        } else {
+            "null".into()
+        },
+        r.duplicates,
     )
 }
 
 fn human_line(r: &PhaseResult) -> String {
+    if r.phase == Phase::Queue {
+        let mut s = format!(
+            "queue {:>8} msgs {:>6.2} s  {:>8.0} msgs/s  end-to-end p50 {} ms  p99 {} ms  \
+             push p50 {} ms  p99 {} ms  pushes {}  pops {}  lost {}  duplicates {}  errors {}",
+            r.ops,
+            r.secs,
+            ops_per_sec(r),
+            fmt_ms(ms(r.hist.quantile(0.50))),
+            fmt_ms(ms(r.hist.quantile(0.99))),
+            fmt_ms(ms(r.op_hist[1].quantile(0.50))),
+            fmt_ms(ms(r.op_hist[1].quantile(0.99))),
+            r.sets,
+            r.gets,
+            r.misses,
+            r.duplicates,
+            r.errors,
+        );
+        if r.stopped_early {
+            s.push_str("  [incomplete: stopped by --duration-limit]");
+        } else if !r.complete {
+            s.push_str("  [incomplete]");
+        }
+        return s;
+    }
     let mut s = format!(
         "{:<5} {:>8} ops  {:>6.2} s  {:>8.0} ops/s  p50 {} ms  p99 {} ms  p99.9 {} ms  \
          misses {}  mismatches {}  errors {}  (conns {:.2}-{:.2} s)",
@@ -1658,6 +2302,13 @@ fn human_line(r: &PhaseResult) -> String {
             r.sets,
             fmt_ms(ms(r.op_hist[0].quantile(0.99))),
             fmt_ms(ms(r.op_hist[1].quantile(0.99))),
+        );
+    }
+    if r.transactions > 0 {
+        let _ = write!(
+            s,
+            "  transactions {} (latency per transaction)",
+            r.transactions
         );
     }
     if r.stopped_early {
@@ -1712,6 +2363,17 @@ fn validate(args: &Args) -> Result<Workload, String> {
     }
     if !(args.zipf_exponent.is_finite() && args.zipf_exponent > 0.0 && args.zipf_exponent < 100.0) {
         return Err("--zipf-exponent must be a positive number".into());
+    }
+    if args.protocol != Protocol::Resp {
+        if args.multi.is_some() {
+            return Err("--multi needs --protocol resp".into());
+        }
+        if args.phases.contains(&Phase::Queue) {
+            return Err("the queue phase needs --protocol resp".into());
+        }
+    }
+    if args.queue_key.is_empty() {
+        return Err("--queue-key must not be empty".into());
     }
     if args.phases.contains(&Phase::Mixed) && args.keys == 0 && args.requests != Some(0) {
         return Err("the mixed phase needs --keys of at least 1".into());
@@ -1768,7 +2430,12 @@ fn main() -> ExitCode {
     }
     let mut failed = false;
     for &phase in &args.phases {
-        let r = match run_phase(&args, &addrs, &target, &wl, phase) {
+        let run = if phase == Phase::Queue {
+            run_queue_phase(&args, &addrs, &target, &wl)
+        } else {
+            run_phase(&args, &addrs, &target, &wl, phase)
+        };
+        let r = match run {
             Ok(r) => r,
             Err(Fatal(msg)) => {
                 say_err!("memkeep-bench: {msg}");
@@ -1783,7 +2450,8 @@ fn main() -> ExitCode {
         for n in &r.notes {
             say_err!("memkeep-bench: {}: {n}", phase.name());
         }
-        if r.mismatches > 0 || r.errors > 0 {
+        // A queue must lose nothing it acknowledged.
+        if r.mismatches > 0 || r.errors > 0 || (phase == Phase::Queue && r.misses > 0) {
             failed = true;
         }
     }
@@ -2188,6 +2856,138 @@ mod tests {
             .unwrap()
             .to_string();
         assert_eq!(first_get_key, first_set_key, "{sent}");
+    }
+
+    #[test]
+    fn transaction_replies() {
+        let ok = b"+OK\r\n+QUEUED\r\n+QUEUED\r\n*2\r\n+OK\r\n+OK\r\n";
+        assert_eq!(parse_resp_tx(ok, 2), Ok(Some((Reply::Stored, ok.len()))));
+        // Every prefix needs more bytes.
+        for n in 0..ok.len() {
+            assert_eq!(parse_resp_tx(&ok[..n], 2), Ok(None), "prefix {n}");
+        }
+        // A failed SET inside EXEC, a refused queuing, EXECABORT, a null EXEC, a short EXEC:
+        // each is one error once the whole transaction's replies are read.
+        let cases: [(&[u8], &str); 5] = [
+            (
+                b"+OK\r\n+QUEUED\r\n+QUEUED\r\n*2\r\n+OK\r\n-ERR oom\r\n",
+                "inside EXEC",
+            ),
+            (
+                b"+OK\r\n+QUEUED\r\n-ERR nope\r\n-EXECABORT x\r\n",
+                "after MULTI",
+            ),
+            (
+                b"+OK\r\n+QUEUED\r\n+QUEUED\r\n-EXECABORT x\r\n",
+                "EXEC answered -EXECABORT",
+            ),
+            (b"+OK\r\n+QUEUED\r\n+QUEUED\r\n*-1\r\n", "EXEC answered nil"),
+            (
+                b"+OK\r\n+QUEUED\r\n+QUEUED\r\n*1\r\n+OK\r\n",
+                "1 replies for 2",
+            ),
+        ];
+        for (buf, what) in cases {
+            match parse_resp_tx(&[buf, b"+OK\r\n".as_slice()].concat(), 2) {
+                Ok(Some((Reply::Error(msg), used))) => {
+                    assert!(msg.contains(what), "{msg:?} should name {what:?}");
+                    assert_eq!(used, buf.len(), "{what}");
+                }
+                other => panic!("{what}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn multi_sends_transactions_and_counts_their_sets() {
+        let wl = Workload::new(5, None, 4, 4);
+        let mut cfg = ConnConfig::plain(Protocol::Resp, Phase::Set, 1, 2, 5);
+        cfg.multi = 2;
+        // Keys 1..=5 in transactions of 2, two transactions per batch: [1 2] [3 4], then [5].
+        let tx = |k: usize| {
+            let mut r = b"+OK\r\n".to_vec();
+            for _ in 0..k {
+                r.extend_from_slice(b"+QUEUED\r\n");
+            }
+            r.extend_from_slice(format!("*{k}\r\n").as_bytes());
+            for _ in 0..k {
+                r.extend_from_slice(b"+OK\r\n");
+            }
+            r
+        };
+        let mut replies = tx(2);
+        replies.extend(tx(2));
+        replies.extend(b"+OK\r\n+QUEUED\r\n-EXECABORT Transaction discarded\r\n");
+        let mut fake = Fake {
+            replies: io::Cursor::new(replies),
+            sent: Vec::new(),
+        };
+        let r = run_connection(
+            &mut fake,
+            0,
+            &cfg,
+            &wl,
+            &AtomicU64::new(0),
+            &Barrier::new(1),
+        );
+        assert_eq!((r.ops, r.sets, r.transactions, r.errors), (5, 5, 3, 1));
+        assert_eq!(r.bytes, 16, "the stored SETs' value bytes");
+        let sent = String::from_utf8_lossy(&fake.sent).into_owned();
+        assert_eq!(sent.matches("MULTI").count(), 3, "{sent}");
+        assert_eq!(sent.matches("EXEC").count(), 3, "{sent}");
+        let order: Vec<&str> = sent
+            .split("\r\n")
+            .filter(|w| ["MULTI", "SET", "EXEC"].contains(w))
+            .collect();
+        assert_eq!(
+            order,
+            [
+                "MULTI", "SET", "SET", "EXEC", "MULTI", "SET", "SET", "EXEC", "MULTI", "SET",
+                "EXEC"
+            ]
+        );
+    }
+
+    #[test]
+    fn queue_messages_pops_and_bits() {
+        let wl = Workload::new(10, None, 8, 8);
+        let (mut v, mut msg) = (Vec::new(), Vec::new());
+        encode_message(&wl, 7, 12345, &mut v, &mut msg);
+        assert!(msg.starts_with(b"7:12345:"));
+        assert_eq!(decode_message(&wl, &msg, &mut v), Some((7, 12345)));
+        let mut bad = msg.clone();
+        *bad.last_mut().unwrap() ^= 1;
+        assert_eq!(decode_message(&wl, &bad, &mut v), None, "a changed byte");
+        assert_eq!(
+            decode_message(&wl, b"11:1:x", &mut v),
+            None,
+            "an id never pushed"
+        );
+        assert_eq!(decode_message(&wl, b"7:1", &mut v), None, "a cut message");
+
+        let item = b"*2\r\n$1\r\nq\r\n$3\r\nabc\r\n";
+        assert_eq!(
+            parse_resp_pop(item),
+            Ok(Some((Pop::Item(15..18), item.len())))
+        );
+        assert_eq!(parse_resp_pop(&item[..item.len() - 1]), Ok(None));
+        assert_eq!(parse_resp_pop(b"*-1\r\n"), Ok(Some((Pop::Empty, 5))));
+        assert!(matches!(
+            parse_resp_pop(b"-ERR nope\r\n"),
+            Ok(Some((Pop::Error(_), 11)))
+        ));
+        assert_eq!(parse_resp_push(b":3\r\n"), Ok(Some((Reply::Stored, 4))));
+        assert!(matches!(
+            parse_resp_push(b"-OOM full\r\n"),
+            Ok(Some((Reply::Error(_), 11)))
+        ));
+
+        let (a, b) = (Bits::new(130), Bits::new(130));
+        assert!(!a.set(1) && !a.set(65) && !a.set(130));
+        assert!(a.set(65), "a second set reports the first");
+        assert!(a.set(0) && a.set(131), "ids out of range are never new");
+        assert!(!b.set(65));
+        assert_eq!(a.count_missing_from(&b), 2);
     }
 
     /// `write!` into a byte vector.

@@ -623,6 +623,12 @@ fn client_line(c: &super::clients::ClientInfo, own: Option<(&Session, Args<'_>)>
         );
         resp = if sess.v3 { 3 } else { 2 };
         idle = 0;
+        if let Some(queued) = sess.in_exec {
+            // Run by EXEC: Redis shows the transaction, not the subcommand.
+            flags_bits |= FLAG_MULTI;
+            multi = queued as i64;
+            cmd = "exec".into();
+        }
     }
     let mut flags = String::new();
     if flags_bits & FLAG_BLOCKED != 0 {

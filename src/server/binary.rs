@@ -76,6 +76,10 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
             }
             _ => None,
         };
+        if !matches!(parsed.frame, Frame::Close) && pass.shared.pause.holds(write.is_some()) {
+            // CLIENT PAUSE, as on the text protocol.
+            return Stop::Paused;
+        }
         match write {
             Some((op, reply, key)) => {
                 if let Some(key) = key {

@@ -140,6 +140,11 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
             }
             Frame::Error(_) => None,
         };
+        if pass.shared.pause.holds(write.is_some()) {
+            // CLIENT PAUSE holds the memcached port's writes (every request under ALL) as it
+            // holds RESP's: the request waits in the input until the pause ends.
+            return Stop::Paused;
+        }
         match write {
             Some((op, tag, echo)) => {
                 echoes.extend(echo);

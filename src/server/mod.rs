@@ -148,6 +148,11 @@ impl Pause {
         self.active().then(|| self.all.load(Ordering::Acquire))
     }
 
+    /// Whether a request is held back now: any under ALL, a write (`write`) under WRITE.
+    pub fn holds(&self, write: bool) -> bool {
+        self.mode().is_some_and(|all| all || write)
+    }
+
     /// When the running pause ends.
     pub fn ends(&self) -> Option<Instant> {
         let until = self.until_ms.load(Ordering::Acquire);

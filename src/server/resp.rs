@@ -35,6 +35,10 @@ use crate::types;
 pub struct Session {
     /// MULTI was sent: commands are queued until EXEC or DISCARD.
     pub multi: Option<Multi>,
+    /// While EXEC answers its queued commands that do not touch the store: how many were
+    /// queued (CLIENT LIST and CLIENT INFO then show the client as Redis does inside EXEC:
+    /// `flags=x`, `multi=<queued>`, `cmd=exec`).
+    pub in_exec: Option<usize>,
     /// The keys WATCHed, until EXEC, DISCARD, UNWATCH or the connection closes.
     pub watching: Watching,
     /// For each EXEC in flight, how to answer each of its writes.
@@ -416,8 +420,106 @@ fn txn_now(t: TxnNow, args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session, pas
     }
 }
 
+/// Subcommand names with their arities.
+type SubArities = &'static [(&'static str, i32)];
+
+/// The subcommands each container command knows, with Redis 7.0's arity for each (negative:
+/// at least that many arguments, the command and subcommand included). These are exactly the
+/// ones its handler answers; the handler parses the rest.
+const SUBCOMMANDS: &[(Cmd, &str, SubArities)] = &[
+    (
+        Cmd::Client,
+        "client",
+        &[
+            ("SETNAME", 3),
+            ("GETNAME", 2),
+            ("ID", 2),
+            ("INFO", 2),
+            ("LIST", -2),
+            ("SETINFO", 4),
+            ("UNBLOCK", -3),
+            ("PAUSE", -3),
+            ("UNPAUSE", 2),
+            ("NO-EVICT", 3),
+            ("NO-TOUCH", 3),
+            ("KILL", -3),
+        ],
+    ),
+    (
+        Cmd::Config,
+        "config",
+        &[("GET", -3), ("SET", -4), ("RESETSTAT", 2)],
+    ),
+    (
+        Cmd::Command,
+        "command",
+        &[("COUNT", 2), ("INFO", -2), ("DOCS", -2)],
+    ),
+    (
+        Cmd::PubSub,
+        "pubsub",
+        &[
+            ("HELP", 2),
+            ("CHANNELS", -2),
+            ("NUMSUB", -2),
+            ("NUMPAT", 2),
+            ("SHARDCHANNELS", -2),
+            ("SHARDNUMSUB", -2),
+        ],
+    ),
+    (
+        Cmd::Object,
+        "object",
+        &[
+            ("ENCODING", 3),
+            ("REFCOUNT", 3),
+            ("IDLETIME", 3),
+            ("FREQ", 3),
+            ("HELP", 2),
+        ],
+    ),
+    (
+        Cmd::Latency,
+        "latency",
+        &[
+            ("HELP", 2),
+            ("LATEST", 2),
+            ("HISTORY", 3),
+            ("GRAPH", 3),
+            ("RESET", -2),
+            ("HISTOGRAM", -2),
+            ("DOCTOR", 2),
+        ],
+    ),
+];
+
+/// A container command's subcommand checked as Redis's command lookup does, before the
+/// command runs or is queued: an unknown subcommand or a wrong argument count is refused (so
+/// inside MULTI it aborts the transaction, as an unknown command does). None for every other
+/// command, and for COMMAND alone (which lists every command).
+fn subcommand_error(spec: &Spec, args: Args<'_>) -> Option<String> {
+    let (_, lower, subs) = SUBCOMMANDS.iter().find(|(cmd, ..)| *cmd == spec.cmd)?;
+    if args.len() < 2 {
+        return None;
+    }
+    let Some((sub, arity)) = subs.iter().find(|(name, _)| args.is(1, name)) else {
+        return Some(format!(
+            "ERR unknown subcommand '{}'. Try {} HELP.",
+            String::from_utf8_lossy(args.get(1)),
+            lower.to_ascii_uppercase()
+        ));
+    };
+    let n = args.len() as i32;
+    ((*arity > 0 && n != *arity) || (*arity < 0 && n < -*arity)).then(|| {
+        format!(
+            "ERR wrong number of arguments for '{lower}|{}' command",
+            sub.to_ascii_lowercase()
+        )
+    })
+}
+
 /// The checks every request passes before it runs or is queued: a known name, authentication,
-/// arity.
+/// arity (a container command's subcommand too).
 fn check(args: Args<'_>, sess: &Session, pass: &Pass<'_>) -> Result<&'static Spec, String> {
     let name = args.get(0);
     let Some(spec) = lookup(name) else {
@@ -434,6 +536,9 @@ fn check(args: Args<'_>, sess: &Session, pass: &Pass<'_>) -> Result<&'static Spe
             "ERR wrong number of arguments for '{}' command",
             spec.name
         ));
+    }
+    if let Some(msg) = subcommand_error(spec, args) {
+        return Err(msg);
     }
     if acl.restricted() || sess.user.is_some() {
         let all: Vec<&[u8]> = (0..args.len()).map(|i| args.get(i)).collect();
@@ -511,6 +616,7 @@ fn exec(sess: &mut Session, pass: &mut Pass<'_>) -> Action {
     };
     let mut steps = Vec::with_capacity(multi.queued.len());
     let mut kinds = Vec::with_capacity(multi.queued.len());
+    sess.in_exec = Some(multi.queued.len());
     for q in multi.queued {
         let args = q.args();
         let Some(spec) = lookup(args.get(0)) else {
@@ -547,6 +653,7 @@ fn exec(sess: &mut Session, pass: &mut Pass<'_>) -> Action {
         steps.push(step);
         kinds.push(kind);
     }
+    sess.in_exec = None;
     sess.exec_kinds.push_back(kinds);
     let op = ExecOp {
         watched: sess.watching.keys.clone(),
