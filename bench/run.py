@@ -61,6 +61,7 @@ import io
 import json
 import os
 import platform
+import re
 import shlex
 import shutil
 import signal
@@ -74,7 +75,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-ALL_WORKLOADS = ["W1", "W2", "W3", "W3b", "W3z", "W4", "restart", "scaling", "multi", "queue"]
+ALL_WORKLOADS = ["W1", "W2", "W3", "W3b", "W3z", "W4", "restart", "scaling", "multi", "queue", "tls"]
 
 MEMKEEP_MODES = {
     "memkeep-always": ["--sync", "always"],
@@ -128,6 +129,10 @@ W3Z_COMMANDS = [
     "ZCOUNT z __rand_int__ +inf",
 ]
 W3Z_SERVERS = ["memkeep-never", "redis-nopersist"]
+# tls: redis-benchmark --tls (16 clients) and openssl s_time's full handshakes per second on the
+# TLS port of each server, both with one self-signed RSA-2048 certificate made for the run.
+TLS_SERVERS = ["memkeep-never", "redis-nopersist"]
+TLS_TESTS = ["set", "get"]
 
 # Every live server process, so that `finally` can stop whatever is left.
 LIVE: dict[int, "Server"] = {}
@@ -310,6 +315,9 @@ class Server:
             self.data_dir = Path(tempfile.mkdtemp(prefix=f"{name}.{tag}.", dir=tmp / "data"))
         self.logfile = tmp / "logs" / f"{name}.{tag}.{self.mc_port}.log"
         self.proc: subprocess.Popen | None = None
+        # Flags after the usual ones (the tls workload's TLS port and certificate).
+        self.extra: list[str] = []
+        self.tls_port = 0
         self.peak_anon = 0
         self.peak_hwm = 0
         self.start_s: float | None = None
@@ -317,7 +325,7 @@ class Server:
     @property
     def argv(self) -> list[str]:
         return server_argv(self.name, self.bins, str(self.mc_port), str(self.resp_port),
-                           str(self.data_dir or ""), str(self.logfile))
+                           str(self.data_dir or ""), str(self.logfile)) + self.extra
 
     @property
     def pid(self) -> int:
@@ -748,6 +756,74 @@ class Runner:
             finally:
                 srv.cleanup()
 
+    def tls_cert(self) -> tuple[Path, Path]:
+        """A self-signed certificate for 127.0.0.1 (the run's only CA): (cert, key)."""
+        d = self.tmp / "tls"
+        d.mkdir(exist_ok=True)
+        cert, key = d / "server.crt", d / "server.key"
+        if not cert.exists():
+            subprocess.run([self.bins["openssl"], "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
+                            str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=memkeep bench",
+                            "-addext", "subjectAltName=IP:127.0.0.1"],
+                           check=True, capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+        return cert, key
+
+    def run_tls(self) -> None:
+        n = self.n(self.args.n_w3)
+        try:
+            cert, key = self.tls_cert()
+        except (subprocess.SubprocessError, OSError) as e:
+            self.fail(f"tls: cannot make a certificate: {e}")
+            return
+        for name in [s for s in self.resp_servers() if s in TLS_SERVERS]:
+            srv = self.new_server_with(name, "tls", self.tls_flags(name, cert, key))
+            try:
+                tls_port = srv.tls_port
+                reqs = 0
+                for t in TLS_TESTS:
+                    recs = self.redis_benchmark(srv, "tls", ["-p", str(tls_port), "--tls", "--cacert", str(cert),
+                                                             "-c", "16", "-n", str(n), "-t", t, "--csv"], t)
+                    reqs += n * sum(1 for r in recs if r.get("rps"))
+                self.server_summary(srv, "tls", requests=reqs)
+                self.tls_handshakes(srv, tls_port, cert)
+            except BenchError as e:
+                self.fail(f"tls {name}: {e}")
+            finally:
+                srv.cleanup()
+
+    def tls_flags(self, name: str, cert: Path, key: Path) -> list[str]:
+        port = free_ports(1)[0]
+        if name in MEMKEEP_MODES:
+            flags = ["--tls-port", str(port), "--tls-cert-file", str(cert), "--tls-key-file", str(key)]
+        else:
+            flags = ["--tls-port", str(port), "--tls-cert-file", str(cert), "--tls-key-file", str(key),
+                     "--tls-auth-clients", "no"]
+        return flags
+
+    def new_server_with(self, name: str, tag: str, extra: list[str]) -> Server:
+        srv = Server(name, self.bins, self.tmp, tag)
+        srv.extra = extra
+        srv.tls_port = int(extra[1])
+        srv.start()
+        return srv
+
+    def tls_handshakes(self, srv: Server, port: int, cert: Path) -> None:
+        """openssl s_time: new sessions (no resumption) for 5 s, one at a time."""
+        argv = [self.bins["openssl"], "s_time", "-connect", f"127.0.0.1:{port}", "-new", "-time", "5",
+                "-CAfile", str(cert)]
+        self.commands.setdefault("tls handshakes", shlex.join(["openssl"] + argv[1:]).replace(str(port), "$TLS_PORT"))
+        rec = {"type": "rb", "workload": "tls", "server": srv.name, "label": "handshakes", "test": "handshakes"}
+        try:
+            p = subprocess.run(argv, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+            m = re.search(r"(\d+) connections in (\d+) real seconds", p.stdout)
+            rec["rps"] = int(m.group(1)) / int(m.group(2)) if m else None
+            if not m:
+                rec["error"] = (p.stdout + p.stderr)[-200:]
+        except subprocess.TimeoutExpired:
+            rec["rps"], rec["error"] = None, "s_time timed out"
+        self.record(rec)
+        log(f"  tls {srv.name:16} handshakes={rec.get('rps') or 0:.0f}/s")
+
     # -- W4 ------------------------------------------------------------------------------------
 
     def run_w4(self) -> None:
@@ -874,6 +950,11 @@ class Runner:
             log(f"multi: MULTI + {MULTI_SIZE} SETs + EXEC for {self.durable_secs():g} s at "
                 f"{', '.join(map(str, MULTI_CONNS))} connections, {' vs '.join(DURABLE_PAIR)}")
             self.run_multi()
+        if "tls" in only:
+            self.probe("before tls")
+            log(f"tls: redis-benchmark --tls -c 16 -n {self.n(self.args.n_w3)} and openssl s_time, "
+                f"{' vs '.join(TLS_SERVERS)}")
+            self.run_tls()
         if "queue" in only:
             self.probe("before queue")
             log(f"queue: LPUSH / BRPOP for {self.durable_secs():g} s, (producers, consumers) "
@@ -964,6 +1045,7 @@ def find_bins(args: argparse.Namespace) -> dict:
         "memcached": shutil.which("memcached"),
         "redis-server": shutil.which("redis-server"),
         "redis-benchmark": shutil.which("redis-benchmark"),
+        "openssl": shutil.which("openssl"),
     }
     missing = [k for k, v in bins.items() if not v or not os.access(v, os.X_OK)]
     if missing:
@@ -1139,6 +1221,7 @@ class Report:
         self.md_rb(w, "W3", "W3: redis-benchmark (requests/s, 50 clients)")
         self.md_rb(w, "W3b", "W3b: hashes and sorted sets (requests/s, 50 clients, -r 10000)")
         self.md_rb(w, "W3z", f"W3z: ranks in a sorted set of {W3Z_MEMBERS:,} members (requests/s, 50 clients)")
+        self.md_rb(w, "tls", "TLS: redis-benchmark --tls (requests/s, 16 clients) and full handshakes/s (openssl s_time)")
         self.md_restart(w)
         self.md_scaling(w)
         self.md_durable(w)
@@ -1201,7 +1284,7 @@ class Report:
         w(f"## {title}\n")
         w("| test | " + " | ".join(servers) + " |")
         w("|---|" + "---|" * len(servers))
-        labels = {"W3b": W3B_COMMANDS, "W3z": W3Z_COMMANDS}.get(workload)
+        labels = {"W3b": W3B_COMMANDS, "W3z": W3Z_COMMANDS, "tls": TLS_TESTS + ["handshakes"]}.get(workload)
         tests = self.rb_tests(workload)
         if labels:
             tests = labels
@@ -1395,10 +1478,12 @@ class Report:
             kv(wl, "memkeep-always", "resp", "redis-always", "resp", "set")
             kv(wl, "memkeep-always", "memcache", "memcached", "memcache", "get")
         for wl, title in (("W3", "W3 redis-benchmark"), ("W3b", "W3b hashes and sorted sets"),
-                          ("W3z", "W3z ranks in a 100,000-member sorted set")):
+                          ("W3z", "W3z ranks in a 100,000-member sorted set"),
+                          ("tls", "TLS (redis-benchmark --tls, openssl s_time)")):
             group = title
             for mk, ref in (("memkeep-always", "redis-always"), ("memkeep-never", "redis-nopersist")):
-                tests = {"W3b": W3B_COMMANDS, "W3z": W3Z_COMMANDS}.get(wl) or self.rb_tests(wl)
+                tests = {"W3b": W3B_COMMANDS, "W3z": W3Z_COMMANDS,
+                         "tls": TLS_TESTS + ["handshakes"]}.get(wl) or self.rb_tests(wl)
                 for t in tests:
                     a, ea = self.rb_cell(wl, mk, t)
                     b, eb = self.rb_cell(wl, ref, t)
