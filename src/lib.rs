@@ -20,8 +20,9 @@
 //! - `commands`: the Redis command layer, which knows no sockets: the command table, argument
 //!   parsing into `WriteOp`s, reads against a snapshot or EXEC's transaction, and reply
 //!   encoding, as plain functions;
-//! - `server`: listeners, worker event loops, connections and sessions, MULTI queueing,
-//!   pub/sub, the hand-off to the writer, and the commands that need a session or the server.
+//! - `server`: listeners, worker event loops, connections (plain or TLS: `tls`) and sessions,
+//!   MULTI queueing, pub/sub, ACL users (`acl`), the hand-off to the writer, and the commands
+//!   that need a session or the server.
 //!
 //! Nothing below `server` imports it. `command`, `semantics`, `storage` and `types` still
 //! import one another (the writer in `storage` applies `semantics`' and `types`' writes, which
@@ -29,8 +30,9 @@
 //! layered by file rather than by folder.
 //!
 //! Goals: every memcached and Redis client works unchanged; no acknowledged write is lost with
-//! `sync = always`; throughput at or above memcached and Redis. Non-goals for now: LRU eviction
-//! (a full store refuses writes and keeps serving reads), UDP, scripting.
+//! `sync = always`; throughput at or above memcached and Redis. Eviction happens only in cache
+//! mode (`max_disk`); otherwise a full store refuses writes and keeps serving reads. Not yet:
+//! UDP, scripting, replication.
 
 pub mod backup;
 pub mod check;

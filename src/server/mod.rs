@@ -1,6 +1,9 @@
 //! The server: listeners and the acceptor on the main thread, worker threads each running an
 //! event loop, and the writer thread. Shutdown (SIGINT/SIGTERM) stops accepting, lets workers
-//! finish what is in flight, lets the writer commit and sync, then closes the environment.
+//! finish what is in flight, lets the writer commit and sync, then closes the environment;
+//! SIGHUP reloads the TLS certificates (`tls`). A TLS listener's connections carry a rustls
+//! session in their `Conn` (`conn.rs` runs the records over the socket); RESP users and their
+//! permissions are `acl`'s, checked once per request in `resp::check`.
 //!
 //! Per protocol: `memcache`, `meta` and `binary` run the memcached port's requests; `resp` is a
 //! RESP connection's session and loop (dispatch, MULTI, the writer hand-off), `admin` the RESP
