@@ -1261,7 +1261,9 @@ const LARGE: Shape = Shape {
 
 fn step(rng: &mut Rng, model: &mut BTreeMap<String, ZSet>, shape: Shape) -> (Vec<String>, Exp) {
     let key = format!("k{}", rng.below(shape.keys));
-    let mut members: Vec<Vec<u8>> = (0..shape.pool).map(|i| format!("m{i}").into_bytes()).collect();
+    let mut members: Vec<Vec<u8>> = (0..shape.pool)
+        .map(|i| format!("m{i}").into_bytes())
+        .collect();
     members.push(Vec::new());
     let member = |rng: &mut Rng| members[rng.below(members.len() as u64) as usize].clone();
     let text = |m: &[u8]| String::from_utf8(m.to_vec()).unwrap();

@@ -370,6 +370,7 @@ fn get(req: &Request<'_>, key: &[u8], with_key: bool, out: &mut Vec<u8>, pass: &
     let flushed = pass.flushed();
     let now = pass.now_ms;
     let counters = pass.counters;
+    let shared = pass.shared;
     let store = match pass.snap() {
         Ok(t) => t,
         Err(e) => {
@@ -396,6 +397,9 @@ fn get(req: &Request<'_>, key: &[u8], with_key: bool, out: &mut Vec<u8>, pass: &
             }
             Counters::bump(&counters.get_hits);
             bin::hit(out, op, opaque, meta.cas, meta.flags, echo_key, value);
+            if let Some(h) = shared.store.hits() {
+                h.fetched(key, meta.cas, now);
+            }
         }
         Ok(_) => {
             Counters::bump(&counters.get_misses);

@@ -133,8 +133,10 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
                 conn.closing = true;
                 return Stop::Close;
             }
-            Frame::Request(Request::Meta(ref m)) => super::meta::write_op(m)
-                .map(|op| (op, tag(false, McReply::Meta), Some(Echo::new(m)))),
+            Frame::Request(Request::Meta(ref m)) => super::meta::write_op(m).map(|op| {
+                let echo = Echo::new(m, pass.shared.store.hits().map(|h| &**h));
+                (op, tag(false, McReply::Meta), Some(echo))
+            }),
             Frame::Request(ref req) => {
                 write_op(req).map(|(op, noreply, kind)| (op, tag(noreply, kind), None))
             }
@@ -163,7 +165,8 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
                         return Stop::Blocked;
                     }
                     if let Some(op) = op {
-                        echoes.push_back(Echo::new(&m));
+                        let hits = pass.shared.store.hits().map(|h| &**h);
+                        echoes.push_back(Echo::new(&m, hits));
                         let tag = tag(false, McReply::Meta);
                         pass.pending
                             .push(crate::storage::writer::WriteRequest { tag, op });
@@ -407,6 +410,8 @@ fn get(
     let flushed = pass.flushed();
     let now = pass.now_ms;
     let counters = pass.counters;
+    let shared = pass.shared;
+    let hits = shared.store.hits();
     let store = match pass.snap() {
         Ok(t) => t,
         Err(e) => {
@@ -453,6 +458,9 @@ fn get(
             Ok(Some(ItemRef { meta, value })) if !flushed && !meta.is_expired(now) => {
                 Counters::bump(&counters.get_hits);
                 value_line(out, key, meta.flags, value, with_cas.then_some(meta.cas));
+                if let Some(h) = hits {
+                    h.fetched(key, meta.cas, now);
+                }
                 if out.len() - start >= room && at < keys.0.len() {
                     return Some(at);
                 }

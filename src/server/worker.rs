@@ -449,6 +449,7 @@ impl Worker {
                     &mut conn.wbuf,
                     &mut conn.meta_echo,
                     outcome,
+                    shared.store.hits().map(|h| &**h),
                     shared.clock.now_ms(),
                 ),
                 Reply::Mc { noreply, kind } => {
