@@ -84,6 +84,9 @@ pub struct Conn {
     resp_bufs: super::resp::ArgBufs,
     /// Meta writes in flight: what their replies echo.
     pub meta_echo: super::meta::EchoQueue,
+    /// A key dump answered in chunks (`dump.rs`): where it stands. Its request stays in the
+    /// input until it ends.
+    pub dump: Option<super::dump::Cursor>,
 }
 
 impl Conn {
@@ -119,6 +122,7 @@ impl Conn {
             resp: super::resp::Session::default(),
             resp_bufs: super::resp::ArgBufs::default(),
             meta_echo: Default::default(),
+            dump: None,
         }
     }
 
@@ -155,6 +159,23 @@ impl Conn {
             &self.rbuf[self.rpos..self.rend],
             &mut self.wbuf,
             &mut self.meta_echo,
+        )
+    }
+
+    /// `io`, and the connection's key dump in progress.
+    pub fn io_dump(
+        &mut self,
+    ) -> (
+        &[u8],
+        &mut Vec<u8>,
+        &mut super::meta::EchoQueue,
+        &mut Option<super::dump::Cursor>,
+    ) {
+        (
+            &self.rbuf[self.rpos..self.rend],
+            &mut self.wbuf,
+            &mut self.meta_echo,
+            &mut self.dump,
         )
     }
 

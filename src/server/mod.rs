@@ -6,6 +6,7 @@ pub mod binary;
 pub mod clients;
 pub mod cold;
 pub mod conn;
+pub mod dump;
 pub mod memcache;
 pub mod meta;
 pub mod pubsub;
@@ -67,6 +68,8 @@ pub struct Shared {
     pub cold: Option<cold::ColdPool>,
     /// Cache mode's figures (evictions; all zero when `max_disk` is off).
     pub cache: Arc<crate::storage::cache::CacheStats>,
+    /// memcached's per-prefix statistics (`stats detail`).
+    pub prefixes: stats::Prefixes,
 }
 
 /// CLIENT PAUSE's state: until when (ms since `origin`, 0 = not paused) and whether it holds
@@ -364,6 +367,7 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         backups: Arc::new(crate::backup::Backups::default()),
         mc_auth,
         cache: Arc::default(),
+        prefixes: stats::Prefixes::default(),
         config,
     });
     let cfg = &shared.config;
