@@ -164,7 +164,8 @@ fn walk(
                     b" fetch=no cls=1 size="
                 });
                 number(out, key.len() + item.value.len());
-                out.extend_from_slice(b"\r\n");
+                // memcached ends metadump lines (but not its END) with a bare newline.
+                out.push(b'\n');
                 cursor.items += 1;
             }
         }
