@@ -8,7 +8,8 @@
 #   client test (tests/memcached_clients.rs), sasl2-bin (saslpasswd2, so `make conformance` can
 #   replay proto/binary/sasl.txt against memcached -S), strace (tests/fsync_order.rs), fuse3
 #   (fusermount3, for the power-loss test's FUSE file system in tests/powerloss/; the fuser
-#   crate mounts without libfuse, so no -dev package is needed).
+#   crate mounts without libfuse, so no -dev package is needed), php-memcached and ruby-dalli
+#   (tests/memcached_clients.rs).
 # - a Python virtualenv at ./.venv (repo root, .gitignored) with the client libraries the client
 #   tests drive: redis (redis-py), pymemcache, python-memcached, meta-memcache, from PyPI.
 set -euo pipefail
@@ -45,6 +46,14 @@ command -v python3 >/dev/null 2>&1 || need+=(python3)
 command -v strace >/dev/null 2>&1 || need+=(strace)
 # tests/powerloss/ mounts a FUSE file system (it needs /dev/fuse too, which no package brings).
 command -v fusermount3 >/dev/null 2>&1 || need+=(fuse3)
+# --- memcached client tests (php-memcached, dalli; tests/memcached_clients.rs) -------------
+# PHP's Memcached extension (libmemcached underneath) for getAllKeys in text and binary modes,
+# and Ruby's dalli. Debian packages; the php CLI and ruby come with them.
+{ command -v php >/dev/null 2>&1 && php -r 'exit(class_exists("Memcached") ? 0 : 1);' >/dev/null 2>&1; } ||
+  need+=(php-cli php-memcached)
+{ command -v ruby >/dev/null 2>&1 && ruby -e 'require "dalli"' >/dev/null 2>&1; } ||
+  need+=(ruby ruby-dalli)
+# --- end of the memcached client tests' block ---------------------------------------------
 if [ ${#need[@]} -gt 0 ]; then
   apt_install "${need[@]}"
 fi
