@@ -100,16 +100,14 @@ fn walk(
         Some(k) => Bound::Excluded(&k[..]),
         None => Bound::Unbounded,
     };
-    let mut looked = 0;
     let mut last: Option<&[u8]> = None;
-    for entry in store.range(lo, Bound::Unbounded)? {
+    for (looked, entry) in store.range(lo, Bound::Unbounded)?.enumerate() {
         if looked == CHUNK || out.len() - start >= room {
             if let Some(k) = last {
                 cursor.after = Some(k.into());
             }
             return Ok(Step::More);
         }
-        looked += 1;
         let (key, bytes) = entry?;
         last = Some(key);
         let item = crate::storage::item::decode(bytes)?;

@@ -174,7 +174,7 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
                         conn.inflight += 1;
                     }
                 }
-                Frame::Request(Request::CacheDump { class, limit }) if class == 1 => {
+                Frame::Request(Request::CacheDump { class: 1, limit }) => {
                     let kind = super::dump::DumpKind::Cache { limit };
                     if dump_step(kind, dump, out, pass, room) {
                         return Stop::Budget;
@@ -771,7 +771,7 @@ fn slab_stats(items: bool, out: &mut Vec<u8>, pass: &mut Pass<'_>) {
                 stat(out, &format!("1:{name}"), v);
             };
             // One chunk per item, as large as the largest item may be.
-            slab(out, "chunk_size", shared.config.max_item_size as u64);
+            slab(out, "chunk_size", shared.config.max_item_size);
             slab(out, "chunks_per_page", 1);
             slab(out, "total_pages", n);
             slab(out, "total_chunks", n);
