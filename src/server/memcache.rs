@@ -972,9 +972,7 @@ pub(super) fn stats(args: &[u8], out: &mut Vec<u8>, pass: &mut Pass<'_>) {
         b"conns" => line(out, "END"),
         _ if args.starts_with(b"detail") && args.get(6).is_none_or(|&b| b == b' ') => {
             // memcached looks at the word after `detail` only.
-            let word = args
-                .split(|&b| b == b' ')
-                .find(|w| !w.is_empty() && *w != b"detail");
+            let word = args.split(|&b| b == b' ').filter(|w| !w.is_empty()).nth(1);
             match word {
                 Some(b"on") => {
                     shared.prefixes.set_enabled(true);
