@@ -370,7 +370,9 @@ fn immediate(req: Request<'_>, out: &mut Vec<u8>, pass: &mut Pass<'_>) -> bool {
         Request::Get { keys, with_cas } => {
             get(keys, with_cas, out, pass, 0, usize::MAX);
         }
-        Request::TooLarge { .. } => {
+        Request::TooLarge { key, .. } => {
+            // memcached counts a refused store as a set (`stats detail`) too.
+            pass.shared.prefixes.record_set(key);
             Counters::bump(&pass.counters.store_too_large);
             line(out, "SERVER_ERROR object too large for cache")
         }
