@@ -909,6 +909,18 @@ pub(super) fn stats(args: &[u8], out: &mut Vec<u8>, pass: &mut Pass<'_>) {
             stat(out, "resp_port", cfg.resp_port);
             stat(out, "io_threads", cfg.io_threads);
             stat(out, "max_disk", cfg.max_disk);
+            // memcached's names: the `stats detail` prefix delimiter and whether it counts.
+            stat(out, "stat_key_prefix", ":");
+            stat(
+                out,
+                "detail_enabled",
+                if shared.prefixes.enabled() {
+                    "yes"
+                } else {
+                    "no"
+                },
+            );
+            stat(out, "track_sizes", "no");
             line(out, "END");
         }
         b"reset" => {
