@@ -14,6 +14,7 @@
 # - npm: ioredis and redis (node-redis) into tests/client_programs/node/node_modules
 #   (.gitignored), exactly as its package-lock.json pins them (`npm ci`); redone only when the
 #   lock file changed since the last install.
+# - apt: php-memcached and ruby-dalli (tests/memcached_clients.rs), openssl (tests/tls.rs).
 # - a Python virtualenv at ./.venv (repo root, .gitignored) with the client libraries the client
 #   tests drive: redis (redis-py), pymemcache, python-memcached, meta-memcache, from PyPI.
 set -euo pipefail
@@ -60,6 +61,14 @@ command -v ruby >/dev/null 2>&1 || need+=(ruby)
 { command -v ruby >/dev/null 2>&1 && ruby -e 'require "redis"' 2>/dev/null; } || need+=(ruby-redis)
 command -v node >/dev/null 2>&1 || need+=(nodejs)
 command -v npm >/dev/null 2>&1 || need+=(npm)
+# --- memcached client tests (php-memcached, dalli; tests/memcached_clients.rs) -------------
+# PHP's Memcached extension (libmemcached underneath) for getAllKeys in text and binary modes,
+# and Ruby's dalli. Debian packages; the php CLI and ruby come with them.
+{ command -v php >/dev/null 2>&1 && php -r 'exit(class_exists("Memcached") ? 0 : 1);' >/dev/null 2>&1; } ||
+  need+=(php-cli php-memcached)
+{ command -v ruby >/dev/null 2>&1 && ruby -e 'require "dalli"' >/dev/null 2>&1; } ||
+  need+=(ruby ruby-dalli)
+# --- end of the memcached client tests' block ---------------------------------------------
 if [ ${#need[@]} -gt 0 ]; then
   apt_install "${need[@]}"
 fi

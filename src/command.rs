@@ -281,7 +281,8 @@ pub enum MetaOp {
         new_cas: Option<u64>,
     },
     /// `ma`: add or subtract `delta`; a miss with `vivify` creates the item holding `initial`
-    /// with that TTL; `exptime` sets the TTL on success.
+    /// with that TTL (the request's last `T` or `N`, as memcached applies them in order);
+    /// `exptime` (`T`) sets the TTL of an item that was there.
     Arith {
         key: Vec<u8>,
         incr: bool,
@@ -293,7 +294,8 @@ pub enum MetaOp {
         new_cas: Option<u64>,
     },
     /// `mg` that may change the item: `touch` (`T`) sets its TTL, `vivify` (`N`) creates an
-    /// empty item on a miss, `recache` (`R`) hands out the win token when less TTL than this
+    /// empty item on a miss with that TTL (the request's last `T` or `N`: memcached applies
+    /// them in order), `recache` (`R`) hands out the win token when less TTL than this
     /// remains; a stale item hands out the win token on its first fetch.
     Get {
         key: Vec<u8>,
@@ -339,10 +341,13 @@ pub struct MetaOut {
 }
 
 /// What a meta reply can say about an item: its fields as the command left them, except
-/// `expire_at`, which is the expiry *before* the command's own TTL change (memcached reports
-/// `t` that way).
+/// `expire_at`, which is the expiry *before* the command's own TTL changes (0 for an item the
+/// command created): memcached applies `T` and `N` in request order, and a `t` reports the TTL
+/// as of its place among them, so the reply replays them (`server::meta`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MetaItem {
+    /// The command created the item (`N` on a miss): its `N` sets the TTL `t` reports after it.
+    pub created: bool,
     pub flags: u32,
     pub cas: u64,
     pub expire_at: u64,

@@ -1,7 +1,8 @@
 //! memcached port integration tests with real client libraries and tools: pymemcache (including
 //! its serde flags, default `noreply` and `HashClient` over three servers), python-memcached,
-//! spymemcached (Java, 8 threads), and libmemcached's `memccp`, `memccat`, `memcstat` and
-//! `memcdump`.
+//! meta-memcache (including hit status and last access), spymemcached (Java, 8 threads),
+//! php-memcached (text and binary, `getAllKeys`), dalli (Ruby, binary), and libmemcached's
+//! `memccp`, `memccat`, `memcstat` and `memcdump` (which lists every key).
 //!
 //! The clients come from `scripts/install-test-deps.sh` (`make deps`): a virtualenv at `.venv`
 //! with pymemcache and python-memcached, and from apt libmemcached-tools, libspymemcached-java
@@ -228,8 +229,10 @@ fn pymemcache_client() {
 /// passes against memcached 1.6.18.
 const META_MEMCACHE_SCRIPT: &str = r#"
 import sys
-from meta_memcache import (CacheClient, Key, LeasePolicy, RecachePolicy, ServerAddress, SetMode,
-                           StalePolicy, connection_pool_factory_builder)
+import socket
+from meta_memcache import (CacheClient, Key, LeasePolicy, RecachePolicy, RequestFlags,
+                           ServerAddress, SetMode, StalePolicy, Success, Value,
+                           connection_pool_factory_builder)
 
 port = int(sys.argv[2])
 c = CacheClient.cache_client_from_servers(
@@ -314,6 +317,35 @@ early = RecachePolicy(ttl=30)
 first = c.get(key="rc", recache_policy=early)
 second = c.get(key="rc", recache_policy=early)
 check({first, second} == {None, "r"}, "recache: one winner, then the value (%r, %r)" % (first, second))
+
+# Hit status and last access (h, l; u does not count as a fetch).
+def meta(key, **kw):
+    r = c.meta_get(Key(key), flags=RequestFlags(return_fetched=True, return_last_access=True, **kw))
+    check(isinstance(r, (Success, Value)), "meta_get %s: %r" % (key, r))
+    return r.flags.fetched, r.flags.last_access
+
+check(c.set(key="hs", value="h", ttl=600), "set hs")
+fetched, la = meta("hs", no_update_lru=True)
+check(fetched is False and la in (0, 1), "fresh item not fetched (%r, %r)" % (fetched, la))
+fetched, _ = meta("hs")
+check(fetched is False, "no_update_lru did not count as a fetch")
+fetched, _ = meta("hs")
+check(fetched is True, "fetched once before")
+check(c.get(key="hs") == "h", "get hs")
+check(meta("hs")[0] is True, "still fetched")
+check(c.set(key="hs", value="h2", ttl=600), "reset hs")
+check(meta("hs")[0] is False, "a set starts over")
+# Last access counts seconds: memkeep's test clock moves on command, memcached's by sleeping.
+raw = socket.create_connection(("127.0.0.1", port))
+raw.sendall(b"debug_advance_clock 5\r\n")
+manual = raw.recv(100).startswith(b"OK")
+if not manual:
+    import time
+    time.sleep(2.2)
+_, la = meta("hs")
+check(la == 5 if manual else la >= 1, "last access after waiting: %r" % la)
+_, la = meta("hs")
+check(la in (0, 1), "last access right after a fetch: %r" % la)
 
 print("OK")
 "#;
@@ -682,16 +714,180 @@ fn libmemcached_tools() {
         run.describe()
     );
 
-    // memcdump walks `stats items` / `stats cachedump`; memkeep has no slab classes and answers
-    // `stats items` with an empty list, so memcdump exits and lists nothing.
+    // memcdump walks `stats items` / `stats cachedump <class> 0`: memkeep reports its store as
+    // class 1 and lists every key (memcached lists only the items in its cold LRU). 3000 keys
+    // take several of the dump's chunks.
+    let keys: Vec<String> = (0..3000).map(|i| format!("dump:{i:05}")).collect();
+    let mut conn = TcpStream::connect(server.addr()).expect("connect");
+    let mut pipeline = Vec::new();
+    for k in &keys {
+        pipeline.extend_from_slice(format!("set {k} 0 0 1 noreply\r\nx\r\n").as_bytes());
+    }
+    // `version` is answered after the writes before it are acknowledged.
+    pipeline.extend_from_slice(b"version\r\n");
+    conn.write_all(&pipeline).expect("send sets");
+    conn.set_read_timeout(Some(IO_TIMEOUT)).expect("timeout");
+    let mut reply = String::new();
+    BufReader::new(&conn)
+        .read_line(&mut reply)
+        .expect("version reply");
+    assert!(reply.starts_with("VERSION "), "{reply:?}");
     let mut dump = Command::new(tool("memcdump"));
     dump.arg(servers_arg(&server));
-    let run = run_bounded(dump, b"", CLIENT_DEADLINE);
-    assert!(run.status.is_some(), "memcdump hung: {}", run.describe());
+    let run = run_bounded(dump, b"", CLIENT_DEADLINE).success(&[&server]);
+    let mut listed: Vec<&str> = run.stdout.lines().map(str::trim).collect();
+    listed.sort_unstable();
+    let mut want: Vec<&str> = keys.iter().map(String::as_str).collect();
+    want.push("payload.bin");
+    want.sort_unstable();
     assert!(
-        run.stdout.trim().is_empty(),
-        "memcdump listed keys (memkeep answers `stats items` empty): {}",
+        listed == want,
+        "memcdump listed {} keys, want {} (every key once): {}",
+        listed.len(),
+        want.len(),
         run.describe()
     );
+    assert_healthy(&mut server);
+}
+
+// ---------------------------------------------------------------------------------------------
+// php-memcached and dalli (Debian's php-memcached and ruby-dalli)
+
+/// php-memcached (libmemcached underneath): storage, gets, CAS, counters, and `getAllKeys()`,
+/// which walks `stats items` / `stats cachedump`. In text mode it lists every key; in binary
+/// mode libmemcached refuses the dump before sending anything (`ACTION NOT SUPPORTED`, against
+/// memcached too), while the binary protocol's storage and gets work. `php` runs it with `host
+/// port mode` and it prints OK when every check passed.
+const PHP_SCRIPT: &str = r#"<?php
+[$_, $host, $port, $mode] = $argv;
+$bin = $mode === "binary";
+function check($cond, $what) { if (!$cond) { echo "MISMATCH $what\n"; exit(1); } }
+$m = new Memcached();
+$m->setOption(Memcached::OPT_BINARY_PROTOCOL, $bin);
+$m->setOption(Memcached::OPT_COMPRESSION, false);
+$m->addServer($host, (int)$port);
+check($m->flush(), "flush");
+$keys = [];
+for ($i = 0; $i < 700; $i++) {
+    $k = "$mode:k$i";
+    $keys[] = $k;
+    check($m->set($k, "v$i", 600), "set $k");
+}
+check($m->get("$mode:k7") === "v7", "get");
+check($m->get("$mode:none") === false && $m->getResultCode() === Memcached::RES_NOTFOUND, "miss");
+check($m->set("$mode:arr", [1, "two" => 2]), "set array");
+check($m->get("$mode:arr") === [1, "two" => 2], "array through flags");
+$keys[] = "$mode:arr";
+$got = $m->getMulti(["$mode:k1", "$mode:k2", "$mode:none"]);
+check($got === ["$mode:k1" => "v1", "$mode:k2" => "v2"], "getMulti");
+$r = $m->get("$mode:k3", null, Memcached::GET_EXTENDED);
+check($r["value"] === "v3" && $r["cas"] > 0, "get with cas");
+check($m->cas($r["cas"], "$mode:k3", "w3"), "cas");
+check(!$m->cas($r["cas"], "$mode:k3", "x3"), "cas conflict");
+check($m->get("$mode:k3") === "w3", "after cas");
+check($m->add("$mode:n", 10), "add counter");
+$keys[] = "$mode:n";
+check($m->increment("$mode:n", 5) === 15, "increment");
+check($m->decrement("$mode:n", 20) === 0, "decrement floors at 0");
+check(!$m->add("$mode:k1", "x"), "add existing");
+check($m->touch("$mode:k4", 100), "touch");
+check($m->delete("$mode:k5"), "delete");
+$keys = array_values(array_diff($keys, ["$mode:k5"]));
+$all = $m->getAllKeys();
+if ($bin) {
+    check($all === false && $m->getResultCode() === Memcached::RES_NOT_SUPPORTED,
+          "getAllKeys over binary: libmemcached does not dump over binary");
+} else {
+    check(is_array($all), "getAllKeys: " . $m->getResultMessage());
+    sort($all);
+    sort($keys);
+    check($all === $keys, "getAllKeys lists every key (" . count($all) . " of " . count($keys) . ")");
+}
+echo "OK\n";
+"#;
+
+#[test]
+fn php_memcached_text_and_binary() {
+    let mut server = Server::start(BIN, &[]);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("check.php");
+    std::fs::write(&path, PHP_SCRIPT).expect("write script");
+    for mode in ["text", "binary"] {
+        let mut cmd = Command::new(tool("php"));
+        cmd.arg(&path)
+            .arg("127.0.0.1")
+            .arg(server.port().to_string())
+            .arg(mode);
+        let run = run_bounded(cmd, b"", CLIENT_DEADLINE).success(&[&server]);
+        assert!(
+            run.stdout.contains("OK"),
+            "php-memcached ({mode}): {}",
+            run.describe()
+        );
+    }
+    assert_healthy(&mut server);
+}
+
+/// dalli (Ruby; Debian's ruby-dalli 3.0.6, which speaks the binary protocol only: its meta
+/// protocol and `get_with_metadata` hit status came in later versions): values through its
+/// serializer, get_multi, CAS, counters, touch/gat, delete, and `stats(:items)`, whose class 1
+/// counts the store's items. Run with `host port`; prints OK when every check passed.
+const DALLI_SCRIPT: &str = r##"
+require "dalli"
+host, port = ARGV
+def check(cond, what)
+  unless cond
+    puts "MISMATCH #{what}"
+    exit 1
+  end
+end
+dc = Dalli::Client.new("#{host}:#{port}", compress: false, socket_timeout: 10)
+check(dc.flush, "flush")
+check(dc.set("s", "hello", 300), "set")
+check(dc.get("s") == "hello", "get")
+check(dc.get("missing").nil?, "miss")
+check(dc.set("h", { "a" => [1, 2, 3] }), "set hash")
+check(dc.get("h") == { "a" => [1, 2, 3] }, "marshalled value")
+check(dc.set("raw", "bytes\x00\xff".b, 0, raw: true), "set raw")
+check(dc.get("raw") == "bytes\x00\xff".b, "get raw")
+check(dc.get_multi("s", "h", "missing") == { "s" => "hello", "h" => { "a" => [1, 2, 3] } },
+      "get_multi")
+check(!dc.add("s", "x"), "add existing")
+check(dc.add("new", "n"), "add new")
+dc.replace("never", "x")
+check(dc.get("never").nil?, "replace of a missing key stores nothing")
+check(dc.cas("s") { |v| v + "!" }, "cas")
+check(dc.get("s") == "hello!", "after cas")
+v, cas = dc.get_cas("s")
+check(v == "hello!" && cas > 0, "get_cas")
+check(dc.set_cas("s", "again", cas), "set_cas")
+check(!dc.set_cas("s", "stale", cas), "set_cas conflict")
+check(dc.incr("n", 1, nil, 10) == 10, "incr creates with initial")
+check(dc.incr("n", 5) == 15, "incr")
+check(dc.decr("n", 20) == 0, "decr floors at 0")
+check(dc.touch("s", 100), "touch")
+check(dc.gat("s", 100) == "again", "gat")
+check(dc.delete("new"), "delete")
+check(dc.get("new").nil?, "deleted")
+items = dc.stats(:items).values.first
+# s, h, raw, n (memcached may also count flushed items it has not reclaimed yet)
+check(items && items["items:1:number"].to_i == 4, "stats items: #{items.inspect}")
+stats = dc.stats.values.first
+check(stats["curr_items"].to_i == 4, "stats curr_items")
+puts "OK"
+"##;
+
+#[test]
+fn dalli_client() {
+    let mut server = Server::start(BIN, &[]);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("check.rb");
+    std::fs::write(&path, DALLI_SCRIPT).expect("write script");
+    let mut cmd = Command::new(tool("ruby"));
+    cmd.arg(&path)
+        .arg("127.0.0.1")
+        .arg(server.port().to_string());
+    let run = run_bounded(cmd, b"", CLIENT_DEADLINE).success(&[&server]);
+    assert!(run.stdout.contains("OK"), "dalli: {}", run.describe());
     assert_healthy(&mut server);
 }

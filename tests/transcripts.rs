@@ -72,6 +72,8 @@ enum Step {
     ExpectRaw { data: Vec<u8>, repeat: usize },
     /// `<~ regex`: one line whose text (without `\r\n`) matches the whole regex.
     ExpectRegex(String),
+    /// `<~lf regex`: the same, for a line ending in a bare `\n` (memcached's metadump lines).
+    ExpectRegexLf(String),
     /// `<...`: discard lines until one matches the next line expectation.
     Skip,
     /// `@ time +N`
@@ -242,6 +244,9 @@ fn parse_step(line: &str, dialect: Dialect) -> Result<Option<Step>, String> {
     } else if let Some(rest) = directive(line, "<repeat") {
         let (repeat, data) = parse_repeat(rest)?;
         Step::ExpectRaw { data, repeat }
+    } else if let Some(rest) = directive(line, "<~lf") {
+        Regex::new(&format!("^(?:{rest})$")).map_err(|e| format!("bad regex: {e}"))?;
+        Step::ExpectRegexLf(rest.to_string())
     } else if let Some(rest) = directive(line, "<~") {
         Regex::new(&format!("^(?:{rest})$")).map_err(|e| format!("bad regex: {e}"))?;
         Step::ExpectRegex(rest.to_string())
@@ -286,7 +291,7 @@ fn parse_transcript(text: &str, dialect: Dialect) -> Result<Vec<Case>, String> {
         for (i, l) in case.steps.iter().enumerate() {
             match l.step {
                 Step::Skip => match case.steps.get(i + 1).map(|n| &n.step) {
-                    Some(Step::ExpectLine(_)) | Some(Step::ExpectRegex(_)) => {}
+                    Some(Step::ExpectLine(_) | Step::ExpectRegex(_) | Step::ExpectRegexLf(_)) => {}
                     _ => return Err(at(l.no, "`<...` must be followed by a `<` or `<~` line")),
                 },
                 Step::Closed if i + 1 != case.steps.len() => {
@@ -419,12 +424,20 @@ impl Replay<'_> {
                 let want = [subst(t, &self.vars, verbatim)?, b"\r\n".to_vec()].concat();
                 Ok(got == want.as_slice())
             }
-            Step::ExpectRegex(re) => {
+            Step::ExpectRegex(re) | Step::ExpectRegexLf(re) => {
                 let re = String::from_utf8(subst(re.as_bytes(), &self.vars, regex_quote)?).unwrap();
                 let re = Regex::new(&format!("^(?:{re})$")).map_err(|e| e.to_string())?;
-                let Some(text) = got.strip_suffix(b"\r\n") else {
+                let end: &[u8] = if matches!(step, Step::ExpectRegexLf(_)) {
+                    b"\n"
+                } else {
+                    b"\r\n"
+                };
+                let Some(text) = got.strip_suffix(end) else {
                     return Ok(false);
                 };
+                if end == b"\n" && text.ends_with(b"\r") {
+                    return Ok(false);
+                }
                 let Some(caps) = re.captures(text) else {
                     return Ok(false);
                 };
@@ -446,6 +459,7 @@ impl Replay<'_> {
                 show(&[t, b"\r\n".to_vec()].concat())
             }
             Step::ExpectRegex(re) => format!("a line matching /{re}/"),
+            Step::ExpectRegexLf(re) => format!("a line matching /{re}/ ending in a bare \\n"),
             _ => unreachable!(),
         }
     }
@@ -488,7 +502,7 @@ impl Replayer for Replay<'_> {
                 self.skipping = true;
                 Ok(())
             }
-            Step::ExpectLine(_) | Step::ExpectRegex(_) => {
+            Step::ExpectLine(_) | Step::ExpectRegex(_) | Step::ExpectRegexLf(_) => {
                 let max = match step {
                     Step::ExpectLine(t) => t.len() + 4096,
                     _ => 4 << 20,

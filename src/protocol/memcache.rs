@@ -101,6 +101,12 @@ pub enum Request<'a> {
     FlushAll { delay: i64, noreply: bool },
     /// `stats [args...]`: `args` is the rest of the line after `stats`, trimmed of spaces.
     Stats { args: &'a [u8] },
+    /// `stats cachedump <class> <limit>`: keys of a slab class (memkeep has one, class 1),
+    /// at most `limit` (0: all) and at most 2 MB of reply.
+    CacheDump { class: u32, limit: u64 },
+    /// `lru_crawler metadump <all|hash|class,class...>`: every item's metadata; `any` is false
+    /// when the classes named leave out memkeep's one class (the dump is then empty).
+    MetaDump { any: bool },
     /// `version`
     Version,
     /// `verbosity <level> [noreply]`
@@ -185,7 +191,7 @@ const MULTIGET_LEADING_SPACES: usize = 100;
 ///   no `strtol` whitespace skipping, no silent 32-bit truncation of flags, verbosity or
 ///   `<bytes>`; `exptime` and the `flush_all` delay are `i64`;
 /// - a NUL byte is an ordinary byte (memcached ends the line at it);
-/// - commands memkeep lacks (`bget`, `shutdown`, `slabs`, `lru_crawler`, ...)
+/// - commands memkeep lacks (`bget`, `shutdown`, `slabs`, `lru_crawler` but its `metadump`, ...)
 ///   are unknown: `ERROR`.
 pub fn parse<'a>(buf: &'a [u8], limits: &Limits) -> Result<Parsed<'a>, Incomplete> {
     let limit = line_limit(buf, limits);
@@ -323,7 +329,7 @@ impl<'a> Tokens<'a> {
     }
 }
 
-pub(super) fn valid_key(key: &[u8]) -> bool {
+pub fn valid_key(key: &[u8]) -> bool {
     !key.is_empty() && key.len() <= KEY_MAX && key.iter().all(|&b| b > b' ' && b != 0x7f)
 }
 
@@ -398,7 +404,9 @@ fn parse_line<'a>(
         b"decr" => parse_arith(&t, line_len, false),
         b"touch" => parse_touch(&t, line_len),
         b"flush_all" => parse_flush_all(&t, line_len),
+        b"stats" if t.get(1) == b"cachedump" => parse_cachedump(&t, line_len),
         b"stats" => request(Request::Stats { args: t.rest(1) }, line_len),
+        b"lru_crawler" => parse_lru_crawler(&t, line_len),
         b"version" => request(Request::Version, line_len),
         b"quit" => request(Request::Quit, line_len),
         b"verbosity" => parse_verbosity(&t, line_len),
@@ -651,6 +659,50 @@ fn parse_rget<'a>(t: &Tokens<'a>, line_len: usize) -> Result<Parsed<'a>, Incompl
         ),
         _ => reject(BAD_FORMAT, false, line_len),
     }
+}
+
+/// Slab classes memcached 1.6 can have (`MAX_NUMBER_OF_SLAB_CLASSES`, class 0 unused).
+const SLAB_CLASSES: u64 = 64;
+
+/// `stats cachedump <class> <limit>` (extra tokens ignored, as memcached does).
+fn parse_cachedump<'a>(t: &Tokens<'a>, line_len: usize) -> Result<Parsed<'a>, Incomplete> {
+    if t.n < 4 {
+        return reject("CLIENT_ERROR bad command line", false, line_len);
+    }
+    match (digits(t.get(2)), digits(t.get(3))) {
+        (Some(class), Some(_)) if class >= SLAB_CLASSES => {
+            reject("CLIENT_ERROR Illegal slab id", false, line_len)
+        }
+        (Some(class), Some(limit)) => request(
+            Request::CacheDump {
+                class: class as u32,
+                limit,
+            },
+            line_len,
+        ),
+        _ => reject(BAD_FORMAT, false, line_len),
+    }
+}
+
+/// `lru_crawler metadump <all|hash|classes>`; memkeep's LRU crawler does nothing else.
+fn parse_lru_crawler<'a>(t: &Tokens<'a>, line_len: usize) -> Result<Parsed<'a>, Incomplete> {
+    if t.n != 3 || t.get(1) != b"metadump" {
+        return reject(ERROR, false, line_len);
+    }
+    let any = match t.get(2) {
+        b"all" | b"hash" => true,
+        list => {
+            let mut any = false;
+            for class in list.split(|&b| b == b',') {
+                match digits(class) {
+                    Some(c) if (1..SLAB_CLASSES).contains(&c) => any |= c == 1,
+                    _ => return reject("BADCLASS invalid class id", false, line_len),
+                }
+            }
+            any
+        }
+    };
+    request(Request::MetaDump { any }, line_len)
 }
 
 fn parse_debug_advance_clock<'a>(

@@ -64,7 +64,7 @@ pub(super) fn apply<S: WriteView>(s: &mut S, op: &MetaOp, ctx: Ctx) -> Result<Ou
                 let meta = ItemMeta::new(Kind::String, 0, expire_at(*ttl, ctx.now_ms), cas);
                 let text = initial.to_string().into_bytes();
                 s.put(key, &meta, &[&text])?;
-                return Ok(hit(&meta, meta.expire_at, text));
+                return Ok(created(hit(&meta, 0, text)));
             };
             if meta.kind != Kind::String {
                 return Ok(Outcome::WrongType);
@@ -109,7 +109,7 @@ pub(super) fn apply<S: WriteView>(s: &mut S, op: &MetaOp, ctx: Ctx) -> Result<Ou
                 let mut meta = ItemMeta::new(Kind::String, 0, expire_at(*ttl, ctx.now_ms), cas);
                 meta.win_sent = true;
                 s.put(key, &meta, &[b""])?;
-                let mut out = hit(&meta, meta.expire_at, Vec::new());
+                let mut out = created(hit(&meta, 0, Vec::new()));
                 set_win(&mut out, true, false);
                 return Ok(out);
             };
@@ -160,6 +160,7 @@ fn hit(meta: &ItemMeta, expire_at: u64, value: Vec<u8>) -> Outcome {
     Outcome::Meta(Box::new(MetaOut {
         code: MetaCode::Ok,
         item: Some(MetaItem {
+            created: false,
             flags: meta.flags,
             cas: meta.cas,
             expire_at,
@@ -169,6 +170,16 @@ fn hit(meta: &ItemMeta, expire_at: u64, value: Vec<u8>) -> Outcome {
             win_was_sent: false,
         }),
     }))
+}
+
+/// Marks a success as having created its item.
+fn created(mut out: Outcome) -> Outcome {
+    if let Outcome::Meta(m) = &mut out
+        && let Some(item) = &mut m.item
+    {
+        item.created = true;
+    }
+    out
 }
 
 fn set_win(out: &mut Outcome, won: bool, was_sent: bool) {
@@ -374,7 +385,11 @@ mod tests {
         assert_eq!(code_of(&run(&mut s, op(None, None))), MetaCode::NotFound);
         let created = item(&run(&mut s, op(Some(100), None)));
         assert_eq!(created.value, b"10");
-        assert_eq!(ttl_secs(created.expire_at, NOW), 100);
+        // Reported as before the request's TTL flags (it had none: it did not exist).
+        assert!(created.created);
+        assert_eq!(created.expire_at, 0);
+        let stored = s.get(b"n").expect("get").expect("present");
+        assert_eq!(ttl_secs(stored.meta.expire_at, NOW), 100);
         let bumped = item(&run(&mut s, op(Some(100), Some(0))));
         assert_eq!(bumped.value, b"15");
         assert_eq!(ttl_secs(bumped.expire_at, NOW), 100);

@@ -65,6 +65,7 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
         let write = match &parsed.frame {
             Frame::Request(req) if !must_auth || auth_exempt(req.opcode) => {
                 write_op(req).map(|(op, kind, key)| {
+                    record_prefixes(&pass.shared.prefixes, req);
                     let reply = BinReply {
                         opcode: req.opcode,
                         opaque: req.opaque,
@@ -152,7 +153,21 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
     }
 }
 
-/// The write a request turns into, if it is one, and the key its reply must echo (GATK).
+/// `stats detail`: what a write counts, by key prefix, as memcached's binary protocol counts
+/// it (a touch or gat is a get; its hit is counted when it completes).
+fn record_prefixes(p: &super::stats::Prefixes, req: &Request<'_>) {
+    if !p.enabled() {
+        return;
+    }
+    match req.command {
+        Command::Store { key, .. } | Command::TooLarge { key, .. } => p.record_set(key),
+        Command::Delete { key } => p.record_delete(key),
+        Command::Gat { key, .. } | Command::Touch { key, .. } => p.record_get(key, false),
+        _ => {}
+    }
+}
+
+/// The write a request turns into, if it is one, and the key its reply needs (GAT, TOUCH).
 fn write_op(req: &Request<'_>) -> Option<(WriteOp, BinKind, Option<Vec<u8>>)> {
     let compare = (req.cas != 0).then_some(req.cas);
     let meta = |op: MetaOp| WriteOp::Meta(Box::new(op));
@@ -224,9 +239,11 @@ fn write_op(req: &Request<'_>) -> Option<(WriteOp, BinKind, Option<Vec<u8>>)> {
         } => (
             touch_op(key, exptime),
             BinKind::Gat { with_key },
-            with_key.then(|| key.to_vec()),
+            Some(key.to_vec()),
         ),
-        Command::Touch { key, exptime } => (touch_op(key, exptime), BinKind::Touch, None),
+        Command::Touch { key, exptime } => {
+            (touch_op(key, exptime), BinKind::Touch, Some(key.to_vec()))
+        }
         Command::Flush { exptime } => (
             WriteOp::FlushAll {
                 delay: i64::from(exptime),
@@ -374,6 +391,7 @@ fn get(req: &Request<'_>, key: &[u8], with_key: bool, out: &mut Vec<u8>, pass: &
     let flushed = pass.flushed();
     let now = pass.now_ms;
     let counters = pass.counters;
+    let shared = pass.shared;
     let store = match pass.snap() {
         Ok(t) => t,
         Err(e) => {
@@ -393,6 +411,10 @@ fn get(req: &Request<'_>, key: &[u8], with_key: bool, out: &mut Vec<u8>, pass: &
         Err(e) => Err(e),
     };
     Counters::bump(&counters.cmd_get);
+    if shared.prefixes.enabled() {
+        let hit = matches!(&found, Ok(Some(i)) if !flushed && !i.meta.is_expired(now));
+        shared.prefixes.record_get(key, hit);
+    }
     match found {
         Ok(Some(ItemRef { meta, value })) if !flushed && !meta.is_expired(now) => {
             if meta.kind != Kind::String {
@@ -400,6 +422,9 @@ fn get(req: &Request<'_>, key: &[u8], with_key: bool, out: &mut Vec<u8>, pass: &
             }
             Counters::bump(&counters.get_hits);
             bin::hit(out, op, opaque, meta.cas, meta.flags, echo_key, value);
+            if let Some(h) = shared.store.hits() {
+                h.fetched(key, meta.cas, now);
+            }
         }
         Ok(_) => {
             Counters::bump(&counters.get_misses);
@@ -438,6 +463,24 @@ fn wrong_type(out: &mut Vec<u8>, op: u8, opaque: u32) {
 
 /// `STAT [group]`: the text protocol's `stats` lines, one packet each, then the empty packet.
 fn stats(group: &[u8], opaque: u32, out: &mut Vec<u8>, pass: &mut Pass<'_>) {
+    // memcached's binary `detail` group: ` on`/` off` switch the prefix statistics, ` dump`
+    // answers the text dump as one statistic named `detailed` (matched as prefixes, as
+    // memcached compares them).
+    if let Some(sub) = group.strip_prefix(b"detail") {
+        let prefixes = &pass.shared.prefixes;
+        if sub.starts_with(b" dump") {
+            let mut text = Vec::new();
+            prefixes.dump(&mut text);
+            bin::stat(out, opaque, b"detailed", &text);
+        } else if sub.starts_with(b" on") {
+            prefixes.set_enabled(true);
+        } else if sub.starts_with(b" off") {
+            prefixes.set_enabled(false);
+        } else {
+            return bin::error(out, opcode::STAT, opaque, status::KEY_ENOENT);
+        }
+        return bin::stat_end(out, opaque);
+    }
     let mut text = Vec::new();
     super::memcache::stats(group, &mut text, pass);
     let mut any = false;
@@ -460,14 +503,22 @@ pub fn complete(
     out: &mut Vec<u8>,
     echoes: &mut super::meta::EchoQueue,
     counters: &Counters,
+    prefixes: &super::stats::Prefixes,
     r: BinReply,
     outcome: Outcome,
 ) {
     let (op, opaque) = (r.opcode, r.opaque);
-    let key = match r.kind {
-        BinKind::Gat { with_key: true } => echoes.pop_front().map(|e| e.into_key()),
+    let touched = match r.kind {
+        BinKind::Gat { .. } | BinKind::Touch => echoes.pop_front().map(|e| e.into_key()),
         _ => None,
     };
+    if let (Some(k), Outcome::Meta(m)) = (&touched, &outcome)
+        && m.code == MetaCode::Ok
+    {
+        prefixes.record_hit(k);
+    }
+    // The key a GATK's reply carries.
+    let key = touched.filter(|_| matches!(r.kind, BinKind::Gat { with_key: true }));
     let fail = |out: &mut Vec<u8>, st: u16| bin::error(out, op, opaque, st);
     match outcome {
         Outcome::Meta(m) => match (m.code, r.kind, m.item) {

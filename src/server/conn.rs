@@ -87,6 +87,9 @@ pub struct Conn {
     /// The TLS session of a connection to a TLS port: the socket carries its records, and
     /// `rbuf`/`wbuf` hold the plain text on either side of it.
     pub tls: Option<Box<rustls::ServerConnection>>,
+    /// A key dump answered in chunks (`dump.rs`): where it stands. Its request stays in the
+    /// input until it ends.
+    pub dump: Option<super::dump::Cursor>,
 }
 
 impl Conn {
@@ -123,6 +126,7 @@ impl Conn {
             resp_bufs: super::resp::ArgBufs::default(),
             meta_echo: Default::default(),
             tls: None,
+            dump: None,
         }
     }
 
@@ -159,6 +163,23 @@ impl Conn {
             &self.rbuf[self.rpos..self.rend],
             &mut self.wbuf,
             &mut self.meta_echo,
+        )
+    }
+
+    /// `io`, and the connection's key dump in progress.
+    pub fn io_dump(
+        &mut self,
+    ) -> (
+        &[u8],
+        &mut Vec<u8>,
+        &mut super::meta::EchoQueue,
+        &mut Option<super::dump::Cursor>,
+    ) {
+        (
+            &self.rbuf[self.rpos..self.rend],
+            &mut self.wbuf,
+            &mut self.meta_echo,
+            &mut self.dump,
         )
     }
 

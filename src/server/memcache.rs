@@ -53,7 +53,7 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
     }
     let mut left = budget;
     loop {
-        if let Some(stop) = conn.why_stop(left, conn.get_resume > 0) {
+        if let Some(stop) = conn.why_stop(left, conn.get_resume > 0 || conn.dump.is_some()) {
             return stop;
         }
         let epoch = conn.epoch;
@@ -64,7 +64,7 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
             conn.get_resume,
             WRITE_HIGH.saturating_sub(conn.pending_output()),
         );
-        let (input, out, echoes) = conn.io();
+        let (input, out, echoes, dump) = conn.io_dump();
         let parsed = match parse(input, &pass.limits) {
             Err(Incomplete) => return Stop::NeedInput,
             Ok(p) => p,
@@ -133,11 +133,14 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
                 conn.closing = true;
                 return Stop::Close;
             }
-            Frame::Request(Request::Meta(ref m)) => super::meta::write_op(m)
-                .map(|op| (op, tag(false, McReply::Meta), Some(Echo::new(m)))),
-            Frame::Request(ref req) => {
-                write_op(req).map(|(op, noreply, kind)| (op, tag(noreply, kind), None))
-            }
+            Frame::Request(Request::Meta(ref m)) => super::meta::write_op(m).map(|op| {
+                let echo = Echo::new(m, pass.shared.store.hits().map(|h| &**h));
+                (op, tag(false, McReply::Meta), Some(echo))
+            }),
+            Frame::Request(ref req) => write_op(req).map(|(op, noreply, kind)| {
+                record_prefixes(&pass.shared.prefixes, req);
+                (op, tag(noreply, kind), None)
+            }),
             Frame::Error(_) => None,
         };
         if pass.shared.pause.holds(write.is_some()) {
@@ -168,11 +171,23 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
                         return Stop::Blocked;
                     }
                     if let Some(op) = op {
-                        echoes.push_back(Echo::new(&m));
+                        let hits = pass.shared.store.hits().map(|h| &**h);
+                        echoes.push_back(Echo::new(&m, hits));
                         let tag = tag(false, McReply::Meta);
                         pass.pending
                             .push(crate::storage::writer::WriteRequest { tag, op });
                         conn.inflight += 1;
+                    }
+                }
+                Frame::Request(Request::CacheDump { class: 1, limit }) => {
+                    let kind = super::dump::DumpKind::Cache { limit };
+                    if dump_step(kind, dump, out, pass, room) {
+                        return Stop::Budget;
+                    }
+                }
+                Frame::Request(Request::MetaDump { any: true }) => {
+                    if dump_step(super::dump::DumpKind::Meta, dump, out, pass, room) {
+                        return Stop::Budget;
                     }
                 }
                 Frame::Request(Request::Get { keys, with_cas }) => {
@@ -196,6 +211,43 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
         conn.consume(consumed);
         conn.swallow = swallow;
         left -= 1;
+    }
+}
+
+/// Runs the next chunk of a key dump; true if it goes on (the request stays in the input and
+/// runs again next pass, from where this chunk stopped).
+fn dump_step(
+    kind: super::dump::DumpKind,
+    dump: &mut Option<super::dump::Cursor>,
+    out: &mut Vec<u8>,
+    pass: &mut Pass<'_>,
+    room: usize,
+) -> bool {
+    let mut cursor = dump.take().unwrap_or_default();
+    match super::dump::step(kind, &mut cursor, out, pass, room) {
+        super::dump::Step::More => {
+            *dump = Some(cursor);
+            true
+        }
+        super::dump::Step::Done => false,
+    }
+}
+
+/// `stats detail`: what a request that goes to the writer counts, by key prefix (gets are
+/// counted here as misses; their hits when they complete).
+fn record_prefixes(p: &super::stats::Prefixes, req: &Request<'_>) {
+    if !p.enabled() {
+        return;
+    }
+    match *req {
+        Request::Store { key, .. } | Request::TooLarge { key, .. } => p.record_set(key),
+        Request::Delete { key, .. } => p.record_delete(key),
+        Request::Gat { keys, .. } => {
+            for key in keys.0.split(|&b| b == b' ').filter(|k| !k.is_empty()) {
+                p.record_get(key, false);
+            }
+        }
+        _ => {}
     }
 }
 
@@ -323,11 +375,15 @@ fn immediate(req: Request<'_>, out: &mut Vec<u8>, pass: &mut Pass<'_>) -> bool {
         Request::Get { keys, with_cas } => {
             get(keys, with_cas, out, pass, 0, usize::MAX);
         }
-        Request::TooLarge { .. } => {
+        Request::TooLarge { key, .. } => {
+            // memcached counts a refused store as a set (`stats detail`) too.
+            pass.shared.prefixes.record_set(key);
             Counters::bump(&pass.counters.store_too_large);
             line(out, "SERVER_ERROR object too large for cache")
         }
         Request::Stats { args } => stats(args, out, pass),
+        // Only memkeep's one class has items (class 1 is dumped by `process`, in chunks).
+        Request::CacheDump { .. } | Request::MetaDump { .. } => line(out, "END"),
         Request::Version => {
             out.extend_from_slice(b"VERSION ");
             line(out, VERSION);
@@ -408,6 +464,8 @@ fn get(
     let flushed = pass.flushed();
     let now = pass.now_ms;
     let counters = pass.counters;
+    let shared = pass.shared;
+    let hits = shared.store.hits();
     let store = match pass.snap() {
         Ok(t) => t,
         Err(e) => {
@@ -441,6 +499,10 @@ fn get(
             Err(e) => Err(e),
         };
         Counters::bump(&counters.cmd_get);
+        if shared.prefixes.enabled() {
+            let hit = matches!(&found, Ok(Some(i)) if !flushed && !i.meta.is_expired(now));
+            shared.prefixes.record_get(key, hit);
+        }
         match found {
             Ok(Some(ItemRef { meta, .. }))
                 if !flushed && !meta.is_expired(now) && meta.kind != Kind::String =>
@@ -454,6 +516,9 @@ fn get(
             Ok(Some(ItemRef { meta, value })) if !flushed && !meta.is_expired(now) => {
                 Counters::bump(&counters.get_hits);
                 value_line(out, key, meta.flags, value, with_cas.then_some(meta.cas));
+                if let Some(h) = hits {
+                    h.fetched(key, meta.cas, now);
+                }
                 if out.len() - start >= room && at < keys.0.len() {
                     return Some(at);
                 }
@@ -551,6 +616,7 @@ fn rget(
 pub fn complete(
     out: &mut Vec<u8>,
     counters: &Counters,
+    prefixes: &super::stats::Prefixes,
     noreply: bool,
     kind: McReply,
     outcome: Outcome,
@@ -606,6 +672,7 @@ pub fn complete(
             for v in &values {
                 Counters::bump(&c.cmd_get);
                 Counters::bump(&c.get_hits);
+                prefixes.record_hit(&v.key);
                 value_line(out, &v.key, v.flags, &v.value, with_cas.then_some(v.cas));
             }
             line(out, "END");
@@ -651,6 +718,82 @@ fn limit_maxbytes(cfg: &crate::config::Config) -> u64 {
 fn stat(out: &mut Vec<u8>, name: &str, value: impl std::fmt::Display) {
     use std::io::Write;
     let _ = write!(out, "STAT {name} {value}\r\n");
+}
+
+/// `stats items` / `stats slabs`: the store as memcached's slab class 1 (memkeep has no slabs:
+/// every item is in it), with the counts memkeep has; an empty store lists no class, as
+/// memcached does. Figures memkeep has no equivalent for are 0.
+fn slab_stats(items: bool, out: &mut Vec<u8>, pass: &mut Pass<'_>) {
+    let shared = pass.shared;
+    let mut t = Totals::default();
+    for c in shared.counters.iter() {
+        t.add(c);
+    }
+    let cache = shared.cache.figures();
+    let (n, bytes) = match pass.snap() {
+        Ok(store) => (store.len().unwrap_or(0), store.used_bytes()),
+        Err(_) => (0, 0),
+    };
+    if items {
+        if n > 0 {
+            let item = |out: &mut Vec<u8>, name: &str, v: u64| {
+                stat(out, &format!("items:1:{name}"), v);
+            };
+            item(out, "number", n);
+            item(out, "number_hot", 0);
+            item(out, "number_warm", 0);
+            item(out, "number_cold", n);
+            item(out, "age_hot", 0);
+            item(out, "age_warm", 0);
+            item(out, "age", 0);
+            item(out, "mem_requested", bytes);
+            item(out, "evicted", cache.evictions);
+            item(out, "evicted_nonzero", 0);
+            item(out, "evicted_time", 0);
+            item(out, "outofmemory", t.store_no_memory);
+            item(out, "tailrepairs", 0);
+            item(out, "reclaimed", 0);
+            item(out, "expired_unfetched", 0);
+            item(out, "evicted_unfetched", cache.evicted_unfetched);
+            item(out, "evicted_active", 0);
+            item(out, "crawler_reclaimed", 0);
+            item(out, "crawler_items_checked", 0);
+            item(out, "lrutail_reflocked", 0);
+            item(out, "moves_to_cold", 0);
+            item(out, "moves_to_warm", 0);
+            item(out, "moves_within_lru", 0);
+            item(out, "direct_reclaims", 0);
+            item(out, "hits_to_hot", 0);
+            item(out, "hits_to_warm", 0);
+            item(out, "hits_to_cold", t.get_hits);
+            item(out, "hits_to_temp", 0);
+        }
+    } else {
+        if n > 0 {
+            let slab = |out: &mut Vec<u8>, name: &str, v: u64| {
+                stat(out, &format!("1:{name}"), v);
+            };
+            // One chunk per item, as large as the largest item may be.
+            slab(out, "chunk_size", shared.config.max_item_size);
+            slab(out, "chunks_per_page", 1);
+            slab(out, "total_pages", n);
+            slab(out, "total_chunks", n);
+            slab(out, "used_chunks", n);
+            slab(out, "free_chunks", 0);
+            slab(out, "free_chunks_end", 0);
+            slab(out, "get_hits", t.get_hits);
+            slab(out, "cmd_set", t.cmd_set);
+            slab(out, "delete_hits", t.delete_hits);
+            slab(out, "incr_hits", t.incr_hits);
+            slab(out, "decr_hits", t.decr_hits);
+            slab(out, "cas_hits", t.cas_hits);
+            slab(out, "cas_badval", t.cas_badval);
+            slab(out, "touch_hits", t.touch_hits);
+        }
+        stat(out, "active_slabs", u64::from(n > 0));
+        stat(out, "total_malloced", if n > 0 { bytes } else { 0 });
+    }
+    line(out, "END");
 }
 
 pub(super) fn stats(args: &[u8], out: &mut Vec<u8>, pass: &mut Pass<'_>) {
@@ -767,6 +910,18 @@ pub(super) fn stats(args: &[u8], out: &mut Vec<u8>, pass: &mut Pass<'_>) {
             stat(out, "resp_port", cfg.resp_port);
             stat(out, "io_threads", cfg.io_threads);
             stat(out, "max_disk", cfg.max_disk);
+            // memcached's names: the `stats detail` prefix delimiter and whether it counts.
+            stat(out, "stat_key_prefix", ":");
+            stat(
+                out,
+                "detail_enabled",
+                if shared.prefixes.enabled() {
+                    "yes"
+                } else {
+                    "no"
+                },
+            );
+            stat(out, "track_sizes", "no");
             line(out, "END");
         }
         b"reset" => {
@@ -774,6 +929,7 @@ pub(super) fn stats(args: &[u8], out: &mut Vec<u8>, pass: &mut Pass<'_>) {
                 c.reset();
             }
             shared.cache.reset();
+            shared.prefixes.clear();
             line(out, "RESET");
         }
         // LMDB environment figures (MemcacheDB's `stats mdb`; memkeep also answers `stats lmdb`).
@@ -821,8 +977,30 @@ pub(super) fn stats(args: &[u8], out: &mut Vec<u8>, pass: &mut Pass<'_>) {
             stat(out, "sync", cfg.sync);
             line(out, "END");
         }
-        // memkeep has no slab classes or item LRU; these answer the empty form.
-        b"items" | b"slabs" | b"sizes" | b"conns" => line(out, "END"),
+        b"items" | b"slabs" => slab_stats(args == b"items", out, pass),
+        // memcached without `-o track_sizes`.
+        b"sizes" => {
+            stat(out, "sizes_status", "disabled");
+            line(out, "END");
+        }
+        // memkeep does not list its connections here (RESP's CLIENT LIST does).
+        b"conns" => line(out, "END"),
+        _ if args.starts_with(b"detail") && args.get(6).is_none_or(|&b| b == b' ') => {
+            // memcached looks at the word after `detail` only.
+            let word = args.split(|&b| b == b' ').filter(|w| !w.is_empty()).nth(1);
+            match word {
+                Some(b"on") => {
+                    shared.prefixes.set_enabled(true);
+                    line(out, "OK");
+                }
+                Some(b"off") => {
+                    shared.prefixes.set_enabled(false);
+                    line(out, "OK");
+                }
+                Some(b"dump") => shared.prefixes.dump(out),
+                _ => line(out, "CLIENT_ERROR usage: stats detail on|off|dump"),
+            }
+        }
         _ => line(out, "ERROR"),
     }
 }

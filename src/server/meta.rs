@@ -12,7 +12,9 @@ use super::stats::Counters;
 use super::worker::Pass;
 use crate::command::{KeyValue, MetaCode, MetaItem, MetaOp, MetaStore, Outcome, WriteOp};
 use crate::protocol::meta::{MetaCmd, MetaRequest, flag_tokens};
+use crate::semantics::expire_at;
 use crate::semantics::meta::ttl_secs;
+use crate::storage::hits::{Hits, Peek, Seen};
 use crate::storage::overlay::Found;
 use crate::storage::{ItemRef, Kind};
 
@@ -23,6 +25,10 @@ pub struct Echo {
     cmd: MetaCmd,
     raw_key: Vec<u8>,
     flag_text: Vec<u8>,
+    /// The key looked up (decoded from base64 with `b`), for the use table.
+    key: Vec<u8>,
+    /// What the use table said of the key before the write (an `mg` with `h`, `l` or `u`).
+    before: Option<Peek>,
 }
 
 pub type EchoQueue = VecDeque<Echo>;
@@ -34,6 +40,8 @@ impl Echo {
             cmd: MetaCmd::Get,
             raw_key: key,
             flag_text: Vec::new(),
+            key: Vec::new(),
+            before: None,
         }
     }
 
@@ -41,13 +49,34 @@ impl Echo {
         self.raw_key
     }
 
-    pub fn new(m: &MetaRequest<'_>) -> Echo {
+    pub fn new(m: &MetaRequest<'_>, hits: Option<&Hits>) -> Echo {
+        let f = &m.flags;
+        let tracked = m.cmd == MetaCmd::Get;
+        let before = hits
+            .filter(|_| tracked && (f.has(b'h') || f.has(b'l') || f.has(b'u')))
+            .map(|h| h.peek(&m.key));
         Echo {
             cmd: m.cmd,
             raw_key: m.raw_key.to_vec(),
             flag_text: m.flag_text.to_vec(),
+            key: if tracked { m.key.to_vec() } else { Vec::new() },
+            before,
         }
     }
+}
+
+/// The TTL a request's items are created with when it has `N`: its last `T` or `N`, as
+/// memcached applies them in request order (`N` only to an item it creates).
+fn creation_ttl(m: &MetaRequest<'_>) -> Option<i64> {
+    let vivify = m.flags.vivify?;
+    let last = flag_tokens(m.flag_text)
+        .filter(|t| matches!(t[0], b'T' | b'N'))
+        .last()
+        .map(|t| t[0]);
+    Some(match (last, m.flags.ttl) {
+        (Some(b'T'), Some(ttl)) => ttl,
+        _ => vivify,
+    })
 }
 
 /// The write a meta request turns into, if it is one (`mg` only when it may change the item).
@@ -78,7 +107,7 @@ pub fn write_op(m: &MetaRequest<'_>) -> Option<WriteOp> {
             incr: f.incr(),
             delta: f.delta,
             compare: f.compare,
-            vivify: f.vivify,
+            vivify: creation_ttl(m),
             initial: f.initial,
             exptime: f.ttl,
             new_cas: f.new_cas,
@@ -93,7 +122,7 @@ fn get_op(m: &MetaRequest<'_>) -> MetaOp {
     MetaOp::Get {
         key: m.key.to_vec(),
         touch: m.flags.ttl,
-        vivify: m.flags.vivify,
+        vivify: creation_ttl(m),
         recache: m.flags.recache,
         new_cas: m.flags.new_cas,
     }
@@ -106,6 +135,7 @@ pub fn immediate(m: &MetaRequest<'_>, out: &mut Vec<u8>, pass: &mut Pass<'_>) ->
         MetaCmd::Noop => line(out, "MN"),
         MetaCmd::Get => {
             let (counters, now) = (pass.counters, pass.now_ms);
+            let hits = pass.shared.store.hits();
             let found = lookup(m, pass);
             if !matches!(found, Err(COLD)) {
                 Counters::bump(&counters.cmd_get);
@@ -123,6 +153,7 @@ pub fn immediate(m: &MetaRequest<'_>, out: &mut Vec<u8>, pass: &mut Pass<'_>) ->
                         m.flag_text,
                         MetaCode::Miss,
                         None,
+                        None,
                         now,
                     );
                 }
@@ -132,12 +163,29 @@ pub fn immediate(m: &MetaRequest<'_>, out: &mut Vec<u8>, pass: &mut Pass<'_>) ->
                 Ok(Some((item, value))) => {
                     Counters::bump(&counters.get_hits);
                     let hit = Some((&item, value));
-                    reply(out, m.cmd, m.raw_key, m.flag_text, MetaCode::Ok, hit, now);
+                    let seen = hits.map(|h| h.seen(&m.key, item.cas));
+                    reply(
+                        out,
+                        m.cmd,
+                        m.raw_key,
+                        m.flag_text,
+                        MetaCode::Ok,
+                        hit,
+                        seen,
+                        now,
+                    );
+                    // A fetch is a use, unless `u` says not to count it.
+                    if let Some(h) = hits
+                        && !m.flags.has(b'u')
+                    {
+                        h.fetched(&m.key, item.cas, now);
+                    }
                 }
             }
         }
         MetaCmd::Debug => {
             let now = pass.now_ms;
+            let hits = pass.shared.store.hits().cloned();
             match lookup(m, pass) {
                 Err(COLD) => {}
                 Err(msg) => line(out, msg),
@@ -147,9 +195,18 @@ pub fn immediate(m: &MetaRequest<'_>, out: &mut Vec<u8>, pass: &mut Pass<'_>) ->
                     out.extend_from_slice(m.raw_key);
                     out.extend_from_slice(b" exp=");
                     number(out, ttl_secs(item.expire_at, now));
-                    out.extend_from_slice(b" la=0 cas=");
+                    // What the use table knows (`me` itself is not a use).
+                    let seen = hits.map(|h| h.seen(&m.key, item.cas)).unwrap_or(Seen {
+                        fetched: false,
+                        last_s: now / 1000,
+                    });
+                    out.extend_from_slice(b" la=");
+                    number(out, seen.idle_secs(now));
+                    out.extend_from_slice(b" cas=");
                     number(out, item.cas);
-                    out.extend_from_slice(b" fetch=no cls=1 size=");
+                    out.extend_from_slice(b" fetch=");
+                    out.extend_from_slice(if seen.fetched { b"yes" } else { b"no" });
+                    out.extend_from_slice(b" cls=1 size=");
                     number(out, m.key.len() + value.len());
                     out.extend_from_slice(b"\r\n");
                 }
@@ -191,6 +248,7 @@ fn lookup<'p>(
                 return Err(WRONGTYPE);
             }
             let item = MetaItem {
+                created: false,
                 flags: meta.flags,
                 cas: meta.cas,
                 expire_at: meta.expire_at,
@@ -212,7 +270,13 @@ fn lookup<'p>(
 }
 
 /// Encodes a meta write's reply once it has committed.
-pub fn complete(out: &mut Vec<u8>, echoes: &mut EchoQueue, outcome: Outcome, now_ms: u64) {
+pub fn complete(
+    out: &mut Vec<u8>,
+    echoes: &mut EchoQueue,
+    outcome: Outcome,
+    hits: Option<&Hits>,
+    now_ms: u64,
+) {
     let Some(echo) = echoes.pop_front() else {
         error!("a meta completion without its request");
         return line(out, "SERVER_ERROR internal error");
@@ -220,6 +284,16 @@ pub fn complete(out: &mut Vec<u8>, echoes: &mut EchoQueue, outcome: Outcome, now
     match outcome {
         Outcome::Meta(m) => {
             let item = m.item.as_ref().map(|i| (i, i.value.as_slice()));
+            // An item the request created was never used before it; else what the table said
+            // before the write (which, keeping the CAS, counted as a use).
+            let seen = match (item, echo.before) {
+                (Some((i, _)), _) if i.created => Some(Seen {
+                    fetched: false,
+                    last_s: now_ms / 1000,
+                }),
+                (Some((i, _)), Some(p)) => Some(p.resolve(i.cas)),
+                _ => None,
+            };
             reply(
                 out,
                 echo.cmd,
@@ -227,8 +301,18 @@ pub fn complete(out: &mut Vec<u8>, echoes: &mut EchoQueue, outcome: Outcome, now
                 &echo.flag_text,
                 m.code,
                 item,
+                seen,
                 now_ms,
             );
+            if let (Some(h), Some((i, _)), MetaCmd::Get) = (hits, item, echo.cmd) {
+                let quiet_use = flag_tokens(&echo.flag_text).any(|t| t[0] == b'u');
+                match (quiet_use, seen) {
+                    (false, _) => h.fetched(&echo.key, i.cas, now_ms),
+                    // `u`: the write's touch must not count as a use either.
+                    (true, Some(before)) if !i.created => h.restore(&echo.key, i.cas, before),
+                    (true, _) => {}
+                }
+            }
         }
         Outcome::WrongType => line(out, WRONGTYPE),
         Outcome::NonNumeric => line(
@@ -248,7 +332,9 @@ pub fn complete(out: &mut Vec<u8>, echoes: &mut EchoQueue, outcome: Outcome, now
     }
 }
 
-/// Writes a meta reply; `item` is the item the reply reports on, with its value.
+/// Writes a meta reply; `item` is the item the reply reports on, with its value, and `seen`
+/// what the use table knew of it before this request.
+#[allow(clippy::too_many_arguments)]
 fn reply(
     out: &mut Vec<u8>,
     cmd: MetaCmd,
@@ -256,6 +342,7 @@ fn reply(
     flag_text: &[u8],
     code: MetaCode,
     item: Option<(&MetaItem, &[u8])>,
+    seen: Option<Seen>,
     now_ms: u64,
 ) {
     let has = |c: u8| flag_tokens(flag_text).any(|t| t[0] == c);
@@ -279,8 +366,20 @@ fn reply(
         number(out, v.len());
     }
     let base64 = has(b'b');
+    // memcached applies `T` and `N` in request order: a `t` reports the TTL as of its place.
+    let mut expiry = item.map_or(0, |(i, _)| i.expire_at);
+    let ttl_arg = |tok: &[u8]| {
+        std::str::from_utf8(&tok[1..])
+            .ok()
+            .and_then(|t| t.parse::<i64>().ok())
+            .unwrap_or(0)
+    };
     for tok in flag_tokens(flag_text) {
         match (tok[0], item) {
+            (b'T', Some(_)) if matches!(cmd, MetaCmd::Get | MetaCmd::Arith) => {
+                expiry = expire_at(ttl_arg(tok), now_ms);
+            }
+            (b'N', Some((i, _))) if i.created => expiry = expire_at(ttl_arg(tok), now_ms),
             (b'O', _) => {
                 out.push(b' ');
                 out.extend_from_slice(tok);
@@ -306,9 +405,9 @@ fn reply(
                 out.extend_from_slice(b" c");
                 number(out, i.cas);
             }
-            (b't', Some((i, _))) if matches!(cmd, MetaCmd::Get | MetaCmd::Arith) => {
+            (b't', Some(_)) if matches!(cmd, MetaCmd::Get | MetaCmd::Arith) => {
                 out.extend_from_slice(b" t");
-                number(out, ttl_secs(i.expire_at, now_ms));
+                number(out, ttl_secs(expiry, now_ms));
             }
             (b'f', Some((i, _))) if cmd == MetaCmd::Get => {
                 out.extend_from_slice(b" f");
@@ -318,9 +417,15 @@ fn reply(
                 out.extend_from_slice(b" s");
                 number(out, v.len());
             }
-            // memkeep keeps no access history: never fetched before, last access now.
-            (b'h', Some(_)) if cmd == MetaCmd::Get => out.extend_from_slice(b" h0"),
-            (b'l', Some(_)) if cmd == MetaCmd::Get => out.extend_from_slice(b" l0"),
+            // From the use table, as it was before this request (`hits.rs`).
+            (b'h', Some(_)) if cmd == MetaCmd::Get => {
+                let fetched = seen.is_some_and(|s| s.fetched);
+                out.extend_from_slice(if fetched { b" h1" } else { b" h0" });
+            }
+            (b'l', Some(_)) if cmd == MetaCmd::Get => {
+                out.extend_from_slice(b" l");
+                number(out, seen.map_or(0, |s| s.idle_secs(now_ms)));
+            }
             _ => {}
         }
     }

@@ -18,6 +18,7 @@ pub mod binary;
 pub mod clients;
 pub mod cold;
 pub mod conn;
+pub mod dump;
 pub mod memcache;
 pub mod meta;
 pub mod pubsub;
@@ -84,6 +85,8 @@ pub struct Shared {
     pub tls: Option<Arc<tls::TlsContext>>,
     /// RESP users (`requirepass`, `aclfile`, ACL SETUSER).
     pub acl: acl::Acl,
+    /// memcached's per-prefix statistics (`stats detail`).
+    pub prefixes: stats::Prefixes,
 }
 
 /// CLIENT PAUSE's state: until when (ms since `origin`, 0 = not paused) and whether it holds
@@ -257,6 +260,7 @@ fn is_loopback(listen: &str) -> bool {
 
 /// Opens the store, binds the ports and serves until SIGINT or SIGTERM.
 pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
+    let clock = Arc::new(clock);
     let threads = config.worker_threads();
     let mut durable = crate::storage::durable::open(
         &config.data_dir,
@@ -266,6 +270,12 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         (threads as u32 + config.io_threads as u32 + 8).max(126),
     )
     .map_err(|e| ServerError(e.0))?;
+    // Before any clone of the store is made: memcached's `h`/`l` come from here (`hits.rs`).
+    durable
+        .store
+        .set_hits(Some(Arc::new(crate::storage::hits::Hits::new(
+            clock.clone(),
+        ))));
     if config.max_disk > 0 {
         // Before any clone of the store is made: every reader notes its hits here.
         durable
@@ -375,7 +385,7 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         blocking: Arc::new(crate::storage::blocking::Blocking::new(
             handles.iter().map(|h| h.mailbox.clone()).collect(),
         )),
-        clock: Arc::new(clock),
+        clock,
         store: durable.store.clone(),
         flush_at: Arc::new(AtomicU64::new(0)),
         checkpoints: durable.checkpointer.stats.clone(),
@@ -391,6 +401,7 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         cache: Arc::default(),
         tls,
         acl,
+        prefixes: stats::Prefixes::default(),
         config,
     });
     let cfg = &shared.config;

@@ -77,6 +77,110 @@ impl Counters {
     }
 }
 
+/// memcached's per-prefix statistics (`stats detail on|off|dump`): for each key prefix (the
+/// key up to its first `:`; keys without one are not counted), the gets, get hits, stores and
+/// deletes over the classic text and binary protocols (meta commands are not counted, as in
+/// memcached). Off by default; while off, counting costs one relaxed load per request.
+///
+/// memcached keeps every prefix it ever saw; memkeep keeps at most `PREFIXES_MAX` of them (a
+/// key of a new prefix past that is not counted), so the table and `stats detail dump` stay
+/// bounded (under 3 MB).
+#[derive(Debug, Default)]
+pub struct Prefixes {
+    enabled: std::sync::atomic::AtomicBool,
+    table: std::sync::Mutex<std::collections::BTreeMap<Box<[u8]>, PrefixCounts>>,
+}
+
+/// Most prefixes `Prefixes` keeps.
+pub const PREFIXES_MAX: usize = 10_000;
+
+/// The prefix delimiter (memcached's `-D` default).
+const DELIMITER: u8 = b':';
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PrefixCounts {
+    pub get: u64,
+    pub hit: u64,
+    pub set: u64,
+    pub del: u64,
+}
+
+impl Prefixes {
+    /// `stats detail on|off`.
+    pub fn set_enabled(&self, on: bool) {
+        self.enabled.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether requests are being counted now.
+    #[inline]
+    pub fn enabled(&self) -> bool {
+        self.enabled.load(Ordering::Relaxed)
+    }
+
+    fn record(&self, key: &[u8], count: impl FnOnce(&mut PrefixCounts)) {
+        if !self.enabled() {
+            return;
+        }
+        // memcached also stops at a NUL byte.
+        let Some(end) = key.iter().position(|&b| b == DELIMITER || b == 0) else {
+            return;
+        };
+        if key[end] == 0 {
+            return;
+        }
+        let prefix = &key[..end];
+        let mut table = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = table.get_mut(prefix) {
+            count(c);
+        } else if table.len() < PREFIXES_MAX {
+            let mut c = PrefixCounts::default();
+            count(&mut c);
+            table.insert(prefix.into(), c);
+        }
+    }
+
+    pub fn record_get(&self, key: &[u8], hit: bool) {
+        self.record(key, |c| {
+            c.get += 1;
+            c.hit += u64::from(hit);
+        });
+    }
+
+    /// A get counted (as a miss) before it ran turned out to hit (`gat`).
+    pub fn record_hit(&self, key: &[u8]) {
+        self.record(key, |c| c.hit += 1);
+    }
+
+    pub fn record_set(&self, key: &[u8]) {
+        self.record(key, |c| c.set += 1);
+    }
+
+    pub fn record_delete(&self, key: &[u8]) {
+        self.record(key, |c| c.del += 1);
+    }
+
+    /// `stats reset` forgets them all, as memcached's does.
+    pub fn clear(&self) {
+        self.table.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+
+    /// `stats detail dump`: one `PREFIX` line per prefix, in byte order, then `END`.
+    pub fn dump(&self, out: &mut Vec<u8>) {
+        use std::io::Write;
+        let table = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        for (prefix, c) in table.iter() {
+            out.extend_from_slice(b"PREFIX ");
+            out.extend_from_slice(prefix);
+            let _ = write!(
+                out,
+                " get {} hit {} set {} del {}\r\n",
+                c.get, c.hit, c.set, c.del
+            );
+        }
+        out.extend_from_slice(b"END\r\n");
+    }
+}
+
 /// Process-wide gauges.
 #[derive(Debug, Default)]
 pub struct Gauges {
@@ -131,6 +235,35 @@ fn parse_rss(status: &str) -> Rss {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prefixes_count_only_while_on_and_stay_bounded() {
+        let p = Prefixes::default();
+        p.record_set(b"a:1");
+        p.set_enabled(true);
+        p.record_set(b"a:1");
+        p.record_get(b"a:2", true);
+        p.record_get(b"a:3", false);
+        p.record_delete(b"b:x:y");
+        p.record_get(b"nocolon", true);
+        p.record_get(b":empty", false);
+        p.record_get(b"n\0ul:x", false);
+        let mut out = Vec::new();
+        p.dump(&mut out);
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            "PREFIX  get 1 hit 0 set 0 del 0\r\nPREFIX a get 2 hit 1 set 1 del 0\r\n\
+             PREFIX b get 0 hit 0 set 0 del 1\r\nEND\r\n"
+        );
+        for i in 0..PREFIXES_MAX + 10 {
+            p.record_set(format!("p{i}:k").as_bytes());
+        }
+        assert_eq!(p.table.lock().expect("lock").len(), PREFIXES_MAX);
+        p.clear();
+        out.clear();
+        p.dump(&mut out);
+        assert_eq!(out, b"END\r\n");
+    }
 
     #[test]
     fn rss_reads_anonymous_and_file_backed_apart() {

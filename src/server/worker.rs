@@ -449,15 +449,22 @@ impl Worker {
                     &mut conn.wbuf,
                     &mut conn.meta_echo,
                     outcome,
+                    shared.store.hits().map(|h| &**h),
                     shared.clock.now_ms(),
                 ),
-                Reply::Mc { noreply, kind } => {
-                    memcache::complete(&mut conn.wbuf, counters, noreply, kind, outcome)
-                }
+                Reply::Mc { noreply, kind } => memcache::complete(
+                    &mut conn.wbuf,
+                    counters,
+                    &shared.prefixes,
+                    noreply,
+                    kind,
+                    outcome,
+                ),
                 Reply::Bin(r) => super::binary::complete(
                     &mut conn.wbuf,
                     &mut conn.meta_echo,
                     counters,
+                    &shared.prefixes,
                     r,
                     outcome,
                 ),

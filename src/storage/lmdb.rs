@@ -194,6 +194,9 @@ pub struct LmdbStore {
     map: Option<MapSpan>,
     /// Cache mode only: where readers and the writer note the uses of keys (`cache.rs`).
     access: Option<Arc<super::cache::Access>>,
+    /// Where fetches and writes are noted for memcached's `h`/`l` (`hits.rs`); set by the
+    /// server before it makes any clone.
+    hits: Option<Arc<super::hits::Hits>>,
 }
 
 /// The writer's write transaction, kept open across batches (see `overlay.rs` for why).
@@ -450,6 +453,7 @@ impl LmdbStore {
                 overlay: Arc::new(Overlay::new(0)),
                 map,
                 access: None,
+                hits: None,
             },
             Persisted { cas, flush_at },
         ))
@@ -500,6 +504,17 @@ impl LmdbStore {
     /// Cache mode: every clone made after this notes uses of keys in `access`.
     pub fn set_access(&mut self, access: Option<Arc<super::cache::Access>>) {
         self.access = access;
+    }
+
+    /// Every clone made after this notes writes (and its readers fetches) in `hits`.
+    pub fn set_hits(&mut self, hits: Option<Arc<super::hits::Hits>>) {
+        self.hits = hits;
+    }
+
+    /// The use table for memcached's `h`/`l` flags, when the server made one.
+    #[inline]
+    pub fn hits(&self) -> Option<&Arc<super::hits::Hits>> {
+        self.hits.as_ref()
     }
 
     /// The access table, in cache mode.
@@ -838,6 +853,9 @@ impl WriteView for LmdbWrite<'_, '_> {
         }
         if let Some(a) = self.store.access() {
             a.note_write(key, *self.cas);
+        }
+        if let Some(h) = self.store.hits() {
+            h.written(key, meta.cas);
         }
         if meta.expire_at != 0 {
             // A key longer than INDEX_KEY_MAX is filed under its prefix (see `sweep_expired`):

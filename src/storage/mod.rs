@@ -8,6 +8,7 @@
 pub mod blocking;
 pub mod cache;
 pub mod durable;
+pub mod hits;
 pub mod item;
 pub mod lmdb;
 pub mod model;
