@@ -169,6 +169,13 @@ fn unhex(t: &str) -> Option<[u8; 32]> {
     Some(d)
 }
 
+/// Whether a password given equals the one configured, in time that does not depend on where
+/// they differ (only on their lengths): for the memcached port's users (`-Y`, SASL PLAIN).
+pub fn secret_eq(given: &[u8], known: &[u8]) -> bool {
+    let (a, b) = (sha(given), sha(known));
+    same(&a, &b)
+}
+
 /// Equal digests, in time that does not depend on where they differ.
 fn same(a: &[u8; 32], b: &[u8; 32]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0

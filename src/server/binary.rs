@@ -383,7 +383,7 @@ fn plain_ok(data: &[u8], pass: &Pass<'_>) -> bool {
             .mc_auth
             .as_ref()
             .and_then(|users| users.get(user))
-            .is_some_and(|p| p[..] == *password)
+            .is_some_and(|p| super::acl::secret_eq(password, p))
 }
 
 fn get(req: &Request<'_>, key: &[u8], with_key: bool, out: &mut Vec<u8>, pass: &mut Pass<'_>) {

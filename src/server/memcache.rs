@@ -95,7 +95,7 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
                         Some(sp)
                             if users
                                 .get(&data[..sp])
-                                .is_some_and(|p| p[..] == data[sp + 1..]) =>
+                                .is_some_and(|p| super::acl::secret_eq(&data[sp + 1..], p)) =>
                         {
                             line(out, "STORED");
                             true
