@@ -257,6 +257,11 @@ fn a_subscriber_that_stops_reading_is_cut_off_and_others_keep_receiving() {
     );
     const MESSAGES: usize = 160;
     const SIZE: usize = 512 * 1024;
+    // The publisher stays at most AHEAD messages (8 MiB) ahead of what the reader has read, so
+    // the reader is never near the limit however slowly a loaded machine runs its thread.
+    const AHEAD: usize = 16;
+    let received = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = received.clone();
     let reading = std::thread::spawn(move || {
         for i in 0..MESSAGES {
             match reader.read() {
@@ -266,6 +271,7 @@ fn a_subscriber_that_stops_reading_is_cut_off_and_others_keep_receiving() {
                 }
                 other => panic!("message {i}: {other:?}"),
             }
+            seen.fetch_add(1, std::sync::atomic::Ordering::Release);
         }
         reader
     });
@@ -273,7 +279,16 @@ fn a_subscriber_that_stops_reading_is_cut_off_and_others_keep_receiving() {
     let mut publisher = resp(&server);
     let payload = vec![b'x'; SIZE];
     let mut counts = Vec::new();
-    for _ in 0..MESSAGES {
+    for i in 0..MESSAGES {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while i >= received.load(std::sync::atomic::Ordering::Acquire) + AHEAD {
+            assert!(
+                Instant::now() < deadline && !reading.is_finished(),
+                "the reader stopped at message {}",
+                received.load(std::sync::atomic::Ordering::Acquire)
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
         match publisher.call(&[b"PUBLISH", b"flood", &payload]) {
             Reply::Int(n) => counts.push(n),
             other => panic!("PUBLISH: {other:?}"),
