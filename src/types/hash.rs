@@ -19,7 +19,7 @@ use heed::{Database, RoTxn};
 use super::{CollMeta, Found, MAX_SUB, Tx, elem_key, random_u64};
 use crate::command::Outcome;
 use crate::protocol::resp::parse_i64;
-use crate::semantics::{format_float, parse_float};
+use crate::semantics::float;
 use crate::storage::lmdb::{LmdbStore, LmdbWrite};
 use crate::storage::{Kind, StoreError};
 
@@ -45,7 +45,8 @@ pub enum HashOp {
     IncrByFloat {
         key: Vec<u8>,
         field: Vec<u8>,
-        delta: f64,
+        /// The increment's text, checked finite (`semantics::float`).
+        delta: Vec<u8>,
     },
 }
 
@@ -121,20 +122,22 @@ pub fn apply(w: &mut LmdbWrite<'_, '_>, op: &HashOp, now: u64) -> Result<Outcome
                 Found::Coll(m, c) => (m, c),
             };
             let old = match tx.elem_get(coll.id, field)? {
-                Some(v) => match parse_float(&v) {
-                    Some(n) => n,
-                    None => return Ok(Outcome::Err("ERR hash value is not a float")),
-                },
+                Some(v) => v,
                 None => {
                     coll.len += 1;
-                    0.0
+                    b"0".to_vec()
                 }
             };
-            let new = old + delta;
-            if !new.is_finite() {
-                return Ok(Outcome::Err("ERR increment would produce NaN or Infinity"));
-            }
-            let text = format_float(new).into_bytes();
+            let text = match float::add(&old, delta) {
+                Ok(text) => text,
+                Err(float::AddError::NotFinite) => {
+                    return Ok(Outcome::Err("ERR increment would produce NaN or Infinity"));
+                }
+                Err(float::AddError::TooLong) => {
+                    return Ok(Outcome::Err("ERR value is not a valid float"));
+                }
+                Err(_) => return Ok(Outcome::Err("ERR hash value is not a float")),
+            };
             tx.elem_put(coll.id, field, &text)?;
             tx.save(key, &meta, &coll)?;
             Ok(Outcome::Bulk(text))
