@@ -123,16 +123,22 @@ pub enum WriteOp {
     /// INCRBYFLOAT: the new value as `Bulk`, or `Err`.
     IncrByFloat {
         key: Vec<u8>,
-        delta: f64,
+        /// The increment as the client wrote it (checked to be a float): the sum is computed
+        /// in long double from the texts (`semantics::float`).
+        delta: Vec<u8>,
     },
     /// APPEND (creating the key): the new length as `Int`.
     Append {
         kv: KeyValue,
+        /// The longest the string may become (RESP's `proto_max_bulk_len`).
+        max: usize,
     },
     /// SETRANGE: the new length as `Int`.
     SetRange {
         kv: KeyValue,
         offset: usize,
+        /// The longest the string may become (RESP's `proto_max_bulk_len`).
+        max: usize,
     },
     /// GETDEL: the old value as `Bulk`, or `Nil`.
     GetDel {
@@ -230,7 +236,7 @@ impl WriteOp {
         match self {
             WriteOp::Store { kv, .. }
             | WriteOp::Set { kv, .. }
-            | WriteOp::Append { kv }
+            | WriteOp::Append { kv, .. }
             | WriteOp::SetRange { kv, .. } => f(kv.key()),
             WriteOp::Delete { key }
             | WriteOp::Arith { key, .. }

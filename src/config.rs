@@ -49,6 +49,11 @@ pub struct Config {
     /// Largest value accepted, in bytes (suffixes k, m, g in the file and on the command line).
     #[serde(deserialize_with = "de_size")]
     pub max_item_size: u64,
+    /// Longest RESP bulk string accepted, and longest string APPEND/SETRANGE may make, in bytes
+    /// (Redis's `proto-max-bulk-len`; 1m to 1g). Independent of `max_item_size`, which bounds
+    /// memcached values. A RESP connection's input buffer may grow to twice this.
+    #[serde(deserialize_with = "de_size")]
+    pub proto_max_bulk_len: u64,
     /// Directory holding the LMDB environment.
     pub data_dir: PathBuf,
     /// always | periodic | never.
@@ -122,6 +127,7 @@ impl Default for Config {
             threads: 0,
             io_threads: 16,
             max_item_size: 1024 * 1024,
+            proto_max_bulk_len: 512 << 20,
             data_dir: PathBuf::from("./data"),
             sync: SyncMode::Always,
             sync_interval_ms: 1000,
@@ -178,6 +184,9 @@ pub struct Cli {
     /// Maximum item size, e.g. 1m, 512k [default: 1m]
     #[arg(short = 'I', long, value_parser = parse_size)]
     pub max_item_size: Option<u64>,
+    /// Longest RESP bulk string (Redis's proto-max-bulk-len), 1m to 1g [default: 512m]
+    #[arg(long, value_parser = parse_size)]
+    pub proto_max_bulk_len: Option<u64>,
     /// Data directory (LMDB environment home) [default: ./data]
     #[arg(short = 'H', long)]
     pub data_dir: Option<PathBuf>,
@@ -431,6 +440,7 @@ impl Config {
             threads,
             io_threads,
             max_item_size,
+            proto_max_bulk_len,
             data_dir,
             sync,
             sync_interval_ms,
@@ -518,6 +528,9 @@ impl Config {
         }
         if self.max_item_size == 0 || self.max_item_size > 1 << 30 {
             return err("max_item_size must be between 1 byte and 1g");
+        }
+        if !(1 << 20..=1 << 30).contains(&self.proto_max_bulk_len) {
+            return err("proto_max_bulk_len must be between 1m and 1g");
         }
         if self.map_size < 1 << 20 {
             return err("map_size must be at least 1m");
@@ -627,6 +640,7 @@ mod tests {
             "threads",
             "io_threads",
             "max_item_size",
+            "proto_max_bulk_len",
             "data_dir",
             "sync",
             "sync_interval_ms",

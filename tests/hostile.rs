@@ -693,7 +693,8 @@ fn resp_refused(server: &Server, req: &[u8], want: &str) {
 
 #[test]
 fn absurd_declared_lengths_on_the_resp_port() {
-    let mut server = start(&["-I", "2m"]);
+    // RESP's own limit (proto_max_bulk_len), set to 2 MiB so "just above" is not the default.
+    let mut server = start(&["--proto-max-bulk-len", "2m"]);
     let sentinels = plant(&server);
     let base = mem(&server);
     // Redis 7 answers the first the same; for the second it waits for 2^31-1 arguments, memkeep
@@ -707,7 +708,7 @@ fn absurd_declared_lengths_on_the_resp_port() {
     resp_refused(&server, b"*1\r\n$9223372036854775807\r\n", bulk);
     resp_refused(&server, b"*1\r\n$99999999999999999999\r\n", bulk);
     resp_refused(&server, b"*99999999999999999999\r\n", multi);
-    // One byte over the configured item limit (the golden `bulk_over_the_item_limit` covers the
+    // One byte over the configured bulk limit (the golden `bulk_length_over_512mb` covers the
     // default); a value of exactly the limit is stored.
     let limit = 2 * MIB;
     resp_refused(

@@ -1369,13 +1369,13 @@ fn inline_commands_typed_as_text_are_answered() {
 }
 
 #[test]
-fn bulk_larger_than_the_item_limit_gets_a_protocol_error_and_close_while_others_go_on() {
-    let mut server = start_resp(&[]);
+fn bulk_larger_than_the_bulk_limit_gets_a_protocol_error_and_close_while_others_go_on() {
+    let mut server = start_resp(&["--proto-max-bulk-len", "1m"]);
     let addr = server.resp_addr().unwrap();
     let mut bystander = Conn::open(addr);
     assert_eq!(bystander.cmd("SET k v"), Resp::Simple("OK".into()));
 
-    // One byte over -I 1m (the default), announced before any of the data is sent.
+    // One byte over --proto-max-bulk-len 1m, announced before any of the data is sent.
     let mut c = Conn::open(addr);
     c.send(b"*3\r\n$3\r\nSET\r\n$3\r\nbig\r\n$1048577\r\n");
     assert_eq!(

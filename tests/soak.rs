@@ -50,7 +50,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_memkeep");
 const KEYS_PER_THREAD: usize = 2000;
 /// Keys `0..VOLATILE_KEYS` of each thread get TTLs of 1-3 s; the others never expire.
 const VOLATILE_KEYS: usize = 200;
-/// memkeep's default item size limit (`-I 1m`).
+/// memkeep's default item size limit (`-I 1m`), and the RESP bulk limit the soak sets.
 const MAX_ITEM: usize = 1 << 20;
 /// Every socket read and write gives up after this long: a lost reply fails, never hangs.
 const IO_TIMEOUT: Duration = Duration::from_secs(20);
@@ -2825,7 +2825,14 @@ fn soak_mixed_load_with_restarts() {
     let server = Server::start_with(
         BIN,
         Options {
-            args: vec!["--sync".into(), "always".into()],
+            // RESP APPEND stops at proto_max_bulk_len, memcached append at -I: the model holds
+            // both to MAX_ITEM.
+            args: vec![
+                "--sync".into(),
+                "always".into(),
+                "--proto-max-bulk-len".into(),
+                "1m".into(),
+            ],
             resp: true,
             ..Options::default()
         },

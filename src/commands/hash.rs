@@ -9,7 +9,6 @@ use super::table::{Cmd, Family, KEY1, R, Spec, W, spec};
 use super::{Cx, storage_error};
 use crate::command::REPLY_MAX;
 use crate::protocol::resp::{enc, parse_i64};
-use crate::semantics::parse_float;
 use crate::storage::{Kind, StoreError};
 use crate::types::hash::{HashOp, pick_one, sample_distinct, sample_repeats, walk};
 use crate::types::{MAX_SUB, elem_key};
@@ -110,14 +109,16 @@ pub fn write_op(code: u8, args: Args<'_>) -> Result<HashOp, String> {
             }
         }
         HINCRBYFLOAT => {
-            let delta = parse_float(args.get(3)).ok_or("ERR value is not a valid float")?;
-            if !delta.is_finite() {
-                return Err("ERR value is NaN or Infinity".into());
+            use crate::semantics::float::{FloatArg, check};
+            match check(args.get(3)) {
+                FloatArg::Invalid => return Err("ERR value is not a valid float".into()),
+                FloatArg::Infinite => return Err("ERR value is NaN or Infinity".into()),
+                FloatArg::Finite => {}
             }
             HashOp::IncrByFloat {
                 key,
                 field: field_arg(args, 2)?,
-                delta,
+                delta: args.get(3).to_vec(),
             }
         }
         _ => return Err(SYNTAX.into()),

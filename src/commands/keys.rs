@@ -292,23 +292,26 @@ fn object_encoding(
 /// Up to this many keys, RANDOMKEY draws an index and walks to it: exactly uniform.
 const RANDOMKEY_WALK: u64 = 4096;
 
+/// ... and up to this many while most keys are uncommitted (see `random_key`).
+const RANDOMKEY_WALK_UNCOMMITTED: u64 = 65_536;
+
+/// Above that, RANDOMKEY draws from this many keys after a random seek.
+const WINDOW: usize = crate::types::hash::WINDOW;
+
 /// A random key. Small stores: uniform (a random index, walked to). Larger ones: a random
-/// probe between the first and the last key, drawn byte by byte from where they differ, then
-/// the first key at or after it; keys of one shape (`user:0001`.., hex ids) come out close to
-/// uniform, but a key after a wide gap is more likely than one in a dense run.
+/// walk down the byte trie of the keys (`types::hash::descend`), then one of the `WINDOW` keys
+/// from there on (wrapping to the first), drawn uniformly: close to uniform for keys of one
+/// shape, not exactly (proto/SPEC.md).
 fn random_key(store: &crate::storage::overlay::Snap<'_>) -> Result<Option<Vec<u8>>, StoreError> {
-    use std::ops::Bound::{Included, Unbounded};
+    use std::ops::Bound::{Excluded, Included, Unbounded};
     let n = store.len()?;
     if n == 0 {
         return Ok(None);
     }
-    let first_at = |lo: std::ops::Bound<&[u8]>| -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(match store.range(lo, Unbounded)?.next() {
-            Some(r) => Some(r?.0.to_vec()),
-            None => None,
-        })
-    };
-    if n <= RANDOMKEY_WALK {
+    // The trie walk below sees committed keys only: while most keys are still in the overlay
+    // (a bulk load not yet committed), a walk to a random index is the uniform way.
+    let committed = store.items().len(store.txn())?;
+    if n <= RANDOMKEY_WALK || (committed < n / 2 && n <= RANDOMKEY_WALK_UNCOMMITTED) {
         let skip = (types::random_u64() % n) as usize;
         let mut last = None;
         for (i, r) in store.range(Unbounded, Unbounded)?.enumerate() {
@@ -320,21 +323,30 @@ fn random_key(store: &crate::storage::overlay::Snap<'_>) -> Result<Option<Vec<u8
         }
         return Ok(last);
     }
-    let Some(first) = first_at(Unbounded)? else {
-        return Ok(None);
+    // The window starts at a random committed key (the overlay's few uncommitted keys are
+    // reached through the window only).
+    let items = *store.items();
+    let start = match items.first(store.txn())? {
+        Some(_) => Some(types::hash::descend(items, store.txn(), &[])?.0.to_vec()),
+        None => None,
     };
-    let last = store
-        .items()
-        .last(store.txn())?
-        .map(|(k, _)| k.to_vec())
-        .unwrap_or_else(|| first.clone());
-    let common = first.iter().zip(&last).take_while(|(a, b)| a == b).count();
-    let mut probe = first[..common].to_vec();
-    let lo = first.get(common).copied().unwrap_or(0);
-    let hi = last.get(common).copied().unwrap_or(0xff).max(lo);
-    probe.push(lo + (types::random_u64() % (u64::from(hi - lo) + 1)) as u8);
-    probe.extend((0..8).map(|_| types::random_u64() as u8));
-    Ok(first_at(Included(&probe[..]))?.or(Some(first)))
+    let mut window: Vec<Vec<u8>> = Vec::with_capacity(WINDOW);
+    let lo = start.as_deref().map_or(Unbounded, Included);
+    for r in store.range(lo, Unbounded)?.take(WINDOW) {
+        window.push(r?.0.to_vec());
+    }
+    if window.len() < WINDOW {
+        let more = WINDOW - window.len();
+        let hi = start.as_deref().map_or(Unbounded, Excluded);
+        for r in store.range(Unbounded, hi)?.take(more) {
+            window.push(r?.0.to_vec());
+        }
+    }
+    if window.is_empty() {
+        return Ok(None);
+    }
+    let at = (types::random_u64() % window.len() as u64) as usize;
+    Ok(Some(window.swap_remove(at)))
 }
 
 /// What SCAN needs from the pass.

@@ -188,12 +188,12 @@ impl TxnRead for QueuedRead {
 
 /// Parses a write's arguments into the `WriteOp` the writer applies, and how to answer it;
 /// Err is the error reply. `now` (unix ms) turns relative expiry times absolute;
-/// `item_size_max` bounds SETRANGE.
+/// `max_bulk` (RESP's `proto_max_bulk_len`) bounds the strings APPEND and SETRANGE make.
 pub fn write_op(
     cmd: Cmd,
     args: Args<'_>,
     now: u64,
-    item_size_max: usize,
+    max_bulk: usize,
 ) -> Result<(WriteOp, RespReply), String> {
     if cmd == Cmd::FlushDb {
         return keys::flush(args);
@@ -225,7 +225,7 @@ pub fn write_op(
         | Cmd::Persist
         | Cmd::Rename
         | Cmd::RenameNx => keys::write_op(cmd, args, now),
-        _ => strings::write_op(cmd, args, now, item_size_max),
+        _ => strings::write_op(cmd, args, now, max_bulk),
     }
 }
 

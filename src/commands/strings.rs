@@ -16,7 +16,7 @@ pub(super) fn write_op(
     cmd: Cmd,
     args: Args<'_>,
     now: u64,
-    item_size_max: usize,
+    max_bulk: usize,
 ) -> Result<(WriteOp, RespReply), String> {
     let key = args.get(1);
     let plain = |op| Ok((op, RespReply::Plain));
@@ -165,27 +165,31 @@ pub(super) fn write_op(
             })
         }
         Cmd::IncrByFloat => {
-            let delta = crate::semantics::parse_float(args.get(2))
-                .ok_or("ERR value is not a valid float")?;
+            use crate::semantics::float::{FloatArg, check};
+            if check(args.get(2)) == FloatArg::Invalid {
+                return Err("ERR value is not a valid float".into());
+            }
             plain(WriteOp::IncrByFloat {
                 key: key.to_vec(),
-                delta,
+                delta: args.get(2).to_vec(),
             })
         }
         Cmd::Append => plain(WriteOp::Append {
             kv: KeyValue::new(key, args.get(2)),
+            max: max_bulk,
         }),
         Cmd::SetRange => {
             let offset = int_arg(args.get(2))?;
             if offset < 0 {
                 return Err("ERR offset is out of range".into());
             }
-            if offset as u64 + args.get(3).len() as u64 > item_size_max as u64 {
+            if offset as u64 + args.get(3).len() as u64 > max_bulk as u64 {
                 return Err("ERR string exceeds maximum allowed size (proto-max-bulk-len)".into());
             }
             plain(WriteOp::SetRange {
                 kv: KeyValue::new(key, args.get(3)),
                 offset: offset as usize,
+                max: max_bulk,
             })
         }
         _ => Err(SYNTAX.into()),

@@ -10,6 +10,7 @@ use crate::command::{
 };
 use crate::storage::{ItemMeta, Kind, StoreError, WriteView};
 
+pub mod float;
 pub mod meta;
 
 /// memcached's REALTIME_MAXDELTA: exptimes up to 30 days are relative, larger are unix times.
@@ -121,9 +122,11 @@ fn apply_inner<S: WriteView>(s: &mut S, op: &WriteOp, ctx: Ctx) -> Result<Outcom
             get,
         } => resp_set(s, kv, *cond, *expiry, *get, ctx),
         WriteOp::IncrBy { key, delta } => incr_by(s, key, *delta, ctx),
-        WriteOp::IncrByFloat { key, delta } => incr_by_float(s, key, *delta, ctx),
-        WriteOp::Append { kv } => set_range(s, kv.key(), None, kv.value(), ctx),
-        WriteOp::SetRange { kv, offset } => set_range(s, kv.key(), Some(*offset), kv.value(), ctx),
+        WriteOp::IncrByFloat { key, delta } => incr_by_float(s, key, delta, ctx),
+        WriteOp::Append { kv, max } => set_range(s, kv.key(), None, kv.value(), *max, ctx),
+        WriteOp::SetRange { kv, offset, max } => {
+            set_range(s, kv.key(), Some(*offset), kv.value(), *max, ctx)
+        }
         WriteOp::GetDel { key } => match live(s, key, ctx.now_ms)? {
             None => Ok(Outcome::Nil),
             Some((meta, _)) if meta.kind != Kind::String => Ok(Outcome::WrongType),
@@ -372,15 +375,6 @@ fn incr_by<S: WriteView>(
     Ok(Outcome::Int(new))
 }
 
-/// Formats an INCRBYFLOAT result as a human would write it: at most 15 significant digits
-/// (which hides binary noise like 0.1 + 0.2 = 0.30000000000000004, as Redis's long double
-/// arithmetic does), no exponent, no trailing zeros.
-pub fn format_float(v: f64) -> String {
-    let rounded: f64 = format!("{v:.14e}").parse().unwrap_or(v);
-    let s = format!("{rounded}");
-    if s == "-0" { "0".into() } else { s }
-}
-
 /// Parses a float argument or stored value as Redis does (strtold: no spaces, no NaN).
 pub fn parse_float(b: &[u8]) -> Option<f64> {
     let t = std::str::from_utf8(b).ok()?;
@@ -401,34 +395,35 @@ pub fn parse_float(b: &[u8]) -> Option<f64> {
 fn incr_by_float<S: WriteView>(
     s: &mut S,
     key: &[u8],
-    delta: f64,
+    delta: &[u8],
     ctx: Ctx,
 ) -> Result<Outcome, StoreError> {
-    let (mut meta, n) = match s.get(key)?.filter(|i| !i.meta.is_expired(ctx.now_ms)) {
-        None => (ItemMeta::string(0), 0.0),
+    let (mut meta, old) = match s.get(key)?.filter(|i| !i.meta.is_expired(ctx.now_ms)) {
+        None => (ItemMeta::string(0), b"0".to_vec()),
         Some(item) if item.meta.kind != Kind::String => return Ok(Outcome::WrongType),
-        Some(item) => match parse_float(item.value).filter(|v| v.is_finite()) {
-            Some(n) => (item.meta, n),
-            None => return Ok(Outcome::Err("ERR value is not a valid float")),
-        },
+        Some(item) => (item.meta, item.value.to_vec()),
     };
-    let new = n + delta;
-    if !new.is_finite() {
-        return Ok(Outcome::Err("ERR increment would produce NaN or Infinity"));
-    }
-    let text = format_float(new);
+    let text = match float::add(&old, delta) {
+        Ok(text) => text,
+        Err(float::AddError::NotFinite) => {
+            return Ok(Outcome::Err("ERR increment would produce NaN or Infinity"));
+        }
+        Err(_) => return Ok(Outcome::Err("ERR value is not a valid float")),
+    };
     meta.cas = s.next_cas();
-    s.put(key, &meta, &[text.as_bytes()])?;
-    Ok(Outcome::Bulk(text.into_bytes()))
+    s.put(key, &meta, &[&text])?;
+    Ok(Outcome::Bulk(text))
 }
 
 /// APPEND (`offset` None) and SETRANGE: write `data` into the string, creating it (and
-/// zero-padding) as needed; the item keeps its flags and expiry. Answers the new length.
+/// zero-padding) as needed, up to `max` bytes (RESP's `proto_max_bulk_len`, not memcached's
+/// item size); the item keeps its flags and expiry. Answers the new length.
 fn set_range<S: WriteView>(
     s: &mut S,
     key: &[u8],
     offset: Option<usize>,
     data: &[u8],
+    max: usize,
     ctx: Ctx,
 ) -> Result<Outcome, StoreError> {
     let existing = live(s, key, ctx.now_ms)?;
@@ -445,7 +440,7 @@ fn set_range<S: WriteView>(
         return Ok(Outcome::Int(old_len as i64));
     }
     let new_len = old_len.max(at + data.len());
-    if new_len > ctx.item_size_max {
+    if new_len > max {
         return Ok(Outcome::Err(
             "ERR string exceeds maximum allowed size (proto-max-bulk-len)",
         ));

@@ -953,7 +953,7 @@ fn config(args: Args<'_>, out: &mut Vec<u8>, sess: &Session, pass: &Pass<'_>) {
             ("bind", cfg.listen.clone()),
             ("maxclients", cfg.max_connections.to_string()),
             ("timeout", "0".into()),
-            ("proto-max-bulk-len", cfg.max_item_size.to_string()),
+            ("proto-max-bulk-len", cfg.proto_max_bulk_len.to_string()),
             ("dir", cfg.data_dir.display().to_string()),
         ];
         // A name without glob characters is echoed as given (Redis does); a pattern answers the

@@ -137,8 +137,8 @@ const MULTI_MIN_BYTES: usize = 16 << 20;
 pub const WATCH_MAX_KEYS: usize = 4096;
 
 /// The bytes a transaction may queue: 16 MiB, or two of the largest requests if that is more.
-fn multi_max_bytes(item_size_max: usize) -> usize {
-    MULTI_MIN_BYTES.max(item_size_max.saturating_add(2048).saturating_mul(2))
+fn multi_max_bytes(max_bulk: usize) -> usize {
+    MULTI_MIN_BYTES.max(max_bulk.saturating_add(2048).saturating_mul(2))
 }
 
 /// The keys one connection watches, registered in the server's `Watches` while held (dropping
@@ -177,7 +177,7 @@ pub struct ArgBufs {
 /// Parses and runs up to `budget` requests from `conn`'s input.
 pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -> Stop {
     let limits = resp::Limits {
-        max_bulk: pass.limits.item_size_max,
+        max_bulk: pass.shared.config.proto_max_bulk_len as usize,
     };
     let mut left = budget;
     loop {
@@ -385,7 +385,7 @@ fn txn_now(t: TxnNow, args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session, pas
                 return enc::error(out, "ERR EXEC without MULTI");
             };
             let q = OwnedArgs::new(args);
-            let cap = multi_max_bytes(pass.limits.item_size_max);
+            let cap = multi_max_bytes(pass.shared.config.proto_max_bulk_len as usize);
             let msg = if m.queued.len() >= MULTI_MAX_COMMANDS {
                 format!("ERR Transaction discarded: more than {MULTI_MAX_COMMANDS} commands queued")
             } else if m.bytes + q.cost() > cap {
@@ -623,7 +623,12 @@ fn exec(sess: &mut Session, pass: &mut Pass<'_>) -> Action {
             continue;
         };
         let (step, kind) = if spec.write {
-            match write_op(spec.cmd, args, pass.now_ms, pass.limits.item_size_max) {
+            match write_op(
+                spec.cmd,
+                args,
+                pass.now_ms,
+                pass.shared.config.proto_max_bulk_len as usize,
+            ) {
                 Ok((op, kind)) => (Step::Write(op), kind),
                 Err(msg) => {
                     let mut out = Vec::new();
@@ -690,7 +695,12 @@ fn dispatch(args: Args<'_>, sess: &mut Session, pass: &mut Pass<'_>) -> Action {
             Err(msg) => Action::Immediate(Now::Error(msg)),
         };
     }
-    match write_op(spec.cmd, args, pass.now_ms, pass.limits.item_size_max) {
+    match write_op(
+        spec.cmd,
+        args,
+        pass.now_ms,
+        pass.shared.config.proto_max_bulk_len as usize,
+    ) {
         Ok((op, kind)) => Action::Write(op, kind),
         Err(msg) => Action::Immediate(Now::Error(msg)),
     }

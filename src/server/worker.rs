@@ -184,6 +184,9 @@ pub struct Worker {
     next_idle_check: Instant,
     limits: Limits,
     read_cap: usize,
+    /// A RESP connection's input may hold a request of two full-size bulks
+    /// (`proto_max_bulk_len`), plus their header lines.
+    resp_read_cap: usize,
 }
 
 impl Worker {
@@ -201,6 +204,10 @@ impl Worker {
         };
         // Room for the largest request: a full-size value with its command line, or a long get.
         let read_cap = (item_max + limits.max_line + 2).max(limits.max_multiget_line + 1);
+        let resp_read_cap = (shared.config.proto_max_bulk_len as usize)
+            .saturating_mul(2)
+            .saturating_add(128 << 10)
+            .max(read_cap);
         let idle = (shared.config.idle_timeout > 0)
             .then(|| Duration::from_secs(shared.config.idle_timeout));
         Worker {
@@ -225,6 +232,7 @@ impl Worker {
             next_idle_check: Instant::now(),
             limits,
             read_cap,
+            resp_read_cap,
         }
     }
 
@@ -741,7 +749,12 @@ impl Worker {
             return;
         }
         self.next_epoch = self.next_epoch.wrapping_add(1);
-        let mut conn = Conn::new(stream, proto, self.next_epoch, self.read_cap);
+        let cap = if proto == Proto::Resp {
+            self.resp_read_cap
+        } else {
+            self.read_cap
+        };
+        let mut conn = Conn::new(stream, proto, self.next_epoch, cap);
         conn.tls = session;
         conn.peer = conn.stream.peer_addr().ok();
         debug!("worker {}: connection from {:?}", self.id, conn.peer);

@@ -19,7 +19,7 @@ use heed::{Database, RoTxn};
 use super::{CollMeta, Found, MAX_SUB, Tx, elem_key, random_u64};
 use crate::command::Outcome;
 use crate::protocol::resp::parse_i64;
-use crate::semantics::{format_float, parse_float};
+use crate::semantics::float;
 use crate::storage::lmdb::{LmdbStore, LmdbWrite};
 use crate::storage::{Kind, StoreError};
 
@@ -45,7 +45,8 @@ pub enum HashOp {
     IncrByFloat {
         key: Vec<u8>,
         field: Vec<u8>,
-        delta: f64,
+        /// The increment's text, checked finite (`semantics::float`).
+        delta: Vec<u8>,
     },
 }
 
@@ -121,20 +122,22 @@ pub fn apply(w: &mut LmdbWrite<'_, '_>, op: &HashOp, now: u64) -> Result<Outcome
                 Found::Coll(m, c) => (m, c),
             };
             let old = match tx.elem_get(coll.id, field)? {
-                Some(v) => match parse_float(&v) {
-                    Some(n) => n,
-                    None => return Ok(Outcome::Err("ERR hash value is not a float")),
-                },
+                Some(v) => v,
                 None => {
                     coll.len += 1;
-                    0.0
+                    b"0".to_vec()
                 }
             };
-            let new = old + delta;
-            if !new.is_finite() {
-                return Ok(Outcome::Err("ERR increment would produce NaN or Infinity"));
-            }
-            let text = format_float(new).into_bytes();
+            let text = match float::add(&old, delta) {
+                Ok(text) => text,
+                Err(float::AddError::NotFinite) => {
+                    return Ok(Outcome::Err("ERR increment would produce NaN or Infinity"));
+                }
+                Err(float::AddError::TooLong) => {
+                    return Ok(Outcome::Err("ERR value is not a valid float"));
+                }
+                Err(_) => return Ok(Outcome::Err("ERR hash value is not a float")),
+            };
             tx.elem_put(coll.id, field, &text)?;
             tx.save(key, &meta, &coll)?;
             Ok(Outcome::Bulk(text))
@@ -171,9 +174,10 @@ pub(crate) fn walk<'t>(
 // ---------------------------------------------------------------------------------------------
 // Random picks (HRANDFIELD, SRANDMEMBER, SPOP)
 
-/// Collections up to this size are sampled exactly (a walk); larger ones use `Picker` only
-/// for counts below 1/`SPARSE` of their size, where seeks beat one walk of the whole.
-const SMALL: u64 = 64;
+/// Collections up to this size are sampled exactly (a walk: at most 4,096 cursor steps, as
+/// RANDOMKEY's); larger ones use `Picker` only for counts below 1/`SPARSE` of their size,
+/// where seeks beat one walk of the whole.
+const SMALL: u64 = 4096;
 const SPARSE: u64 = 256;
 
 /// Whether `count` picks from `coll` should seek (`Picker`) rather than walk it.
@@ -181,7 +185,10 @@ fn sparse(coll: &CollMeta, count: u64) -> bool {
     coll.len > SMALL && count.saturating_mul(SPARSE) < coll.len
 }
 
-/// How many draws a `Picker` level makes to even out gaps between bytes before it settles.
+/// How many consecutive elements after a random seek a `Picker` draws its pick from.
+pub(crate) const WINDOW: usize = 64;
+
+/// How many draws a `descend` level makes to even out gaps between bytes before it settles.
 const TRIES: usize = 64;
 
 /// An element borrowed from the map: (sub-key, value).
@@ -214,19 +221,16 @@ fn successor(prefix: &[u8]) -> Option<Vec<u8>> {
     Some(s)
 }
 
-/// Random elements of one collection in O(log n) seeks each, without reading it: a pick walks
-/// down the byte trie of the collection's sub-keys. Where the sub-keys under the current
-/// prefix diverge, it picks one of the branches there (a next byte, or "stop" when a sub-key
-/// ends at the prefix) and goes on under it until one sub-key is left; common prefixes are
-/// skipped in one step. A branch is drawn as a random byte between the smallest and largest
-/// present plus a seek, and accepted with chance 1/(gap to the byte present before it), which
-/// makes every branch of a level equally likely (after `TRIES` draws the last one is kept).
-///
-/// This is biased: a branch's chance does not depend on how many sub-keys it holds, so
-/// `user:1` is picked more often than `user:1234` (sub-keys of one shape, such as
-/// `user:0001`..`user:9999` or hex ids, come out nearly uniform). Small collections and counts
-/// that ask for more than a small share of a collection read it instead, exactly uniform
-/// (`sample_distinct`, `sample_repeats`, `pick_one`).
+/// Random elements of one large collection without reading it: a pick walks down the byte
+/// trie of its sub-keys to a start (`descend`: each branch of a level equally likely), then
+/// returns one of the `WINDOW` elements from the start on (wrapping to the first), drawn
+/// uniformly. The window spreads what a branch gets over its 64 neighbours, so sub-keys of
+/// one shape (`user:00001`.., ids, hashes) come out close to uniform; sub-keys of unequal
+/// shapes do not (a lone `a` beside 10,000 `b:` members: `a` gets 1/128 of the draws and
+/// the 63 members after it share half). Exactness would need counts LMDB does not keep: small
+/// collections and counts that ask for more than a small share of one read it instead,
+/// exactly uniform (`sample_distinct`, `sample_repeats`, `pick_one`). Cost: a seek per trie
+/// level and at most 2 x `WINDOW` cursor steps.
 pub(crate) struct Picker {
     prefix: [u8; 8],
 }
@@ -251,73 +255,118 @@ impl Picker {
         db: Database<Bytes, Bytes>,
         txn: &'t RoTxn,
     ) -> Result<Elem<'t>, StoreError> {
-        let gone = || StoreError::damaged("collection elements missing");
-        // `p` is the prefix every candidate has; `first` the smallest key with it.
-        let mut p = self.prefix.to_vec();
-        let mut first = db
-            .get_greater_than_or_equal_to(txn, &p)?
-            .filter(|(k, _)| k.starts_with(&p))
-            .ok_or_else(gone)?;
-        loop {
-            let last = match successor(&p) {
-                Some(end) => db.get_lower_than(txn, &end)?,
-                None => db.last(txn)?,
+        use std::ops::Bound::{Excluded, Included, Unbounded};
+        let p = &self.prefix[..];
+        let (start, _) = descend(db, txn, p)?;
+        let mut window: Vec<Elem<'t>> = Vec::with_capacity(WINDOW);
+        for r in db.range(txn, &(Included(start), Unbounded))? {
+            let (k, v) = r?;
+            if !k.starts_with(p) || window.len() == WINDOW {
+                break;
             }
-            .filter(|(k, _)| k.starts_with(&p))
-            .ok_or_else(gone)?;
-            if first.0 == last.0 {
-                return Ok((&first.0[8..], first.1));
-            }
-            // first < last: they differ at `at`, where `last` has a byte and `first` may end.
-            let at = first
-                .0
-                .iter()
-                .zip(last.0)
-                .take_while(|(a, b)| a == b)
-                .count();
-            p.clear();
-            p.extend_from_slice(&first.0[..at]);
-            let ends = first.0.len() == at;
-            let lowest = if ends {
-                db.get_greater_than(txn, first.0)?
-                    .filter(|(k, _)| k.starts_with(&p) && k.len() > at)
-                    .ok_or_else(gone)?
-            } else {
-                first
-            };
-            let (lo, hi) = (u64::from(lowest.0[at]), u64::from(last.0[at]));
-            let mut chosen = None;
-            for attempt in 0..TRIES {
-                let r = below(hi - lo + 1 + u64::from(ends));
-                if ends && r == 0 {
-                    return Ok((&first.0[8..], first.1));
-                }
-                p.push((lo + r - u64::from(ends)) as u8);
-                let hit = db
-                    .get_greater_than_or_equal_to(txn, &p)?
-                    .filter(|(k, _)| k.starts_with(&p[..at]) && k.len() > at)
-                    .ok_or_else(gone)?;
-                p.pop();
-                let b = hit.0[at];
-                let gap = if u64::from(b) == lo {
-                    1
-                } else {
-                    p.push(b);
-                    let prev = db.get_lower_than(txn, &p)?;
-                    p.pop();
-                    match prev {
-                        Some((k, _)) if k.starts_with(&p) && k.len() > at => u64::from(b - k[at]),
-                        _ => 1,
-                    }
-                };
-                if attempt + 1 == TRIES || below(gap) == 0 {
-                    chosen = Some(hit);
+            window.push((&k[8..], v));
+        }
+        if window.len() < WINDOW {
+            // Wrap around to the first elements (never reaching `start` again: a picker is
+            // used only on collections larger than the window).
+            for r in db.range(txn, &(Included(p), Excluded(start)))? {
+                let (k, v) = r?;
+                if !k.starts_with(p) || window.len() == WINDOW {
                     break;
                 }
+                window.push((&k[8..], v));
             }
-            first = chosen.ok_or_else(gone)?;
-            p.push(first.0[at]);
         }
+        match window.len() {
+            0 => Err(StoreError::damaged("collection elements missing")),
+            n => Ok(window[below(n as u64) as usize]),
+        }
+    }
+}
+
+/// A random record whose key starts with `prefix` (Err when there is none): a walk down the
+/// byte trie of the keys. Where the keys under the current prefix diverge, it picks one of
+/// the branches there (a next byte, or "stop" when a key ends at the prefix) and goes on
+/// under it until one key is left; common prefixes are skipped in one step. A branch is drawn
+/// as a random byte between the smallest and largest present plus a seek, and accepted with
+/// chance 1/(gap to the byte present before it), which makes every branch of a level equally
+/// likely (after `TRIES` draws the last one is kept). Every branch, whatever it holds: callers
+/// even that out with a window of neighbours (`Picker`, RANDOMKEY).
+pub(crate) fn descend<'t>(
+    db: Database<Bytes, Bytes>,
+    txn: &'t RoTxn,
+    prefix: &[u8],
+) -> Result<(&'t [u8], &'t [u8]), StoreError> {
+    let gone = || StoreError::damaged("records missing under a random pick's prefix");
+    // `p` is the prefix every candidate has; `first` the smallest key with it.
+    let mut p = prefix.to_vec();
+    // (LMDB refuses an empty key to seek to: the whole database starts at its first record.)
+    let mut first = if p.is_empty() {
+        db.first(txn)?
+    } else {
+        db.get_greater_than_or_equal_to(txn, &p)?
+    }
+    .filter(|(k, _)| k.starts_with(&p))
+    .ok_or_else(gone)?;
+    loop {
+        let last = match successor(&p) {
+            Some(end) => db.get_lower_than(txn, &end)?,
+            None => db.last(txn)?,
+        }
+        .filter(|(k, _)| k.starts_with(&p))
+        .ok_or_else(gone)?;
+        if first.0 == last.0 {
+            return Ok(first);
+        }
+        // first < last: they differ at `at`, where `last` has a byte and `first` may end.
+        let at = first
+            .0
+            .iter()
+            .zip(last.0)
+            .take_while(|(a, b)| a == b)
+            .count();
+        p.clear();
+        p.extend_from_slice(&first.0[..at]);
+        let ends = first.0.len() == at;
+        let lowest = if ends {
+            db.get_greater_than(txn, first.0)?
+                .filter(|(k, _)| k.starts_with(&p) && k.len() > at)
+                .ok_or_else(gone)?
+        } else {
+            first
+        };
+        let (lo, hi) = (u64::from(lowest.0[at]), u64::from(last.0[at]));
+        let mut chosen = None;
+        for attempt in 0..TRIES {
+            let r = below(hi - lo + 1 + u64::from(ends));
+            if ends && r == 0 {
+                return Ok(first);
+            }
+            p.push((lo + r - u64::from(ends)) as u8);
+            let hit = db
+                .get_greater_than_or_equal_to(txn, &p)?
+                .filter(|(k, _)| k.starts_with(&p[..at]) && k.len() > at)
+                .ok_or_else(gone)?;
+            p.pop();
+            let b = hit.0[at];
+            let gap = if u64::from(b) == lo {
+                1
+            } else {
+                p.push(b);
+                let prev = db.get_lower_than(txn, &p)?;
+                p.pop();
+                match prev {
+                    Some((k, _)) if k.starts_with(&p) && k.len() > at => u64::from(b - k[at]),
+                    _ => 1,
+                }
+            };
+            if attempt + 1 == TRIES || below(gap) == 0 {
+                chosen = Some(hit);
+                break;
+            }
+        }
+        first = chosen.ok_or_else(gone)?;
+        p.push(first.0[at]);
     }
 }
 

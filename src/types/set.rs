@@ -9,9 +9,10 @@
 //! Members are at most `MAX_SUB` (495) bytes: SADD of a longer one answers `ERR memkeep: member
 //! longer than 495 bytes`; elsewhere such a member is simply absent.
 //!
-//! SPOP and SRANDMEMBER pick exactly uniformly from small sets and for counts that are a fair
-//! share of the set (one walk); otherwise with `hash::Picker`, O(log n) seeks per pick but
-//! biased (see there).
+//! SPOP and SRANDMEMBER pick exactly uniformly from sets up to 4,096 members and for counts
+//! that are a fair share of the set (one walk); otherwise with `hash::Picker`, a seek per trie
+//! level and a 64-member window per pick, close to uniform for members of one shape (see
+//! there).
 //!
 //! The commands' argument parsing and replies are `crate::commands::set`'s.
 

@@ -773,7 +773,8 @@ struct Stream {
 }
 
 /// The write an `Op` stands for, as a worker would submit it.
-fn write_op(op: &Op, now_ms: u64, model: &ModelStore) -> WriteOp {
+/// `max`: the longest string APPEND and SETRANGE may make (the RESP bulk limit).
+fn write_op(op: &Op, now_ms: u64, model: &ModelStore, max: usize) -> WriteOp {
     let kv = |k: u8, v: &Val| KeyValue::new(&key(k), &v.bytes());
     let resp_expiry = |e: RespExpiry| match e {
         RespExpiry::Keep => Expiry::Keep,
@@ -846,12 +847,13 @@ fn write_op(op: &Op, now_ms: u64, model: &ModelStore) -> WriteOp {
         },
         Op::IncrByFloat(k, d) => WriteOp::IncrByFloat {
             key: key(*k),
-            delta: *d,
+            delta: d.to_string().into_bytes(),
         },
-        Op::Append(k, v) => WriteOp::Append { kv: kv(*k, v) },
+        Op::Append(k, v) => WriteOp::Append { kv: kv(*k, v), max },
         Op::SetRange(k, v, off) => WriteOp::SetRange {
             kv: kv(*k, v),
             offset: usize::from(off % 2048),
+            max,
         },
         Op::GetDel(k) => WriteOp::GetDel { key: key(*k) },
         Op::GetEx(k, e) => WriteOp::GetEx {
@@ -981,7 +983,7 @@ pub fn command_stream(input: &[u8]) {
         for step in steps.by_ref() {
             match step {
                 Step::Op(op) => {
-                    let op = write_op(op, now_ms, &model);
+                    let op = write_op(op, now_ms, &model, item_size_max);
                     let want =
                         semantics::apply(&mut model, &op, ctx).expect("the model never fails");
                     let mut w = store.writer(&mut txn, &mut lmdb.cas);
