@@ -100,6 +100,21 @@ impl Default for LogBuf {
 /// Keep at most this much buffer between batches (a batch of large values can grow it far).
 const KEEP_CAPACITY: usize = 4 << 20;
 
+/// The most payload one batch record carries (its length is a u32). A group-commit batch of
+/// large values can pass it (RESP values reach `proto_max_bulk_len`, up to 1 GiB): the writer
+/// then runs that batch's writes one by one (`LogBuf::fits`). `MEMKEEP_TEST_LOG_BATCH_MAX`
+/// lowers it, so a test can take that path without gigabytes.
+fn batch_max() -> usize {
+    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| {
+        let cap = u32::MAX as usize;
+        std::env::var("MEMKEEP_TEST_LOG_BATCH_MAX")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .map_or(cap, |v| v.min(cap))
+    })
+}
+
 impl LogBuf {
     /// True when the batch changed nothing.
     pub fn is_empty(&self) -> bool {
@@ -112,6 +127,11 @@ impl LogBuf {
         if self.buf.capacity() > KEEP_CAPACITY {
             self.buf.shrink_to(KEEP_CAPACITY);
         }
+    }
+
+    /// Whether the records fit in one batch record (`batch_max`).
+    pub fn fits(&self) -> bool {
+        self.payload_len() <= batch_max()
     }
 
     /// Payload bytes recorded so far.
@@ -154,9 +174,12 @@ impl LogBuf {
     /// Fills in the header for sequence number `seq` in a segment salted `salt`; the whole
     /// batch, ready to write.
     fn seal(&mut self, seq: u64, salt: u64) -> io::Result<&[u8]> {
-        let len = u32::try_from(self.buf.len() - HEADER).map_err(|_| {
-            io::Error::new(io::ErrorKind::InvalidInput, "batch too large for the log")
-        })?;
+        let len = u32::try_from(self.buf.len() - HEADER)
+            .ok()
+            .filter(|_| self.fits())
+            .ok_or_else(|| {
+                io::Error::new(io::ErrorKind::InvalidInput, "batch too large for the log")
+            })?;
         self.buf[0..4].copy_from_slice(BATCH_MAGIC);
         self.buf[4..8].copy_from_slice(&len.to_le_bytes());
         self.buf[8..16].copy_from_slice(&seq.to_le_bytes());

@@ -879,6 +879,17 @@ impl<T: Send + Clone> Writer<T> {
     /// of the log and of the transaction (rebuilt from the batches before it).
     fn log_and_commit(&mut self, log: &mut LogBuf) -> Result<(), StoreError> {
         let (pos, seq) = (self.wal.position(), self.wal.last_seq() + 1);
+        if !log.fits() {
+            // Too much for one log record (a group of large values): nothing was logged. The
+            // transaction holds the batch, so it is rebuilt, and the caller runs each write
+            // alone, in a record of its own.
+            self.poisoned = true;
+            self.rebuild();
+            return Err(StoreError::Backend(format!(
+                "a batch of {} bytes is too large for one log record",
+                log.payload_len()
+            )));
+        }
         if let Err(e) = self.wal.append(log) {
             let why = format!("cannot append to the write-ahead log: {e}");
             self.break_log(why.clone());
@@ -1102,6 +1113,26 @@ impl<T: Send + Clone> Writer<T> {
         };
         let mut handled = Handled::Done;
         let mut failed = false;
+        if !log.fits() {
+            // Too much for one log record (a group of large values): nothing was logged. The
+            // transaction holds the batch, so it is rebuilt, and each write runs alone, in a
+            // record of its own.
+            let e = StoreError::Backend(format!(
+                "a batch of {} bytes is too large for one log record",
+                log.payload_len()
+            ));
+            self.poisoned = true;
+            log.reset();
+            self.log = std::mem::take(&mut log);
+            waiters.rollback(&blocking);
+            if leader.is_some() {
+                // Only the writer thread begins and ends LMDB transactions: it runs this.
+                return (Handled::Requeue, 0);
+            }
+            self.rebuild();
+            self.fallback(batch, e, ctx);
+            return (Handled::Done, swept);
+        }
         if !log.is_empty() {
             let mut map = self.map.clone();
             let visible_now = match overlay::absorb(&mut map, log.payload()) {
