@@ -323,7 +323,9 @@ fn exec_is_durable_before_it_answers() {
 
 #[test]
 fn a_transaction_past_the_byte_limit_is_discarded() {
-    let mut server = start(&[], false);
+    // The queue holds at most 16 MiB or twice proto_max_bulk_len, whichever is more: at 1m,
+    // 16 MiB.
+    let mut server = start(&["--proto-max-bulk-len", "1m"], false);
     let mut r = resp(&server);
     assert_eq!(r.cmd("MULTI"), ok());
     let value = vec![b'v'; 1 << 20];
