@@ -695,21 +695,31 @@ class Runner:
             finally:
                 srv.cleanup()
 
-    def run_w3b(self) -> None:
-        n = self.n(self.args.n_w3b)
-        for name in self.resp_servers():
-            srv = self.new_server(name, "W3b")
+    def run_rb_series(self, workload: str, names: list[str], n: int, tests: list[str], argv,
+                      setup=None, finish=None, extra=None) -> None:
+        """A fresh server per name (with `extra(name)`'s flags), `setup(srv)`, then redis-benchmark
+        with `argv(srv, test)` for each test, then `finish(srv)`."""
+        for name in names:
+            srv = self.new_server_with(name, workload, extra(name) if extra else [])
             try:
+                if setup:
+                    setup(srv)
                 reqs = 0
-                for c in W3B_COMMANDS:
-                    recs = self.redis_benchmark(srv, "W3b", ["-c", "50", "-n", str(n), "-r", "10000", "--csv"]
-                                                + c.split(), c)
+                for t in tests:
+                    recs = self.redis_benchmark(srv, workload, argv(srv, t), t)
                     reqs += n * sum(1 for r in recs if r.get("rps"))
-                self.server_summary(srv, "W3b", requests=reqs)
+                self.server_summary(srv, workload, requests=reqs)
+                if finish:
+                    finish(srv)
             except BenchError as e:
-                self.fail(f"W3b {name}: {e}")
+                self.fail(f"{workload} {name}: {e}")
             finally:
                 srv.cleanup()
+
+    def run_w3b(self) -> None:
+        n = self.n(self.args.n_w3b)
+        self.run_rb_series("W3b", self.resp_servers(), n, W3B_COMMANDS,
+                           lambda srv, c: ["-c", "50", "-n", str(n), "-r", "10000", "--csv"] + c.split())
 
     def fill_w3z(self, srv: Server) -> None:
         """ZADD z i 000000000i for i < W3Z_MEMBERS, 1000 members per command, pipelined."""
@@ -741,20 +751,9 @@ class Runner:
 
     def run_w3z(self) -> None:
         n = self.n(self.args.n_w3b)
-        for name in [s for s in self.resp_servers() if s in W3Z_SERVERS]:
-            srv = self.new_server(name, "W3z")
-            try:
-                self.fill_w3z(srv)
-                reqs = 0
-                for c in W3Z_COMMANDS:
-                    recs = self.redis_benchmark(srv, "W3z", ["-c", "50", "-n", str(n), "-r", str(W3Z_MEMBERS),
-                                                             "--csv"] + c.split(), c)
-                    reqs += n * sum(1 for r in recs if r.get("rps"))
-                self.server_summary(srv, "W3z", requests=reqs)
-            except BenchError as e:
-                self.fail(f"W3z {name}: {e}")
-            finally:
-                srv.cleanup()
+        self.run_rb_series("W3z", [s for s in self.resp_servers() if s in W3Z_SERVERS], n, W3Z_COMMANDS,
+                           lambda srv, c: ["-c", "50", "-n", str(n), "-r", str(W3Z_MEMBERS), "--csv"] + c.split(),
+                           setup=self.fill_w3z)
 
     def tls_cert(self) -> tuple[Path, Path]:
         """A self-signed certificate for 127.0.0.1 (the run's only CA): (cert, key)."""
@@ -775,21 +774,11 @@ class Runner:
         except (subprocess.SubprocessError, OSError) as e:
             self.fail(f"tls: cannot make a certificate: {e}")
             return
-        for name in [s for s in self.resp_servers() if s in TLS_SERVERS]:
-            srv = self.new_server_with(name, "tls", self.tls_flags(name, cert, key))
-            try:
-                tls_port = srv.tls_port
-                reqs = 0
-                for t in TLS_TESTS:
-                    recs = self.redis_benchmark(srv, "tls", ["-p", str(tls_port), "--tls", "--cacert", str(cert),
-                                                             "-c", "16", "-n", str(n), "-t", t, "--csv"], t)
-                    reqs += n * sum(1 for r in recs if r.get("rps"))
-                self.server_summary(srv, "tls", requests=reqs)
-                self.tls_handshakes(srv, tls_port, cert)
-            except BenchError as e:
-                self.fail(f"tls {name}: {e}")
-            finally:
-                srv.cleanup()
+        self.run_rb_series("tls", [s for s in self.resp_servers() if s in TLS_SERVERS], n, TLS_TESTS,
+                           lambda srv, t: ["-p", str(srv.tls_port), "--tls", "--cacert", str(cert), "-c", "16",
+                                           "-n", str(n), "-t", t, "--csv"],
+                           finish=lambda srv: self.tls_handshakes(srv, srv.tls_port, cert),
+                           extra=lambda name: self.tls_flags(name, cert, key))
 
     def tls_flags(self, name: str, cert: Path, key: Path) -> list[str]:
         port = free_ports(1)[0]
@@ -803,7 +792,8 @@ class Runner:
     def new_server_with(self, name: str, tag: str, extra: list[str]) -> Server:
         srv = Server(name, self.bins, self.tmp, tag)
         srv.extra = extra
-        srv.tls_port = int(extra[1])
+        if "--tls-port" in extra:
+            srv.tls_port = int(extra[extra.index("--tls-port") + 1])
         srv.start()
         return srv
 

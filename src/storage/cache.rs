@@ -86,6 +86,34 @@ impl Default for Access {
     }
 }
 
+/// A seeded 64-bit hash of a key for the in-memory tables (this one, and `hits`' use table):
+/// multiply-fold mixing of each 8-byte word into the state (the 128-bit product's two halves
+/// xored), as fast hashes for short keys do. A table's bucket comes from the low bits and its
+/// fingerprint from the high ones: both depend on every byte.
+pub(crate) fn key_hash(seed: u64, key: &[u8]) -> u64 {
+    fn fold(a: u64, b: u64) -> u64 {
+        let r = u128::from(a) * u128::from(b);
+        (r as u64) ^ ((r >> 64) as u64)
+    }
+    const P0: u64 = 0xa076_1d64_78bd_642f;
+    const P1: u64 = 0xe703_7ed1_a0b4_28db;
+    const P2: u64 = 0x8ebc_6af0_9c88_c6e3;
+    let mut h = seed ^ fold(key.len() as u64 ^ P0, P1);
+    let mut words = key.chunks_exact(8);
+    for w in &mut words {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(w);
+        h = fold(h ^ u64::from_le_bytes(b), P1);
+    }
+    let rest = words.remainder();
+    if !rest.is_empty() {
+        let mut b = [0u8; 8];
+        b[..rest.len()].copy_from_slice(rest);
+        h = fold(h ^ u64::from_le_bytes(b), P1);
+    }
+    fold(h ^ P2, h ^ P0)
+}
+
 impl Access {
     pub fn new() -> Access {
         // A per-process seed: which keys share a slot is not something a client can aim at.
@@ -100,31 +128,7 @@ impl Access {
     }
 
     fn hash(&self, key: &[u8]) -> u64 {
-        // Multiply-fold mixing of each 8-byte word into the state (the 128-bit product's two
-        // halves xored), as fast hashes for short keys do.
-        fn fold(a: u64, b: u64) -> u64 {
-            let r = u128::from(a) * u128::from(b);
-            (r as u64) ^ ((r >> 64) as u64)
-        }
-        const P0: u64 = 0xa076_1d64_78bd_642f;
-        const P1: u64 = 0xe703_7ed1_a0b4_28db;
-        const P2: u64 = 0x8ebc_6af0_9c88_c6e3;
-        let mut h = self.seed ^ fold(key.len() as u64 ^ P0, P1);
-        let mut words = key.chunks_exact(8);
-        for w in &mut words {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(w);
-            h = fold(h ^ u64::from_le_bytes(b), P1);
-        }
-        let rest = words.remainder();
-        if !rest.is_empty() {
-            let mut b = [0u8; 8];
-            b[..rest.len()].copy_from_slice(rest);
-            h = fold(h ^ u64::from_le_bytes(b), P1);
-        }
-        // The slot's bucket comes from the low bits and its fingerprint from the high ones:
-        // both must depend on every byte.
-        fold(h ^ P2, h ^ P0)
+        key_hash(self.seed, key)
     }
 
     fn bucket(&self, h: u64) -> &Bucket {

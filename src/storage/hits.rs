@@ -122,27 +122,7 @@ impl Hits {
     }
 
     fn hash(&self, key: &[u8]) -> u64 {
-        fn fold(a: u64, b: u64) -> u64 {
-            let r = u128::from(a) * u128::from(b);
-            (r as u64) ^ ((r >> 64) as u64)
-        }
-        const P0: u64 = 0x9e37_79b9_7f4a_7c15;
-        const P1: u64 = 0xbf58_476d_1ce4_e5b9;
-        const P2: u64 = 0x94d0_49bb_1331_11eb;
-        let mut h = self.seed ^ fold(key.len() as u64 ^ P0, P1);
-        let mut words = key.chunks_exact(8);
-        for w in &mut words {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(w);
-            h = fold(h ^ u64::from_le_bytes(b), P1);
-        }
-        let rest = words.remainder();
-        if !rest.is_empty() {
-            let mut b = [0u8; 8];
-            b[..rest.len()].copy_from_slice(rest);
-            h = fold(h ^ u64::from_le_bytes(b), P1);
-        }
-        fold(h ^ P2, h ^ P0)
+        super::cache::key_hash(self.seed, key)
     }
 
     /// The key's bucket index and fingerprint (never 0).
