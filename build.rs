@@ -1,4 +1,4 @@
-//! Builds csrc/longdouble.c: INCRBYFLOAT's long-double arithmetic (src/semantics/float.rs).
+//! Builds csrc/longdouble.c: INCRBYFLOAT's long-double arithmetic (src/float.rs).
 
 fn main() {
     println!("cargo:rerun-if-changed=csrc/longdouble.c");

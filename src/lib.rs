@@ -8,26 +8,33 @@
 //! per the sync mode) and only then hands the outcomes back to the worker, which encodes the
 //! replies strictly in request order.
 //!
-//! Layout, from the bottom up:
+//! Layout, from the bottom up (each layer imports only those below it; `tests/layering.rs`
+//! checks that no import circle spans two top-level modules):
 //! - `protocol`: pure parsers and encoders for the memcached text, meta and binary protocols
-//!   and RESP (bytes in, requests out; replies into a buffer);
+//!   and RESP (bytes in, requests out; replies into a buffer); `clock`, `config`, and `float`
+//!   (INCRBYFLOAT's long-double arithmetic) beside it;
+//! - `outcome`: what a write answers (`Outcome`), protocol-neutral;
 //! - `storage`: LMDB (`lmdb`), the write-ahead log (`wal`, `durable`), the in-memory overlay
-//!   readers see uncommitted batches through (`overlay`), the writer thread that group-commits
-//!   (`writer`), and the registries of watched keys and blocked pops;
-//! - `command`: the protocol-neutral write operations (`WriteOp`) and outcomes (`Outcome`)
-//!   the workers hand to the writer; `semantics`: how the string/item writes behave, shared by
-//!   both protocols; `types`: the Redis collections on LMDB (layout, typed writes, walks);
+//!   readers see uncommitted batches through (`overlay`), the cache-mode evictor (`cache`), and
+//!   the registry of watched keys;
+//! - `types`: the Redis collections on `storage`'s transaction (layout, typed writes, walks);
+//! - `command`: the protocol-neutral write operations (`WriteOp`, which carries `types`'
+//!   collection writes) the workers hand to the writer;
+//! - `semantics`: how the string/item writes behave, shared by both protocols;
+//! - `engine`: the writer thread that group-commits every write (`writer`) and the registry of
+//!   blocked pops it serves (`blocking`);
 //! - `commands`: the Redis command layer, which knows no sockets: the command table, argument
 //!   parsing into `WriteOp`s, reads against a snapshot or EXEC's transaction, and reply
 //!   encoding, as plain functions;
 //! - `server`: listeners, worker event loops, connections (plain or TLS: `tls`) and sessions,
 //!   MULTI queueing, pub/sub, ACL users (`acl`), the hand-off to the writer, and the commands
-//!   that need a session or the server.
+//!   that need a session or the server;
+//! - `check` and `backup`: the offline `memkeep check` and the backup/restore commands.
 //!
-//! Nothing below `server` imports it. `command`, `semantics`, `storage` and `types` still
-//! import one another (the writer in `storage` applies `semantics`' and `types`' writes, which
-//! run on `storage`'s transaction and answer `command`'s outcomes): they are one engine,
-//! layered by file rather than by folder.
+//! Nothing below `server` imports it. The only import circles are inside one folder: the
+//! modules of `storage` use one another, and so do `engine`'s writer and registry (the
+//! registry delivers through the writer's mailboxes; the writer serves the registry's
+//! waiters).
 //!
 //! Goals: every memcached and Redis client works unchanged; no acknowledged write is lost with
 //! `sync = always`; throughput at or above memcached and Redis. Eviction happens only in cache
@@ -40,6 +47,9 @@ pub mod clock;
 pub mod command;
 pub mod commands;
 pub mod config;
+pub mod engine;
+pub mod float;
+pub mod outcome;
 pub mod protocol;
 pub mod semantics;
 pub mod server;

@@ -109,7 +109,7 @@ pub fn write_op(code: u8, args: Args<'_>) -> Result<HashOp, String> {
             }
         }
         HINCRBYFLOAT => {
-            use crate::semantics::float::{FloatArg, check};
+            use crate::float::{FloatArg, check};
             match check(args.get(3)) {
                 FloatArg::Invalid => return Err("ERR value is not a valid float".into()),
                 FloatArg::Infinite => return Err("ERR value is NaN or Infinity".into()),

@@ -165,7 +165,7 @@ pub(super) fn write_op(
             })
         }
         Cmd::IncrByFloat => {
-            use crate::semantics::float::{FloatArg, check};
+            use crate::float::{FloatArg, check};
             if check(args.get(2)) == FloatArg::Invalid {
                 return Err("ERR value is not a valid float".into());
             }

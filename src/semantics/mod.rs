@@ -10,7 +10,6 @@ use crate::command::{
 };
 use crate::storage::{ItemMeta, Kind, StoreError, WriteView};
 
-pub mod float;
 pub mod meta;
 
 /// memcached's REALTIME_MAXDELTA: exptimes up to 30 days are relative, larger are unix times.
@@ -61,7 +60,7 @@ fn apply_inner<S: WriteView>(s: &mut S, op: &WriteOp, ctx: Ctx) -> Result<Outcom
         WriteOp::Coll(_) => Ok(Outcome::Err(
             "ERR collections are not supported by this store",
         )),
-        // Transactions run in the writer (`storage::writer`), which sees the LMDB store.
+        // Transactions run in the writer (`engine::writer`), which sees the LMDB store.
         WriteOp::Exec(_) => Ok(Outcome::Err(
             "ERR transactions are not supported by this store",
         )),
@@ -403,9 +402,9 @@ fn incr_by_float<S: WriteView>(
         Some(item) if item.meta.kind != Kind::String => return Ok(Outcome::WrongType),
         Some(item) => (item.meta, item.value.to_vec()),
     };
-    let text = match float::add(&old, delta) {
+    let text = match crate::float::add(&old, delta) {
         Ok(text) => text,
-        Err(float::AddError::NotFinite) => {
+        Err(crate::float::AddError::NotFinite) => {
             return Ok(Outcome::Err("ERR increment would produce NaN or Infinity"));
         }
         Err(_) => return Ok(Outcome::Err("ERR value is not a valid float")),

@@ -14,11 +14,11 @@ use super::memcache::WRONGTYPE;
 use super::stats::Counters;
 use super::worker::{Pass, Reply, Stop, Tag};
 use crate::command::{KeyValue, MetaCode, MetaOp, MetaStore, Outcome, StoreMode, WriteOp};
+use crate::engine::writer::WriteRequest;
 use crate::protocol::binary::{
     self as bin, ARITH_NO_CREATE, Command, Frame, Request, auth_exempt, opcode, parse, status,
 };
 use crate::storage::overlay::Found;
-use crate::storage::writer::WriteRequest;
 use crate::storage::{ItemRef, Kind};
 
 /// How to answer a binary write once it commits.

@@ -153,7 +153,7 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
                 echoes.extend(echo);
                 count_submit(pass.counters, &tag);
                 pass.pending
-                    .push(crate::storage::writer::WriteRequest { tag, op });
+                    .push(crate::engine::writer::WriteRequest { tag, op });
                 conn.inflight += 1;
             }
             // Everything else answers at once, so it waits for earlier writes' replies.
@@ -175,7 +175,7 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
                         echoes.push_back(Echo::new(&m, hits));
                         let tag = tag(false, McReply::Meta);
                         pass.pending
-                            .push(crate::storage::writer::WriteRequest { tag, op });
+                            .push(crate::engine::writer::WriteRequest { tag, op });
                         conn.inflight += 1;
                     }
                 }

@@ -43,8 +43,8 @@ use self::stats::{Counters, Gauges};
 use self::worker::{WAKER, Worker, WorkerHandle};
 use crate::clock::Clock;
 use crate::config::Config;
+use crate::engine::writer::{FlushAt, Mailbox, Writer, WriterConfig};
 use crate::storage::lmdb::LmdbStore;
-use crate::storage::writer::{FlushAt, Mailbox, Writer, WriterConfig};
 
 /// State every thread reads.
 pub struct Shared {
@@ -76,7 +76,7 @@ pub struct Shared {
     /// Each worker's mailbox (to wake them all: CLIENT UNPAUSE).
     pub mailboxes: Vec<Arc<Mailbox<worker::Tag>>>,
     /// Clients blocked in a blocking pop (shared with the writer, which serves them).
-    pub blocking: Arc<crate::storage::blocking::Blocking<worker::Tag>>,
+    pub blocking: Arc<crate::engine::blocking::Blocking<worker::Tag>>,
     /// Reader threads for values not in memory; none with `io_threads = 0`.
     pub cold: Option<cold::ColdPool>,
     /// Cache mode's figures (evictions; all zero when `max_disk` is off).
@@ -382,7 +382,7 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         pause: Pause::default(),
         clients: clients::Clients::new(threads),
         mailboxes: handles.iter().map(|h| h.mailbox.clone()).collect(),
-        blocking: Arc::new(crate::storage::blocking::Blocking::new(
+        blocking: Arc::new(crate::engine::blocking::Blocking::new(
             handles.iter().map(|h| h.mailbox.clone()).collect(),
         )),
         clock,

@@ -230,7 +230,7 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
         let action = dispatch(args, sess, pass);
         match action {
             Action::Write(op, kind) => {
-                pass.pending.push(crate::storage::writer::WriteRequest {
+                pass.pending.push(crate::engine::writer::WriteRequest {
                     tag: Tag {
                         slot,
                         epoch,
@@ -262,7 +262,7 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
                 if let Some(d) = deadline {
                     pass.timers.push((d, id));
                 }
-                pass.pending.push(crate::storage::writer::WriteRequest {
+                pass.pending.push(crate::engine::writer::WriteRequest {
                     tag: Tag {
                         slot,
                         epoch,

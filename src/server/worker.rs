@@ -27,12 +27,12 @@ use super::conn::{Conn, Proto};
 use super::memcache::{self, McReply};
 use super::stats::Counters;
 use crate::command::Outcome;
+use crate::engine::writer::{Completion, Gate, Mailbox, Submission, Submitted, WriteRequest};
 use crate::protocol::memcache::Limits;
 use crate::storage::StoreError;
 use crate::storage::lmdb::LmdbStore;
 use crate::storage::overlay::Snap;
 use crate::storage::resident::Fetched;
-use crate::storage::writer::{Completion, Gate, Mailbox, Submission, Submitted, WriteRequest};
 
 pub const WAKER: Token = Token(usize::MAX);
 /// Requests one connection may run per pass before others get their turn.

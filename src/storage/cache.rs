@@ -962,34 +962,6 @@ mod tests {
     }
 
     #[test]
-    fn a_collection_goes_whole_and_its_elements_are_reclaimed() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let (store, _) = open(dir.path());
-        let mut cas = 0;
-        let mut txn = store.write_txn().expect("txn");
-        {
-            let mut w = store.writer(&mut txn, &mut cas);
-            let mut tx = crate::types::Tx { w: &mut w, now: 0 };
-            let (meta, mut coll) = tx.create(Kind::Hash).expect("create");
-            for i in 0..2000u32 {
-                tx.elem_put(coll.id, format!("field{i}").as_bytes(), &[3u8; 200])
-                    .expect("elem");
-            }
-            coll.len = 2000;
-            tx.save(b"big", &meta, &coll).expect("save");
-        }
-        txn.commit_unlogged().expect("commit");
-        put(&store, &mut cas, &names("s", 50), &[5u8; BIG], 0);
-        let mut cache = cache_at(&store, 0.5);
-        let p = evict_to(&store, &mut cache);
-        let txn = store.read_txn().expect("txn");
-        assert!(store.get(&txn, b"big").expect("get").is_none(), "{p:?}");
-        assert!(!store.gc_pending(&txn).expect("gc") || p.pages <= cache.low_pages);
-        assert!(p.reclaimed > 0, "{p:?}");
-        assert!(p.pages <= cache.low_pages, "{p:?}");
-    }
-
-    #[test]
     fn an_empty_store_over_a_tiny_cap_is_done_not_spinning() {
         let dir = tempfile::tempdir().expect("tempdir");
         let (store, _) = open(dir.path());

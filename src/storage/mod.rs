@@ -1,11 +1,10 @@
 //! Storage: the item codec, the views the semantics run on, the LMDB store, an in-memory model
-//! store for tests, and the group-commit writer.
+//! store for tests. The group-commit writer that applies commands to it is `crate::engine`'s.
 //!
 //! Invariants: an item's bytes start with a format-version byte; CAS uniques come from one
 //! counter that only grows (persisted with every batch); expiry is absolute unix milliseconds,
 //! 0 meaning never.
 
-pub mod blocking;
 pub mod cache;
 pub mod durable;
 pub mod hits;
@@ -16,7 +15,6 @@ pub mod overlay;
 pub mod resident;
 pub mod wal;
 pub mod watch;
-pub mod writer;
 
 use std::fmt;
 use std::path::{Path, PathBuf};

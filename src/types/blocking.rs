@@ -4,7 +4,7 @@
 //! argument rules, which make the `PopForm`, are `crate::commands::blocking`'s.
 //!
 //! A blocking pop that finds an element is answered at once, as the write it is. One that
-//! finds nothing waits in `storage::blocking`'s registry until a write feeds one of its keys,
+//! finds nothing waits in `engine::blocking`'s registry until a write feeds one of its keys,
 //! its timeout passes, or CLIENT UNBLOCK; inside MULTI (and as LMPOP/ZMPOP) it never waits and
 //! answers what a timeout would (BLMOVE and BRPOPLPUSH: a null bulk there, as Redis does).
 //!
@@ -24,7 +24,7 @@
 use super::list::{self, ListOp};
 use super::zset::{self, ZSetOp};
 use super::{Found, Tx};
-use crate::command::Outcome;
+use crate::outcome::Outcome;
 use crate::storage::lmdb::LmdbWrite;
 use crate::storage::{Kind, StoreError};
 

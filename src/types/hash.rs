@@ -17,9 +17,9 @@ use heed::types::Bytes;
 use heed::{Database, RoTxn};
 
 use super::{CollMeta, Found, MAX_SUB, Tx, elem_key, random_u64};
-use crate::command::Outcome;
+use crate::float;
+use crate::outcome::Outcome;
 use crate::protocol::resp::parse_i64;
-use crate::semantics::float;
 use crate::storage::lmdb::{LmdbStore, LmdbWrite};
 use crate::storage::{Kind, StoreError};
 
@@ -45,7 +45,7 @@ pub enum HashOp {
     IncrByFloat {
         key: Vec<u8>,
         field: Vec<u8>,
-        /// The increment's text, checked finite (`semantics::float`).
+        /// The increment's text, checked finite (`float`).
         delta: Vec<u8>,
     },
 }

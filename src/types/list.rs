@@ -6,7 +6,7 @@
 //! The commands' argument parsing and replies are `crate::commands::list`'s.
 
 use super::{CollMeta, Found, Tx, clamp_range};
-use crate::command::Outcome;
+use crate::outcome::Outcome;
 use crate::storage::lmdb::LmdbWrite;
 use crate::storage::{Kind, StoreError};
 

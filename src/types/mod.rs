@@ -29,7 +29,7 @@ use heed::RoTxn;
 
 use crate::storage::lmdb::LogTxn;
 
-use crate::command::Outcome;
+use crate::outcome::Outcome;
 use crate::storage::lmdb::{LmdbStore, LmdbWrite};
 use crate::storage::{ItemMeta, Kind, StoreError, WriteView, item};
 
@@ -378,5 +378,69 @@ mod tests {
         assert_eq!(clamp_range(5, 10, 5), None);
         assert_eq!(clamp_range(0, -1, 0), None);
         assert_eq!(clamp_range(0, -6, 5), None);
+    }
+}
+
+/// The cache-mode evictor (`storage::cache`) on a collection, which only this layer can build.
+#[cfg(test)]
+mod eviction_tests {
+    use super::Tx;
+    use crate::storage::cache::{Access, Cache, EvictPass};
+    use crate::storage::lmdb::LmdbStore;
+    use crate::storage::{ItemMeta, Kind, WriteView};
+    use std::sync::Arc;
+
+    #[test]
+    fn a_collection_goes_whole_and_its_elements_are_reclaimed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (mut store, _) = LmdbStore::open(dir.path(), 256 << 20, 16).expect("open");
+        store.set_access(Some(Arc::new(Access::new())));
+        let mut cas = 0;
+        let mut txn = store.write_txn().expect("txn");
+        {
+            let mut w = store.writer(&mut txn, &mut cas);
+            let mut tx = Tx { w: &mut w, now: 0 };
+            let (meta, mut coll) = tx.create(Kind::Hash).expect("create");
+            for i in 0..2000u32 {
+                tx.elem_put(coll.id, format!("field{i}").as_bytes(), &[3u8; 200])
+                    .expect("elem");
+            }
+            coll.len = 2000;
+            tx.save(b"big", &meta, &coll).expect("save");
+            // Strings in overflow pages beside it, each freeing its own pages when it goes.
+            for i in 0..50 {
+                let c = w.next_cas();
+                let meta = ItemMeta::new(Kind::String, 0, 0, c);
+                w.put(format!("k{i:04}s").as_bytes(), &meta, &[&[5u8; 3000]])
+                    .expect("put");
+            }
+        }
+        txn.commit_unlogged().expect("commit");
+        let access = store.access().expect("access").clone();
+        access.set_tick(cas);
+        let ps = store.env().stat().page_size as u64;
+        let pages = store
+            .data_pages(&store.read_txn().expect("txn"))
+            .expect("pages");
+        let mut cache = Cache::new(pages / 2 * ps, ps, access, Arc::default());
+        let mut txn = store.write_txn().expect("txn");
+        let mut p = EvictPass::default();
+        for _ in 0..10_000 {
+            let pass = cache
+                .evict(&store, &mut txn, 1_000, 100_000, &mut |_| {})
+                .expect("evict");
+            p.reclaimed += pass.reclaimed;
+            p.pages = pass.pages;
+            if pass.done {
+                p.done = true;
+                break;
+            }
+        }
+        txn.commit_unlogged().expect("commit");
+        assert!(p.done, "{p:?}");
+        let txn = store.read_txn().expect("txn");
+        assert!(store.get(&txn, b"big").expect("get").is_none(), "{p:?}");
+        assert!(p.reclaimed > 0, "{p:?}");
+        assert!(p.pages <= cache.low_pages, "{p:?}");
     }
 }

@@ -24,7 +24,7 @@ use heed::{Database, RoTxn};
 
 use super::hash::{elements, pick_one, sample_distinct};
 use super::{CollMeta, Found, MAX_SUB, Tx, elem_key};
-use crate::command::Outcome;
+use crate::outcome::Outcome;
 use crate::storage::lmdb::LmdbWrite;
 use crate::storage::{Kind, StoreError, WriteView};
 

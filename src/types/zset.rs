@@ -48,7 +48,7 @@ use heed::{Database, RoRange, RoRevRange, RoTxn};
 
 use super::zrank::{self, RANKED};
 use super::{CollMeta, Found, MAX_SUB, ReadCx, Tx, clamp_range, elem_key};
-use crate::command::Outcome;
+use crate::outcome::Outcome;
 use crate::storage::ItemMeta;
 use crate::storage::lmdb::LmdbWrite;
 use crate::storage::{Kind, StoreError};

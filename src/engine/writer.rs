@@ -34,18 +34,18 @@ use std::time::{Duration, Instant};
 
 use log::{debug, error, warn};
 
-use super::StoreError;
 use super::blocking::{Begin, Blocking, Journal};
-use super::cache::{Cache, CacheStats};
-use super::durable::{Checkpointer, Durable};
-use super::lmdb::{LmdbStore, LmdbWrite, LogTxn, OpenTxn};
-use super::overlay::{self, Map};
-use super::wal::{LogBuf, Wal};
-use super::watch::{Touched, Watches};
 use crate::clock::Clock;
 use crate::command::{ExecOp, Outcome, REPLY_MAX, Step, WriteOp};
 use crate::config::SyncMode;
 use crate::semantics::{self, Ctx};
+use crate::storage::StoreError;
+use crate::storage::cache::{Cache, CacheStats};
+use crate::storage::durable::{Checkpointer, Durable};
+use crate::storage::lmdb::{LmdbStore, LmdbWrite, LogTxn, OpenTxn};
+use crate::storage::overlay::{self, Map};
+use crate::storage::wal::{LogBuf, Wal};
+use crate::storage::watch::{Touched, Watches};
 
 /// One write and the tag its worker uses to route and encode the reply.
 pub struct WriteRequest<T> {
@@ -592,7 +592,7 @@ impl<T: Send + Clone> Writer<T> {
             Some(a) => a.clone(),
             None => {
                 warn!("cache mode without an access table: evicting by write order only");
-                Arc::new(super::cache::Access::new())
+                Arc::new(crate::storage::cache::Access::new())
             }
         };
         access.set_tick(self.cas);
@@ -840,7 +840,7 @@ impl<T: Send + Clone> Writer<T> {
                 // Pages LMDB counts but never wrote (allocated and freed again in the
                 // transaction) must still be inside the file: see `durable::cover`.
                 let need = (self.store.env().info().last_page_number as u64 + 1) * self.page_size;
-                if let Err(e) = super::durable::cover(&self.data, need) {
+                if let Err(e) = crate::storage::durable::cover(&self.data, need) {
                     warn!("cannot extend the data file: {e}");
                 }
                 self.store.overlay().publish(id, Map::new_sync());
