@@ -77,6 +77,9 @@ pub struct Config {
     pub idle_timeout: u64,
     /// memcached ASCII authentication (-Y): a file of `user:password` lines; none when absent.
     pub auth_file: Option<PathBuf>,
+    /// Users of `auth_file` who may only read on the memcached port: their writes (text, meta
+    /// and binary) are refused.
+    pub auth_readonly: Vec<String>,
     /// When started as root, continue as this user once the ports are bound (-u).
     pub user: Option<String>,
     /// Where online backups (`db_compact`, `db_archive`, RESP `BGSAVE`) write their copy.
@@ -138,6 +141,7 @@ impl Default for Config {
             aclfile: None,
             idle_timeout: 0,
             auth_file: None,
+            auth_readonly: Vec::new(),
             user: None,
             backup_dir: PathBuf::from("./backup"),
             verbosity: 0,
@@ -219,6 +223,9 @@ pub struct Cli {
     /// memcached ASCII authentication: a file of user:password lines (memcached's -Y)
     #[arg(short = 'Y', long, value_name = "FILE")]
     pub auth_file: Option<PathBuf>,
+    /// Users of the auth file who may only read on the memcached port (comma-separated)
+    #[arg(long, value_name = "USER,...", value_delimiter = ',')]
+    pub auth_readonly: Option<Vec<String>>,
     /// Close connections idle this many seconds (0 = never) [default: 0]
     #[arg(long)]
     pub idle_timeout: Option<u64>,
@@ -493,6 +500,9 @@ impl Config {
         if let Some(f) = &cli.auth_file {
             c.auth_file = Some(f.clone());
         }
+        if let Some(u) = &cli.auth_readonly {
+            c.auth_readonly = u.clone();
+        }
         if let Some(f) = &cli.aclfile {
             c.aclfile = Some(f.clone());
         }
@@ -552,6 +562,9 @@ impl Config {
         }
         if self.sync == SyncMode::Periodic && self.sync_interval_ms == 0 {
             return err("sync_interval_ms must be at least 1 with sync = periodic");
+        }
+        if !self.auth_readonly.is_empty() && self.auth_file.is_none() {
+            return err("auth_readonly names users of auth_file, and no auth_file is given");
         }
         if self.port == 0 && self.resp_port == 0 {
             return err("both ports are disabled: nothing to serve");

@@ -1514,3 +1514,189 @@ fn binary_sasl_plain_uses_the_auth_file() {
         Some(0x81)
     );
 }
+
+/// `--auth-readonly`: a user of the auth file who may only read. Every write form of the text,
+/// meta and binary protocols is refused (noreply and quiet included) and the connection stays;
+/// reads work; another user of the same file still writes.
+#[test]
+fn read_only_users_read_and_are_refused_every_write() {
+    const AUTH: u8 = 0x21;
+    const GET: u8 = 0x00;
+    const SET: u8 = 0x01;
+    const SETQ: u8 = 0x11;
+    const DELETE: u8 = 0x04;
+    const INCREMENT: u8 = 0x05;
+    const FLUSH: u8 = 0x08;
+    const NOOP: u8 = 0x0a;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let users = dir.path().join("users");
+    std::fs::write(&users, "writer:w1\nreader:r1\n").expect("write");
+    let server = Server::start(
+        BIN,
+        &[
+            "-Y",
+            users.to_str().expect("utf8"),
+            "--auth-readonly",
+            "reader",
+        ],
+    );
+    let open = || {
+        let c = server.connect();
+        c.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let w = c.try_clone().expect("clone");
+        (w, BufReader::new(c))
+    };
+    let ask = |w: &mut TcpStream, r: &mut BufReader<TcpStream>, req: &[u8]| -> String {
+        w.write_all(req).expect("send");
+        let mut l = String::new();
+        r.read_line(&mut l).expect("reply");
+        l
+    };
+    let (mut ww, mut wr) = open();
+    assert_eq!(
+        ask(&mut ww, &mut wr, b"set x 0 0 9\r\nwriter w1\r\n"),
+        "STORED\r\n"
+    );
+    assert_eq!(
+        ask(&mut ww, &mut wr, b"set k 0 0 2\r\nv1\r\n"),
+        "STORED\r\n"
+    );
+    assert_eq!(ask(&mut ww, &mut wr, b"set n 0 0 1\r\n5\r\n"), "STORED\r\n");
+
+    let (mut w, mut r) = open();
+    assert_eq!(
+        ask(&mut w, &mut r, b"set x 0 0 9\r\nreader r1\r\n"),
+        "STORED\r\n"
+    );
+    let refused = "CLIENT_ERROR read-only user\r\n";
+    for req in [
+        &b"set k 0 0 2\r\nv2\r\n"[..],
+        b"set k 0 0 2 noreply\r\nv2\r\n",
+        b"add new 0 0 1\r\na\r\n",
+        b"replace k 0 0 1\r\nb\r\n",
+        b"append k 0 0 1\r\nc\r\n",
+        b"prepend k 0 0 1\r\nd\r\n",
+        b"cas k 0 0 1 1\r\ne\r\n",
+        b"delete k\r\n",
+        b"delete k noreply\r\n",
+        b"incr n 1\r\n",
+        b"decr n 1\r\n",
+        b"touch k 100\r\n",
+        b"gat 100 k\r\n",
+        b"flush_all\r\n",
+        b"ms k 2\r\nv3\r\n",
+        b"ms k 2 q\r\nv3\r\n",
+        b"md k\r\n",
+        b"ma n\r\n",
+        b"mg k v T30\r\n",
+        b"mg missing v N30\r\n",
+    ] {
+        assert_eq!(
+            ask(&mut w, &mut r, req),
+            refused,
+            "{}",
+            String::from_utf8_lossy(req)
+        );
+    }
+    // Reads, and the connection is still there.
+    assert_eq!(ask(&mut w, &mut r, b"get k\r\n"), "VALUE k 0 2\r\n");
+    let mut l = String::new();
+    r.read_line(&mut l).expect("value");
+    assert_eq!(l, "v1\r\n");
+    l.clear();
+    r.read_line(&mut l).expect("end");
+    assert_eq!(l, "END\r\n");
+    assert_eq!(ask(&mut w, &mut r, b"mg n v\r\n"), "VA 1\r\n");
+    l.clear();
+    r.read_line(&mut l).expect("value");
+    assert_eq!(l, "5\r\n");
+    assert!(ask(&mut w, &mut r, b"version\r\n").starts_with("VERSION "));
+    // Nothing the reader sent changed anything.
+    assert_eq!(ask(&mut ww, &mut wr, b"mg k v\r\n"), "VA 2\r\n");
+    l.clear();
+    wr.read_line(&mut l).expect("value");
+    assert_eq!(l, "v1\r\n");
+    assert_eq!(ask(&mut ww, &mut wr, b"mg n v\r\n"), "VA 1\r\n");
+    l.clear();
+    wr.read_line(&mut l).expect("value");
+    assert_eq!(l, "5\r\n");
+    assert_eq!(ask(&mut ww, &mut wr, b"mg new v\r\n"), "EN\r\n");
+    // The writer still writes on its own connection.
+    assert_eq!(ask(&mut ww, &mut wr, b"incr n 2\r\n"), "7\r\n");
+
+    // The binary protocol, through SASL PLAIN.
+    let mut c = server.connect();
+    c.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    assert_eq!(
+        bin_ask(&mut c, &bin_packet(AUTH, &[], b"PLAIN", b"\0reader\0r1")),
+        Some((0, b"Authenticated".to_vec()))
+    );
+    let refused = Some((0x20, b"Read-only user".to_vec()));
+    let store = [0u8; 8];
+    let arith = [0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    assert_eq!(
+        bin_ask(&mut c, &bin_packet(SET, &store, b"k", b"v9")),
+        refused
+    );
+    assert_eq!(
+        bin_ask(&mut c, &bin_packet(SETQ, &store, b"k", b"v9")),
+        refused
+    );
+    assert_eq!(
+        bin_ask(&mut c, &bin_packet(DELETE, &[], b"k", &[])),
+        refused
+    );
+    assert_eq!(
+        bin_ask(&mut c, &bin_packet(INCREMENT, &arith, b"n", &[])),
+        refused
+    );
+    assert_eq!(bin_ask(&mut c, &bin_packet(FLUSH, &[], &[], &[])), refused);
+    assert_eq!(
+        bin_ask(&mut c, &bin_packet(GET, &[], b"k", &[])),
+        Some((0, b"v1".to_vec()))
+    );
+    assert_eq!(
+        bin_ask(&mut c, &bin_packet(NOOP, &[], &[], &[])),
+        Some((0, Vec::new()))
+    );
+    // The writer authenticates on the binary protocol too, and writes.
+    let mut c = server.connect();
+    c.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    assert_eq!(
+        bin_ask(&mut c, &bin_packet(AUTH, &[], b"PLAIN", b"\0writer\0w1")),
+        Some((0, b"Authenticated".to_vec()))
+    );
+    assert_eq!(
+        bin_ask(&mut c, &bin_packet(SET, &store, b"k", b"v9")).map(|r| r.0),
+        Some(0)
+    );
+}
+
+#[test]
+fn a_read_only_user_who_is_not_in_the_auth_file_stops_startup() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let users = dir.path().join("users");
+    std::fs::write(&users, "writer:w1\n").expect("write");
+    for extra in [
+        vec![
+            "-Y",
+            users.to_str().expect("utf8"),
+            "--auth-readonly",
+            "nobody",
+        ],
+        vec!["--auth-readonly", "writer"],
+    ] {
+        let out = Command::new(BIN)
+            .args(["-p", &free_port().to_string(), "-H"])
+            .arg(dir.path().join("data"))
+            .args(&extra)
+            .output()
+            .expect("run");
+        assert!(!out.status.success(), "{extra:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("auth_readonly"), "{extra:?}: {err}");
+    }
+}

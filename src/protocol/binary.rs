@@ -614,16 +614,12 @@ pub fn response(
 
 /// An error reply: `status` with its text (`status_text`) as the body, CAS 0.
 pub fn error(out: &mut Vec<u8>, opcode: u8, opaque: u32, status: u16) {
-    response(
-        out,
-        opcode,
-        status,
-        opaque,
-        0,
-        &[],
-        &[],
-        status_text(status).as_bytes(),
-    );
+    error_text(out, opcode, opaque, status, status_text(status).as_bytes());
+}
+
+/// An error reply with a body of memkeep's own (a read-only user's refused write).
+pub fn error_text(out: &mut Vec<u8>, opcode: u8, opaque: u32, status: u16, text: &[u8]) {
+    response(out, opcode, status, opaque, 0, &[], &[], text);
 }
 
 /// The reply to a rejected request.

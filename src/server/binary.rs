@@ -54,6 +54,7 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
         }
         let (epoch, inflight, authed, peer) =
             (conn.epoch, conn.inflight, conn.mc_authed, conn.peer);
+        let readonly = conn.mc_readonly;
         let conn_sasl = conn.sasl_continue;
         let must_auth = pass.shared.mc_auth.is_some() && !authed;
         let (input, out, echoes) = conn.io();
@@ -80,6 +81,24 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
         if !matches!(parsed.frame, Frame::Close) && pass.shared.pause.holds(write.is_some()) {
             // CLIENT PAUSE, as on the text protocol.
             return Stop::Paused;
+        }
+        if readonly && let Some((_, reply, _)) = &write {
+            // A read-only user (`auth_readonly`): the write is refused with an auth error (quiet
+            // or not: errors are always sent), and the connection stays.
+            if inflight > 0 {
+                return Stop::Blocked;
+            }
+            bin::error_text(
+                out,
+                reply.opcode,
+                reply.opaque,
+                status::AUTH_ERROR,
+                b"Read-only user",
+            );
+            conn.consume(consumed);
+            conn.swallow = swallow;
+            left -= 1;
+            continue;
         }
         match write {
             Some((op, reply, key)) => {
@@ -129,12 +148,14 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
                     return Stop::Blocked;
                 }
                 match auth {
-                    Some(AuthResult::Authenticated) => {
+                    Some(AuthResult::Authenticated { readonly }) => {
                         conn.mc_authed = true;
+                        conn.mc_readonly = readonly;
                         conn.sasl_continue = false;
                     }
                     Some(AuthResult::Failed) => {
                         conn.mc_authed = false;
+                        conn.mc_readonly = false;
                         conn.sasl_continue = false;
                     }
                     Some(AuthResult::Continue) => conn.sasl_continue = true,
@@ -277,7 +298,8 @@ fn count_submit(c: &Counters, kind: BinKind) {
 /// What a SASL request did to the connection's authentication.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum AuthResult {
-    Authenticated,
+    /// `readonly`: the user is one of `auth_readonly`.
+    Authenticated { readonly: bool },
     /// A failed attempt also logs an authenticated connection out, as memcached does.
     Failed,
     /// `SASL_AUTH` without data: the credentials follow in `SASL_STEP`.
@@ -358,8 +380,11 @@ fn plain(
 ) {
     let (op, opaque) = (req.opcode, req.opaque);
     Counters::bump(&pass.counters.auth_cmds);
-    if mechanism == b"PLAIN" && plain_ok(data, pass) {
-        *sasl.result = Some(AuthResult::Authenticated);
+    if mechanism == b"PLAIN"
+        && let Some(user) = plain_ok(data, pass)
+    {
+        let readonly = pass.shared.mc_readonly.contains(user);
+        *sasl.result = Some(AuthResult::Authenticated { readonly });
         bin::text(out, op, opaque, b"Authenticated");
     } else {
         Counters::bump(&pass.counters.auth_errors);
@@ -370,20 +395,21 @@ fn plain(
 
 /// SASL PLAIN: `authzid \0 authcid \0 password`, checked against the auth file's users; the
 /// authzid may be empty or the same user.
-fn plain_ok(data: &[u8], pass: &Pass<'_>) -> bool {
+fn plain_ok<'d>(data: &'d [u8], pass: &Pass<'_>) -> Option<&'d [u8]> {
     let mut parts = data.split(|&b| b == 0);
     let (Some(authzid), Some(user), Some(password), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
     else {
-        return false;
+        return None;
     };
-    (authzid.is_empty() || authzid == user)
+    let ok = (authzid.is_empty() || authzid == user)
         && pass
             .shared
             .mc_auth
             .as_ref()
             .and_then(|users| users.get(user))
-            .is_some_and(|p| super::acl::secret_eq(password, p))
+            .is_some_and(|p| super::acl::secret_eq(password, p));
+    ok.then_some(user)
 }
 
 fn get(req: &Request<'_>, key: &[u8], with_key: bool, out: &mut Vec<u8>, pass: &mut Pass<'_>) {

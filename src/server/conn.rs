@@ -64,6 +64,8 @@ pub struct Conn {
     pub peer: Option<std::net::SocketAddr>,
     /// memcached ASCII authentication or SASL (`auth_file`) succeeded on this connection.
     pub mc_authed: bool,
+    /// The user who authenticated may only read (`auth_readonly`): writes are refused.
+    pub mc_readonly: bool,
     /// The memcached port's connection speaks the binary protocol (decided by its first byte).
     pub mc_binary: Option<bool>,
     /// A binary `SASL_AUTH` without data is waiting for its `SASL_STEP`.
@@ -115,6 +117,7 @@ impl Conn {
             dirty: false,
             peer: None,
             mc_authed: false,
+            mc_readonly: false,
             mc_binary: None,
             sasl_continue: false,
             last_active: std::time::Instant::now(),

@@ -38,6 +38,8 @@ pub enum McReply {
 pub const WRONGTYPE: &str =
     "CLIENT_ERROR WRONGTYPE Operation against a key holding the wrong kind of value";
 
+/// A write from a user of `auth_readonly`.
+pub const READONLY_ERROR: &str = "CLIENT_ERROR read-only user";
 pub const VERSION: &str = concat!("1.6.18-memkeep-", env!("CARGO_PKG_VERSION"));
 
 /// Parses and runs up to `budget` requests from `conn`'s input.
@@ -59,7 +61,7 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
         let epoch = conn.epoch;
         let inflight = conn.inflight;
         let peer = conn.peer;
-        let authed = conn.mc_authed;
+        let (authed, readonly) = (conn.mc_authed, conn.mc_readonly);
         let (resume, room) = (
             conn.get_resume,
             WRITE_HIGH.saturating_sub(conn.pending_output()),
@@ -79,6 +81,7 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
             if inflight > 0 {
                 return Stop::Blocked;
             }
+            let mut conn_readonly = false;
             let ok = match parsed.frame {
                 Frame::Request(Request::Store {
                     mode: StoreMode::Set,
@@ -97,6 +100,7 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
                                 .get(&data[..sp])
                                 .is_some_and(|p| super::acl::secret_eq(&data[sp + 1..], p)) =>
                         {
+                            conn_readonly = pass.shared.mc_readonly.contains(&data[..sp]);
                             line(out, "STORED");
                             true
                         }
@@ -116,6 +120,7 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
             conn.consume(consumed);
             conn.swallow = swallow;
             conn.mc_authed = ok;
+            conn.mc_readonly = conn_readonly;
             left -= 1;
             continue;
         }
@@ -147,6 +152,18 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
             // CLIENT PAUSE holds the memcached port's writes (every request under ALL) as it
             // holds RESP's: the request waits in the input until the pause ends.
             return Stop::Paused;
+        }
+        if readonly && write.is_some() {
+            // A read-only user (`auth_readonly`): the write is refused, even with noreply (as
+            // memcached sends its errors).
+            if inflight > 0 {
+                return Stop::Blocked;
+            }
+            line(out, READONLY_ERROR);
+            conn.consume(consumed);
+            conn.swallow = swallow;
+            left -= 1;
+            continue;
         }
         match write {
             Some((op, tag, echo)) => {

@@ -67,6 +67,8 @@ pub struct Shared {
     pub backups: Arc<crate::backup::Backups>,
     /// memcached ASCII authentication: user -> password, from `auth_file` (-Y).
     pub mc_auth: Option<std::collections::HashMap<Vec<u8>, Vec<u8>>>,
+    /// Users of `mc_auth` who may only read (`auth_readonly`).
+    pub mc_readonly: std::collections::HashSet<Vec<u8>>,
     /// Redis pub/sub channels and patterns, and each worker's outbox of messages.
     pub pubsub: Arc<pubsub::PubSub>,
     /// CLIENT PAUSE.
@@ -342,6 +344,18 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         Some(path) => Some(load_auth_file(path)?),
         None => None,
     };
+    let mut mc_readonly = std::collections::HashSet::new();
+    for user in &config.auth_readonly {
+        let known = mc_auth
+            .as_ref()
+            .is_some_and(|users| users.contains_key(user.as_bytes()));
+        if !known {
+            return Err(ServerError(format!(
+                "auth_readonly names {user:?}, who is not a user of the auth file"
+            )));
+        }
+        mc_readonly.insert(user.as_bytes().to_vec());
+    }
     // Workers: a Poll each, whose Waker both the acceptor, the writer and
     // publishers on other workers use.
     let mut polls = Vec::new();
@@ -398,6 +412,7 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         watches: Arc::default(),
         backups: Arc::new(crate::backup::Backups::default()),
         mc_auth,
+        mc_readonly,
         cache: Arc::default(),
         tls,
         acl,
