@@ -891,6 +891,9 @@ pub(super) fn stats(args: &[u8], out: &mut Vec<u8>, pass: &mut Pass<'_>) {
             // held to.
             stat(out, "rss_anon", mem.anon);
             stat(out, "rss_file", mem.file);
+            // Group commit (`always`): the log's fdatasyncs and the writes they acknowledged.
+            stat(out, "log_fsyncs", cache.log_fsyncs);
+            stat(out, "log_fsync_writes", cache.log_fsync_writes);
             if cfg.max_disk > 0 {
                 stat(out, "max_disk", cfg.max_disk);
                 stat(out, "disk_used", cache.data_bytes);

@@ -224,6 +224,11 @@ pub struct CacheStats {
     pub expired_swept: AtomicU64,
     /// The pages the data occupies, in bytes, as of the writer's last batch (cache mode only).
     pub data_bytes: AtomicU64,
+    /// fdatasyncs of the log that acknowledged client writes (`always`), and the writes they
+    /// acknowledged: their ratio is group commit's batch size (`stats` `log_fsyncs`,
+    /// `log_fsync_writes`).
+    pub log_fsyncs: AtomicU64,
+    pub log_fsync_writes: AtomicU64,
 }
 
 /// `CacheStats` as read at one moment.
@@ -234,6 +239,8 @@ pub struct CacheFigures {
     pub data_bytes: u64,
     /// Expired items removed by the sweeper or an eviction pass (Redis `expired_keys`).
     pub expired: u64,
+    pub log_fsyncs: u64,
+    pub log_fsync_writes: u64,
 }
 
 impl CacheStats {
@@ -247,6 +254,8 @@ impl CacheStats {
             data_bytes: self.data_bytes.load(Ordering::Acquire),
             expired: self.expired_swept.load(Ordering::Acquire)
                 + self.expired_reclaimed.load(Ordering::Acquire),
+            log_fsyncs: self.log_fsyncs.load(Ordering::Relaxed),
+            log_fsync_writes: self.log_fsync_writes.load(Ordering::Relaxed),
         }
     }
 
@@ -256,6 +265,8 @@ impl CacheStats {
         self.evicted_unfetched.store(0, Ordering::Relaxed);
         self.expired_reclaimed.store(0, Ordering::Relaxed);
         self.expired_swept.store(0, Ordering::Relaxed);
+        self.log_fsyncs.store(0, Ordering::Relaxed);
+        self.log_fsync_writes.store(0, Ordering::Relaxed);
     }
 }
 
