@@ -450,6 +450,14 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
     let (gate, writer_thread) = writer
         .start()
         .map_err(|e| ServerError(format!("cannot start writer thread: {e}")))?;
+    // Before any worker serves: a client could otherwise connect and see the server killed by
+    // a SIGTERM that arrived before the handlers were in place.
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+    ])
+    .map_err(|e| ServerError(format!("cannot install signal handlers: {e}")))?;
     let mut worker_threads = Vec::new();
     for (id, poll) in polls.into_iter().enumerate() {
         let w = Worker::new(id, poll, shared.clone(), handles[id].clone(), gate.clone());
@@ -463,12 +471,6 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
     drop(gate);
 
     let stop = Arc::new(AtomicBool::new(false));
-    let mut signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGHUP,
-    ])
-    .map_err(|e| ServerError(format!("cannot install signal handlers: {e}")))?;
     let signals_handle = signals.handle();
     {
         let stop = stop.clone();
