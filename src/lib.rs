@@ -41,6 +41,7 @@ pub mod command;
 pub mod commands;
 pub mod config;
 pub mod protocol;
+pub mod scripting;
 pub mod semantics;
 pub mod server;
 pub mod storage;

@@ -87,6 +87,8 @@ pub struct Shared {
     pub acl: acl::Acl,
     /// memcached's per-prefix statistics (`stats detail`).
     pub prefixes: stats::Prefixes,
+    /// The Lua script cache and the running script's state (shared with the writer thread).
+    pub scripts: Arc<crate::scripting::Scripts>,
 }
 
 /// CLIENT PAUSE's state: until when (ms since `origin`, 0 = not paused) and whether it holds
@@ -402,6 +404,7 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         tls,
         acl,
         prefixes: stats::Prefixes::default(),
+        scripts: Arc::new(crate::scripting::Scripts::new(config.lua_time_limit)),
         config,
     });
     let cfg = &shared.config;
