@@ -20,6 +20,9 @@
 //! - `commands`: the Redis command layer, which knows no sockets: the command table, argument
 //!   parsing into `WriteOp`s, reads against a snapshot or EXEC's transaction, and reply
 //!   encoding, as plain functions;
+//! - `scripting`: Lua scripts (EVAL, EVALSHA, SCRIPT): the script cache, and the runner the
+//!   writer thread calls (through `command::TxnScript`) to run a script in its transaction,
+//!   each `redis.call` parsed and answered by `commands`;
 //! - `server`: listeners, worker event loops, connections (plain or TLS: `tls`) and sessions,
 //!   MULTI queueing, pub/sub, ACL users (`acl`), the hand-off to the writer, and the commands
 //!   that need a session or the server.
@@ -32,7 +35,7 @@
 //! Goals: every memcached and Redis client works unchanged; no acknowledged write is lost with
 //! `sync = always`; throughput at or above memcached and Redis. Eviction happens only in cache
 //! mode (`max_disk`); otherwise a full store refuses writes and keeps serving reads. Not yet:
-//! UDP, scripting, replication.
+//! UDP, replication.
 
 pub mod backup;
 pub mod check;
