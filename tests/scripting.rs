@@ -212,6 +212,32 @@ fn a_writing_script_is_durable_once_it_answers() {
     assert_healthy(&mut server);
 }
 
+#[test]
+fn a_script_push_serves_a_blocked_pop() {
+    let mut server = target(&[]);
+    let mut waiter = Conn::open(&server);
+    let mut pusher = Conn::open(&server);
+    assert!(pusher.cmd(&["DEL", "feed:q"]).starts_with(':'));
+    waiter.send(&["BLPOP", "feed:q", "0"]);
+    // The pop is waiting once CLIENT LIST shows a client in blpop.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        pusher.send(&["CLIENT", "LIST"]);
+        if pusher.reply().contains("cmd=blpop") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "BLPOP never waited");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let script = "redis.call('RPUSH', KEYS[1], 'a', 'b') return redis.call('LLEN', KEYS[1])";
+    assert_eq!(pusher.cmd(&["EVAL", script, "1", "feed:q"]), ":2");
+    assert_eq!(waiter.reply(), "*2");
+    assert_eq!(waiter.reply(), "feed:q");
+    assert_eq!(waiter.reply(), "a");
+    assert_eq!(pusher.cmd(&["LRANGE", "feed:q", "0", "-1"]), "*1");
+    assert_healthy(&mut server);
+}
+
 /// Sends PING on `c` until it answers -BUSY (the script has run past the limit).
 fn wait_busy(c: &mut Conn) {
     let deadline = Instant::now() + Duration::from_secs(60);

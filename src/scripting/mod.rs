@@ -177,7 +177,9 @@ impl Scripts {
         } else {
             let body = args.get(1);
             // EVAL caches its script, as Redis does.
-            (self.load(body), self.get_or(body))
+            let sha = self.load(body);
+            let cached = self.get(sha.as_bytes()).unwrap_or_else(|| body.into());
+            (sha, cached)
         };
         let nk = numkeys as usize;
         let keys = (3..3 + nk).map(|i| args.get(i).to_vec()).collect();
@@ -194,11 +196,6 @@ impl Scripts {
             cursors,
         };
         Ok(WriteOp::Script(Box::new(ScriptOp { run: Arc::new(run) })))
-    }
-
-    fn get_or(&self, body: &[u8]) -> Arc<[u8]> {
-        self.get(sha1hex(body).as_bytes())
-            .unwrap_or_else(|| body.into())
     }
 }
 
