@@ -38,6 +38,10 @@ use crate::storage::StoreError;
 
 mod convert;
 
+/// The caller's ACL check for each command a script calls (None: the caller may run anything).
+/// Err is the ACL's refusal (`NOPERM ...`).
+pub type Permit = Arc<dyn Fn(&crate::commands::Spec, &[&[u8]]) -> Result<(), String> + Send + Sync>;
+
 /// How much memory the Lua VM may hold.
 const LUA_MEMORY: usize = 256 << 20;
 
@@ -155,6 +159,7 @@ impl Scripts {
         v3: bool,
         max_bulk: usize,
         cursors: Arc<Mutex<ScanCursors>>,
+        permit: Option<Permit>,
     ) -> Result<WriteOp, String> {
         let by_sha = matches!(cmd, Cmd::EvalSha | Cmd::EvalShaRo);
         let read_only = matches!(cmd, Cmd::EvalRo | Cmd::EvalShaRo);
@@ -194,13 +199,13 @@ impl Scripts {
             v3,
             max_bulk,
             cursors,
+            permit,
         };
         Ok(WriteOp::Script(Box::new(ScriptOp { run: Arc::new(run) })))
     }
 }
 
 /// One script call, for the writer.
-#[derive(Debug)]
 struct ScriptRun {
     scripts: Arc<Scripts>,
     sha: String,
@@ -212,6 +217,18 @@ struct ScriptRun {
     v3: bool,
     max_bulk: usize,
     cursors: Arc<Mutex<ScanCursors>>,
+    permit: Option<Permit>,
+}
+
+impl std::fmt::Debug for ScriptRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScriptRun")
+            .field("sha", &self.sha)
+            .field("keys", &self.keys.len())
+            .field("argv", &self.argv.len())
+            .field("read_only", &self.read_only)
+            .finish()
+    }
 }
 
 /// The writer thread's Lua VM and the scripts compiled in it.
@@ -503,6 +520,20 @@ impl ScriptRun {
             );
             return out;
         }
+        if let Some(permit) = &self.permit {
+            let all: Vec<&[u8]> = argv.iter().map(Vec::as_slice).collect();
+            if let Err(why) = permit(spec, &all) {
+                let msg = if why.contains("to run the") {
+                    "ERR The user executing the script can't run this command or subcommand"
+                } else if why.contains("channels") {
+                    "ERR The user executing the script can't publish to the channel mentioned in the command"
+                } else {
+                    "ERR The user executing the script can't access at least one of the keys mentioned in the command arguments"
+                };
+                enc::error(&mut out, msg);
+                return out;
+            }
+        }
         if spec.write {
             if self.read_only {
                 enc::error(
@@ -648,6 +679,18 @@ redis.LOG_DEBUG = 0
 redis.LOG_VERBOSE = 1
 redis.LOG_NOTICE = 2
 redis.LOG_WARNING = 3
+-- Effects replication is the only kind in Redis 7: these are kept for older scripts.
+redis.replicate_commands = function() return true end
+redis.set_repl = function(flags) end
+redis.REPL_NONE = 0
+redis.REPL_AOF = 1
+redis.REPL_SLAVE = 2
+redis.REPL_REPLICA = 2
+redis.REPL_ALL = 3
+redis.breakpoint = function() return false end
+redis.debug = function(...) end
+redis.REDIS_VERSION = '7.0.0'
+redis.REDIS_VERSION_NUM = 0x070000
 loadfile = nil
 dofile = nil
 print = nil

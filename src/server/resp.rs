@@ -744,12 +744,23 @@ fn is_eval(cmd: Cmd) -> bool {
 
 /// EVAL and its kin: the script as a write for the writer thread (`crate::scripting`).
 fn script_op(cmd: Cmd, args: Args<'_>, sess: &Session, pass: &Pass<'_>) -> Result<WriteOp, String> {
+    // The script's commands are checked against the caller's permissions (as Redis does).
+    let acl = &pass.shared.acl;
+    let permit: Option<crate::scripting::Permit> =
+        (acl.restricted() || sess.user.is_some()).then(|| {
+            let acl = acl.clone();
+            let user = sess.user.clone();
+            let p: crate::scripting::Permit =
+                Arc::new(move |spec, args| acl.permit(user.as_deref(), spec, args));
+            p
+        });
     pass.shared.scripts.eval_op(
         cmd,
         args,
         sess.v3,
         pass.shared.config.proto_max_bulk_len as usize,
         pass.shared.scan_cursors.clone(),
+        permit,
     )
 }
 
