@@ -35,6 +35,7 @@ conformance: deps
 	MEMKEEP_CONFORMANCE=memcached $(CARGO) test --release --test binary_vectors
 	MEMKEEP_CONFORMANCE=redis $(CARGO) test --release --test transcripts
 	MEMKEEP_CONFORMANCE=redis $(CARGO) test --release --test client_libs
+	MEMKEEP_CONFORMANCE=redis $(CARGO) test --release --test scripting
 
 clean:
 	$(CARGO) clean

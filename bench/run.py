@@ -3,7 +3,7 @@
 
 Usage (from the repo root; `make bench` / `make bench-quick` run it through ./.venv/bin/python):
 
-    bench/run.py [--only W1,W2,W3,W3b,W3z,W4,restart,scaling,multi,queue] [--scale 0.1] [--out BENCHMARKS.md]
+    bench/run.py [--only W1,W2,W3,W3b,W3z,W4,restart,scaling,multi,queue,eval] [--scale 0.1] [--out BENCHMARKS.md]
                  [--chart bench/throughput.svg] [--keep-json PATH] [--servers a,b,...]
     bench/run.py --from-json results.jsonl --out BENCHMARKS.md   # re-render a finished run
 
@@ -37,6 +37,8 @@ Workloads (N is multiplied by --scale):
   multi    memkeep-bench --multi 10 over RESP: transactions of MULTI, 10 SETs (100-byte
            values), EXEC, at 1 and 16 connections, then every key read back; memkeep-always vs
            redis-always, each point a fresh server, at most --durable-secs seconds of SETs
+  eval     redis-benchmark -n 50000 EVAL "return redis.call('INCR', KEYS[1])" 1 counter (50
+           clients): memkeep-always vs redis-always, memkeep-never vs redis-nopersist
   queue    memkeep-bench's queue phase: P producers LPUSH 100-byte messages, C consumers BRPOP
            them, every message checked delivered exactly once; (P, C) = (1, 1) and (8, 8);
            memkeep-always vs redis-always, messages per second, at most --durable-secs seconds
@@ -75,7 +77,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-ALL_WORKLOADS = ["W1", "W2", "W3", "W3b", "W3z", "W4", "restart", "scaling", "multi", "queue", "tls"]
+ALL_WORKLOADS = ["W1", "W2", "W3", "W3b", "W3z", "W4", "restart", "scaling", "multi", "queue", "tls", "eval"]
 
 MEMKEEP_MODES = {
     "memkeep-always": ["--sync", "always"],
@@ -132,6 +134,10 @@ W3Z_SERVERS = ["memkeep-never", "redis-nopersist"]
 # tls: redis-benchmark --tls (16 clients) and openssl s_time's full handshakes per second on the
 # TLS port of each server, both with one self-signed RSA-2048 certificate made for the run.
 TLS_SERVERS = ["memkeep-never", "redis-nopersist"]
+# eval: one Lua script per request, each a durable INCR (compared at the same durability).
+EVAL_SERVERS = ["memkeep-always", "memkeep-never", "redis-nopersist", "redis-always"]
+EVAL_SCRIPT = "return redis.call('INCR', KEYS[1])"
+EVAL_TESTS = ["eval"]
 TLS_TESTS = ["set", "get"]
 
 # Every live server process, so that `finally` can stop whatever is left.
@@ -755,6 +761,11 @@ class Runner:
                            lambda srv, c: ["-c", "50", "-n", str(n), "-r", str(W3Z_MEMBERS), "--csv"] + c.split(),
                            setup=self.fill_w3z)
 
+    def run_eval(self) -> None:
+        n = self.n(self.args.n_eval)
+        self.run_rb_series("eval", [s for s in self.resp_servers() if s in EVAL_SERVERS], n, EVAL_TESTS,
+                           lambda srv, t: ["-n", str(n), "--csv", "EVAL", EVAL_SCRIPT, "1", "counter"])
+
     def tls_cert(self) -> tuple[Path, Path]:
         """A self-signed certificate for 127.0.0.1 (the run's only CA): (cert, key)."""
         d = self.tmp / "tls"
@@ -945,6 +956,11 @@ class Runner:
             log(f"tls: redis-benchmark --tls -c 16 -n {self.n(self.args.n_w3)} and openssl s_time, "
                 f"{' vs '.join(TLS_SERVERS)}")
             self.run_tls()
+        if "eval" in only:
+            self.probe("before eval")
+            log(f"eval: redis-benchmark -n {self.n(self.args.n_eval)} EVAL \"{EVAL_SCRIPT}\" 1 counter, "
+                f"{', '.join(s for s in self.resp_servers() if s in EVAL_SERVERS)}")
+            self.run_eval()
         if "queue" in only:
             self.probe("before queue")
             log(f"queue: LPUSH / BRPOP for {self.durable_secs():g} s, (producers, consumers) "
@@ -1212,6 +1228,7 @@ class Report:
         self.md_rb(w, "W3b", "W3b: hashes and sorted sets (requests/s, 50 clients, -r 10000)")
         self.md_rb(w, "W3z", f"W3z: ranks in a sorted set of {W3Z_MEMBERS:,} members (requests/s, 50 clients)")
         self.md_rb(w, "tls", "TLS: redis-benchmark --tls (requests/s, 16 clients) and full handshakes/s (openssl s_time)")
+        self.md_rb(w, "eval", "eval: one Lua script per request, `EVAL \"return redis.call('INCR', KEYS[1])\" 1 counter` (requests/s, 50 clients)")
         self.md_restart(w)
         self.md_scaling(w)
         self.md_durable(w)
@@ -1274,7 +1291,8 @@ class Report:
         w(f"## {title}\n")
         w("| test | " + " | ".join(servers) + " |")
         w("|---|" + "---|" * len(servers))
-        labels = {"W3b": W3B_COMMANDS, "W3z": W3Z_COMMANDS, "tls": TLS_TESTS + ["handshakes"]}.get(workload)
+        labels = {"W3b": W3B_COMMANDS, "W3z": W3Z_COMMANDS, "tls": TLS_TESTS + ["handshakes"],
+                  "eval": EVAL_TESTS}.get(workload)
         tests = self.rb_tests(workload)
         if labels:
             tests = labels
@@ -1759,6 +1777,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--n-w2", type=int, default=20_000, help="W2 keys (default 20000)")
     p.add_argument("--n-w3", type=int, default=50_000, help="W3 redis-benchmark -n (default 50000)")
     p.add_argument("--n-w3b", type=int, default=30_000, help="W3b redis-benchmark -n (default 30000)")
+    p.add_argument("--n-eval", type=int, default=50_000, help="eval redis-benchmark -n (default 50000)")
     p.add_argument("--n-w4a", type=int, default=300_000, help="W4a keys (default 300000)")
     p.add_argument("--n-w4b", type=int, default=1_000_000, help="W4b keys (default 1000000)")
     p.add_argument("--n-scaling", type=int, default=2_000_000,

@@ -192,6 +192,38 @@ pub enum WriteOp {
     Block {
         id: u64,
     },
+    /// EVAL/EVALSHA: a Lua script run by the writer in the batch's transaction, each of its
+    /// `redis.call`s applied at once (`TxnScript`). Answers `Outcome::Reply`.
+    Script(Box<ScriptOp>),
+}
+
+/// A script to run in the writer's transaction, with what it needs (see `crate::scripting`).
+#[derive(Debug, Clone)]
+pub struct ScriptOp {
+    pub run: std::sync::Arc<dyn TxnScript>,
+}
+
+impl PartialEq for ScriptOp {
+    fn eq(&self, other: &ScriptOp) -> bool {
+        std::sync::Arc::ptr_eq(&self.run, &other.run)
+    }
+}
+
+/// A script the writer runs: it calls back into `ScriptTxn` for each command. Err is a failure
+/// of the store, which fails the whole batch (the script's writes with it).
+pub trait TxnScript: Send + Sync + std::fmt::Debug {
+    fn run(&self, txn: &mut dyn ScriptTxn) -> Result<Outcome, crate::storage::StoreError>;
+}
+
+/// The open write transaction as a script sees it: apply a write, or run a read that sees
+/// the writes before it.
+pub trait ScriptTxn {
+    fn write(&mut self, op: &WriteOp) -> Result<Outcome, crate::storage::StoreError>;
+    fn read(&mut self, read: &dyn TxnRead) -> Outcome;
+    /// The batch's clock (unix ms).
+    fn now_ms(&self) -> u64;
+    /// Whether a write so far changed anything (then the script cannot be killed).
+    fn wrote(&mut self) -> bool;
 }
 
 /// EXEC's commands and the keys its connection watches.
@@ -231,8 +263,8 @@ pub trait TxnRead: Send + Sync + std::fmt::Debug {
 }
 
 impl WriteOp {
-    /// Calls `f` with every key the write may change. `FlushAll`, `Exec` and `Block` name
-    /// none: the writer treats a flush as changing everything, an EXEC's steps speak for
+    /// Calls `f` with every key the write may change. `FlushAll`, `Exec`, `Script` and `Block`
+    /// name none: the writer treats a flush as changing everything, an EXEC's steps speak for
     /// themselves, and a blocking pop's keys are in its registry entry.
     pub fn for_each_key(&self, f: &mut dyn FnMut(&[u8])) {
         match self {
@@ -266,7 +298,10 @@ impl WriteOp {
                 | MetaOp::Arith { key, .. }
                 | MetaOp::Get { key, .. } => key,
             }),
-            WriteOp::FlushAll { .. } | WriteOp::Exec(_) | WriteOp::Block { .. } => {}
+            WriteOp::FlushAll { .. }
+            | WriteOp::Exec(_)
+            | WriteOp::Block { .. }
+            | WriteOp::Script(_) => {}
         }
     }
 }

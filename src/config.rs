@@ -54,6 +54,9 @@ pub struct Config {
     /// memcached values. A RESP connection's input buffer may grow to twice this.
     #[serde(deserialize_with = "de_size")]
     pub proto_max_bulk_len: u64,
+    /// A script running longer than this (ms) makes other clients get `-BUSY` until it ends
+    /// or `SCRIPT KILL` stops it (Redis's `lua-time-limit`/`busy-reply-threshold`; 0: never).
+    pub lua_time_limit: u64,
     /// Directory holding the LMDB environment.
     pub data_dir: PathBuf,
     /// always | periodic | never.
@@ -131,6 +134,7 @@ impl Default for Config {
             io_threads: 16,
             max_item_size: 1024 * 1024,
             proto_max_bulk_len: 512 << 20,
+            lua_time_limit: 5000,
             data_dir: PathBuf::from("./data"),
             sync: SyncMode::Always,
             sync_interval_ms: 1000,
@@ -191,6 +195,9 @@ pub struct Cli {
     /// Longest RESP bulk string (Redis's proto-max-bulk-len), 1m to 1g [default: 512m]
     #[arg(long, value_parser = parse_size)]
     pub proto_max_bulk_len: Option<u64>,
+    /// Milliseconds a script runs before other clients get -BUSY (0: never) [default: 5000]
+    #[arg(long)]
+    pub lua_time_limit: Option<u64>,
     /// Data directory (LMDB environment home) [default: ./data]
     #[arg(short = 'H', long)]
     pub data_dir: Option<PathBuf>,
@@ -448,6 +455,7 @@ impl Config {
             io_threads,
             max_item_size,
             proto_max_bulk_len,
+            lua_time_limit,
             data_dir,
             sync,
             sync_interval_ms,
@@ -654,6 +662,7 @@ mod tests {
             "io_threads",
             "max_item_size",
             "proto_max_bulk_len",
+            "lua_time_limit",
             "data_dir",
             "sync",
             "sync_interval_ms",

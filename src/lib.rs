@@ -26,6 +26,9 @@
 //! - `commands`: the Redis command layer, which knows no sockets: the command table, argument
 //!   parsing into `WriteOp`s, reads against a snapshot or EXEC's transaction, and reply
 //!   encoding, as plain functions;
+//! - `scripting`: Lua scripts (EVAL, EVALSHA, SCRIPT): the script cache, and the runner the
+//!   writer thread calls (through `command::TxnScript`) to run a script in its transaction,
+//!   each `redis.call` parsed and answered by `commands`;
 //! - `server`: listeners, worker event loops, connections (plain or TLS: `tls`) and sessions,
 //!   MULTI queueing, pub/sub, ACL users (`acl`), the hand-off to the writer, and the commands
 //!   that need a session or the server;
@@ -39,7 +42,7 @@
 //! Goals: every memcached and Redis client works unchanged; no acknowledged write is lost with
 //! `sync = always`; throughput at or above memcached and Redis. Eviction happens only in cache
 //! mode (`max_disk`); otherwise a full store refuses writes and keeps serving reads. Not yet:
-//! UDP, scripting, replication.
+//! UDP, replication.
 
 pub mod backup;
 pub mod check;
@@ -51,6 +54,7 @@ pub mod engine;
 pub mod float;
 pub mod outcome;
 pub mod protocol;
+pub mod scripting;
 pub mod semantics;
 pub mod server;
 pub mod storage;

@@ -90,6 +90,11 @@ pub enum Cmd {
     Latency,
     Wait,
     Acl,
+    Eval,
+    EvalSha,
+    EvalRo,
+    EvalShaRo,
+    Script,
 }
 
 /// One command: Redis's arity rule (n: exactly n arguments including the name; -n: at least n),
@@ -212,6 +217,12 @@ static COMMANDS: &[Spec] = &[
     spec("latency", -2, R, NOKEY, Cmd::Latency),
     spec("wait", 3, R, NOKEY, Cmd::Wait),
     spec("acl", -2, R, NOKEY, Cmd::Acl),
+    // Scripts name their keys after a count: dispatched before the write path.
+    spec("eval", -3, R, NOKEY, Cmd::Eval),
+    spec("evalsha", -3, R, NOKEY, Cmd::EvalSha),
+    spec("eval_ro", -3, R, NOKEY, Cmd::EvalRo),
+    spec("evalsha_ro", -3, R, NOKEY, Cmd::EvalShaRo),
+    spec("script", -2, R, NOKEY, Cmd::Script),
 ];
 
 pub fn lookup(name: &[u8]) -> Option<&'static Spec> {

@@ -36,7 +36,7 @@ use log::{debug, error, warn};
 
 use super::blocking::{Begin, Blocking, Journal};
 use crate::clock::Clock;
-use crate::command::{ExecOp, Outcome, REPLY_MAX, Step, WriteOp};
+use crate::command::{ExecOp, Outcome, REPLY_MAX, ScriptOp, ScriptTxn, Step, TxnRead, WriteOp};
 use crate::config::SyncMode;
 use crate::semantics::{self, Ctx};
 use crate::storage::StoreError;
@@ -133,6 +133,9 @@ fn apply(
     if let WriteOp::Exec(x) = op {
         return exec(w, x, ctx, watches, touched);
     }
+    if let WriteOp::Script(x) = op {
+        return script(w, x, ctx, watches, touched, &mut Vec::new());
+    }
     let watching = watches.active();
     if watching
         && let WriteOp::FlushAll { delay } = op
@@ -193,6 +196,59 @@ fn exec(
         outs.push(o);
     }
     Ok(Outcome::Array(outs))
+}
+
+/// A script: it runs in the writer's transaction and calls back for each command (its writes
+/// through `apply`, its reads against the transaction). The keys its writes fed go to `fed`.
+fn script(
+    w: &mut LmdbWrite<'_, '_>,
+    x: &ScriptOp,
+    ctx: Ctx,
+    watches: &Watches,
+    touched: &mut Touched,
+    fed: &mut Vec<Vec<u8>>,
+) -> Result<Outcome, StoreError> {
+    let start = w.parts().1.logged();
+    let mut cx = ScriptCx {
+        w,
+        ctx,
+        watches,
+        touched,
+        fed,
+        start,
+    };
+    x.run.run(&mut cx)
+}
+
+struct ScriptCx<'a, 't, 'e> {
+    w: &'a mut LmdbWrite<'t, 'e>,
+    ctx: Ctx,
+    watches: &'a Watches,
+    touched: &'a mut Touched,
+    fed: &'a mut Vec<Vec<u8>>,
+    start: usize,
+}
+
+impl ScriptTxn for ScriptCx<'_, '_, '_> {
+    fn write(&mut self, op: &WriteOp) -> Result<Outcome, StoreError> {
+        let o = apply(self.w, op, self.ctx, self.watches, self.touched)?;
+        let fed = &mut *self.fed;
+        fed_keys(op, &mut |k| fed.push(k.to_vec()));
+        Ok(o)
+    }
+
+    fn read(&mut self, read: &dyn TxnRead) -> Outcome {
+        let (store, txn) = self.w.parts();
+        read.run(store, txn, self.ctx.now_ms)
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.ctx.now_ms
+    }
+
+    fn wrote(&mut self) -> bool {
+        self.w.parts().1.logged() != self.start
+    }
 }
 
 /// What a batch did to blocking pops: the registry entries it touched and the completions of
@@ -311,6 +367,8 @@ fn apply_req<T: Clone>(
                 }
             }
         }
+    } else if let WriteOp::Script(x) = op {
+        script(w, x, ctx, watches, touched, &mut fed)?
     } else {
         let o = apply(w, op, ctx, watches, touched)?;
         if blocking.any_queued() {
@@ -1676,7 +1734,10 @@ const LEAD_TRIES: usize = 8;
 /// are a transaction that may (or reads collections inside the write transaction).
 fn for_writer_thread(op: &WriteOp) -> bool {
     match op {
-        WriteOp::Coll(_) | WriteOp::FlushAll { .. } | WriteOp::Block { .. } => true,
+        WriteOp::Coll(_)
+        | WriteOp::FlushAll { .. }
+        | WriteOp::Block { .. }
+        | WriteOp::Script(_) => true,
         WriteOp::Exec(x) => x.steps.iter().any(|s| match s {
             Step::Write(w) => for_writer_thread(w),
             Step::Read(_) => false,

@@ -64,6 +64,8 @@ fn apply_inner<S: WriteView>(s: &mut S, op: &WriteOp, ctx: Ctx) -> Result<Outcom
         WriteOp::Exec(_) => Ok(Outcome::Err(
             "ERR transactions are not supported by this store",
         )),
+        // Scripts run in the writer, on its transaction.
+        WriteOp::Script(_) => Ok(Outcome::Err("ERR scripts are not supported by this store")),
         // Blocking pops run in the writer, which holds their registry.
         WriteOp::Block { .. } => Ok(Outcome::Err(
             "ERR blocking commands are not supported by this store",

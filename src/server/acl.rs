@@ -45,6 +45,7 @@ pub const CATEGORIES: &[&str] = &[
     "dangerous",
     "connection",
     "transaction",
+    "scripting",
 ];
 
 /// The categories a command falls in (besides `all`).
@@ -56,6 +57,9 @@ pub fn categories(spec: &Spec) -> Vec<&'static str> {
         c.push("read");
     }
     match spec.cmd {
+        Cmd::Eval | Cmd::EvalSha | Cmd::EvalRo | Cmd::EvalShaRo | Cmd::Script => {
+            c.push("scripting")
+        }
         Cmd::Coll(Family::List, _) => c.push("list"),
         Cmd::Coll(Family::Hash, _) => c.push("hash"),
         Cmd::Coll(Family::Set, _) => c.push("set"),

@@ -115,6 +115,7 @@ pub(super) fn read(
             enc::simple(out, "RESET");
         }
         Cmd::Latency => latency(args, out, v3),
+        Cmd::Script => pass.shared.scripts.script_cmd(args, out),
         Cmd::Acl => acl(args, out, sess, pass, v3),
         Cmd::Wait => {
             // No replica ever acknowledges: 0 at once (Redis, with none, would wait out the

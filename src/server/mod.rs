@@ -86,9 +86,11 @@ pub struct Shared {
     /// The TLS configuration, when a port speaks TLS (`tls_port`, `memcache_tls`).
     pub tls: Option<Arc<tls::TlsContext>>,
     /// RESP users (`requirepass`, `aclfile`, ACL SETUSER).
-    pub acl: acl::Acl,
+    pub acl: Arc<acl::Acl>,
     /// memcached's per-prefix statistics (`stats detail`).
     pub prefixes: stats::Prefixes,
+    /// The Lua script cache and the running script's state (shared with the writer thread).
+    pub scripts: Arc<crate::scripting::Scripts>,
 }
 
 /// CLIENT PAUSE's state: until when (ms since `origin`, 0 = not paused) and whether it holds
@@ -415,8 +417,9 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         mc_readonly,
         cache: Arc::default(),
         tls,
-        acl,
+        acl: Arc::new(acl),
         prefixes: stats::Prefixes::default(),
+        scripts: Arc::new(crate::scripting::Scripts::new(config.lua_time_limit)),
         config,
     });
     let cfg = &shared.config;

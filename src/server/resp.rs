@@ -479,6 +479,17 @@ const SUBCOMMANDS: &[(Cmd, &str, SubArities)] = &[
         ],
     ),
     (
+        Cmd::Script,
+        "script",
+        &[
+            ("LOAD", 3),
+            ("EXISTS", -3),
+            ("FLUSH", -2),
+            ("KILL", 2),
+            ("HELP", 2),
+        ],
+    ),
+    (
         Cmd::Latency,
         "latency",
         &[
@@ -529,6 +540,12 @@ fn check(args: Args<'_>, sess: &Session, pass: &Pass<'_>) -> Result<&'static Spe
     let needs_auth = !sess.authed && !acl.open();
     if needs_auth && !matches!(spec.cmd, Cmd::Auth | Cmd::Hello | Cmd::Quit) {
         return Err("NOAUTH Authentication required.".into());
+    }
+    if pass.shared.scripts.busy()
+        && !(spec.cmd == Cmd::Script && args.is(1, "kill"))
+        && !matches!(spec.cmd, Cmd::Auth | Cmd::Hello | Cmd::Quit)
+    {
+        return Err(crate::scripting::BUSY.into());
     }
     let n = args.len() as i32;
     if (spec.arity > 0 && n != spec.arity) || (spec.arity < 0 && n < -spec.arity) {
@@ -622,7 +639,16 @@ fn exec(sess: &mut Session, pass: &mut Pass<'_>) -> Action {
         let Some(spec) = lookup(args.get(0)) else {
             continue;
         };
-        let (step, kind) = if spec.write {
+        let (step, kind) = if is_eval(spec.cmd) {
+            match script_op(spec.cmd, args, sess, pass) {
+                Ok(op) => (Step::Write(op), RespReply::Plain),
+                Err(msg) => {
+                    let mut out = Vec::new();
+                    enc::error(&mut out, &msg);
+                    (fixed(out), RespReply::Plain)
+                }
+            }
+        } else if spec.write {
             match write_op(
                 spec.cmd,
                 args,
@@ -684,6 +710,12 @@ fn dispatch(args: Args<'_>, sess: &mut Session, pass: &mut Pass<'_>) -> Action {
         }
         _ => {}
     }
+    if is_eval(spec.cmd) {
+        return match script_op(spec.cmd, args, sess, pass) {
+            Ok(op) => Action::Write(op, RespReply::Plain),
+            Err(msg) => Action::Immediate(Now::Error(msg)),
+        };
+    }
     if !spec.write {
         return Action::Immediate(Now::Run(spec));
     }
@@ -704,6 +736,32 @@ fn dispatch(args: Args<'_>, sess: &mut Session, pass: &mut Pass<'_>) -> Action {
         Ok((op, kind)) => Action::Write(op, kind),
         Err(msg) => Action::Immediate(Now::Error(msg)),
     }
+}
+
+fn is_eval(cmd: Cmd) -> bool {
+    matches!(cmd, Cmd::Eval | Cmd::EvalSha | Cmd::EvalRo | Cmd::EvalShaRo)
+}
+
+/// EVAL and its kin: the script as a write for the writer thread (`crate::scripting`).
+fn script_op(cmd: Cmd, args: Args<'_>, sess: &Session, pass: &Pass<'_>) -> Result<WriteOp, String> {
+    // The script's commands are checked against the caller's permissions (as Redis does).
+    let acl = &pass.shared.acl;
+    let permit: Option<crate::scripting::Permit> =
+        (acl.restricted() || sess.user.is_some()).then(|| {
+            let acl = acl.clone();
+            let user = sess.user.clone();
+            let p: crate::scripting::Permit =
+                Arc::new(move |spec, args| acl.permit(user.as_deref(), spec, args));
+            p
+        });
+    pass.shared.scripts.eval_op(
+        cmd,
+        args,
+        sess.v3,
+        pass.shared.config.proto_max_bulk_len as usize,
+        pass.shared.scan_cursors.clone(),
+        permit,
+    )
 }
 
 /// Encodes a write's reply once it has committed. EXEC's ends the transaction: its watches go.

@@ -1,0 +1,772 @@
+//! Lua scripting: EVAL, EVALSHA, EVAL_RO, EVALSHA_RO and SCRIPT, as Redis 7.0 runs them.
+//!
+//! A script is a transaction whose next command depends on the previous reply, so it runs
+//! where the transaction is: on the writer thread, inside the batch's one LMDB write
+//! transaction (`WriteOp::Script`, which the writer runs through `command::TxnScript`). Each
+//! `redis.call` is parsed by the command layer (`commands::write_op` for writes, a
+//! `commands::QueuedRead` for reads, which sees the script's writes before it) and applied at
+//! once; its reply is encoded as RESP and converted to Lua values as Redis converts them. The
+//! script's reply goes out once the batch is durable, as any write's. Read-only scripts
+//! (EVAL_RO, EVALSHA_RO) run on the writer too, for simplicity: they only refuse writes.
+//!
+//! A script that errors after writing keeps its writes (Redis 7); a failure of the store
+//! fails the whole batch. The Lua VM (Lua 5.1, from `mlua`) is one per writer thread, kept
+//! across scripts as Redis keeps its one; its globals are read-only. The script cache is in
+//! memory only (after a restart EVALSHA answers NOSCRIPT, as Redis does).
+//!
+//! The libraries: `string`, `table`, `math`, `bit` (ours) and `cjson` (encode/decode through
+//! serde_json). Not provided: `struct`, `cmsgpack`. Commands called from a script run with the
+//! permissions of the script itself (ACL is checked for EVAL, not for each call).
+//!
+//! Time limit: a script running past `lua_time_limit` ms sets `Scripts::busy`; workers then
+//! answer other clients `-BUSY`; `SCRIPT KILL` sets a flag that a Lua hook checks (only while
+//! the script has not written: else `-UNKILLABLE`).
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use mlua::{Lua, LuaOptions, StdLib, Value};
+use sha1::{Digest, Sha1};
+
+use crate::command::{Outcome, REPLY_MAX, ScriptOp, ScriptTxn, TxnScript, WriteOp};
+use crate::commands::{Args, Cmd, OwnedArgs, QueuedRead, ScanCursors, lookup, reads_store};
+use crate::protocol::resp::enc;
+use crate::storage::StoreError;
+
+mod convert;
+
+/// The caller's ACL check for each command a script calls (None: the caller may run anything).
+/// Err is the ACL's refusal (`NOPERM ...`).
+pub type Permit = Arc<dyn Fn(&crate::commands::Spec, &[&[u8]]) -> Result<(), String> + Send + Sync>;
+
+/// How much memory the Lua VM may hold.
+const LUA_MEMORY: usize = 256 << 20;
+
+pub const NOSCRIPT: &str = "NOSCRIPT No matching script. Please use EVAL.";
+pub const BUSY: &str =
+    "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.";
+const UNKILLABLE: &str = "UNKILLABLE Sorry the script already executed write commands against the dataset. You can either wait the script termination or kill the server in a hard way using the SHUTDOWN NOSAVE command.";
+const NOTBUSY: &str = "NOTBUSY No scripts in execution right now.";
+
+/// The script cache and the state of the running script, shared by the workers and the writer.
+#[derive(Debug, Default)]
+pub struct Scripts {
+    bodies: Mutex<HashMap<String, Arc<[u8]>>>,
+    /// Bumped by SCRIPT FLUSH: the VM drops its compiled functions.
+    generation: AtomicU64,
+    /// A script is running (set by the writer for each script).
+    running: AtomicBool,
+    /// When it started, in ms since `epoch`.
+    started_ms: AtomicU64,
+    /// It has run past the time limit: other clients get BUSY.
+    busy: AtomicBool,
+    /// SCRIPT KILL asked for it to stop.
+    kill: AtomicBool,
+    /// It has written (it cannot be killed).
+    wrote: AtomicBool,
+    /// `lua_time_limit` in ms (0: no limit).
+    pub time_limit_ms: AtomicU64,
+}
+
+/// The SHA-1 of a script body in lowercase hex.
+pub fn sha1hex(body: &[u8]) -> String {
+    let d = Sha1::digest(body);
+    let mut s = String::with_capacity(40);
+    for b in d {
+        s.push_str(&format!("{b:02x}"));
+    }
+    s
+}
+
+impl Scripts {
+    pub fn new(time_limit_ms: u64) -> Scripts {
+        let s = Scripts::default();
+        s.time_limit_ms.store(time_limit_ms, Ordering::Relaxed);
+        s
+    }
+
+    /// Other clients must be answered BUSY.
+    pub fn busy(&self) -> bool {
+        self.busy.load(Ordering::Relaxed)
+    }
+
+    pub fn load(&self, body: &[u8]) -> String {
+        let sha = sha1hex(body);
+        if let Ok(mut m) = self.bodies.lock() {
+            m.entry(sha.clone()).or_insert_with(|| body.into());
+        }
+        sha
+    }
+
+    fn get(&self, sha: &[u8]) -> Option<Arc<[u8]>> {
+        let sha = std::str::from_utf8(sha).ok()?.to_ascii_lowercase();
+        self.bodies.lock().ok()?.get(&sha).cloned()
+    }
+
+    /// SCRIPT LOAD|EXISTS|FLUSH|KILL|HELP (the arity is checked by the caller).
+    pub fn script_cmd(&self, args: Args<'_>, out: &mut Vec<u8>) {
+        if args.is(1, "load") {
+            let sha = self.load(args.get(2));
+            enc::bulk(out, sha.as_bytes());
+        } else if args.is(1, "exists") {
+            let m = self.bodies.lock().ok();
+            enc::array(out, args.len() - 2);
+            for i in 2..args.len() {
+                let sha = String::from_utf8_lossy(args.get(i)).to_ascii_lowercase();
+                let found = m.as_ref().is_some_and(|m| m.contains_key(&sha));
+                enc::int(out, found as i64);
+            }
+        } else if args.is(1, "flush") {
+            if args.len() > 3 || (args.len() == 3 && !args.is(2, "sync") && !args.is(2, "async")) {
+                return enc::error(out, "ERR SCRIPT FLUSH only support SYNC|ASYNC option");
+            }
+            if let Ok(mut m) = self.bodies.lock() {
+                m.clear();
+            }
+            self.generation.fetch_add(1, Ordering::Relaxed);
+            enc::ok(out);
+        } else if args.is(1, "kill") {
+            if !self.running.load(Ordering::Relaxed) {
+                enc::error(out, NOTBUSY)
+            } else if self.wrote.load(Ordering::Relaxed) {
+                enc::error(out, UNKILLABLE)
+            } else {
+                self.kill.store(true, Ordering::Relaxed);
+                enc::ok(out)
+            }
+        } else {
+            enc::array(out, 5);
+            for line in [
+                "SCRIPT <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+                "LOAD <script>",
+                "EXISTS <sha1> [<sha1> ...]",
+                "FLUSH [ASYNC|SYNC]",
+                "KILL",
+            ] {
+                enc::simple(out, line);
+            }
+        }
+    }
+
+    /// EVAL, EVALSHA, EVAL_RO, EVALSHA_RO: the write that runs the script, or the error reply.
+    pub fn eval_op(
+        self: &Arc<Self>,
+        cmd: Cmd,
+        args: Args<'_>,
+        v3: bool,
+        max_bulk: usize,
+        cursors: Arc<Mutex<ScanCursors>>,
+        permit: Option<Permit>,
+    ) -> Result<WriteOp, String> {
+        let by_sha = matches!(cmd, Cmd::EvalSha | Cmd::EvalShaRo);
+        let read_only = matches!(cmd, Cmd::EvalRo | Cmd::EvalShaRo);
+        let numkeys = std::str::from_utf8(args.get(2))
+            .ok()
+            .and_then(|s| s.parse::<i64>().ok())
+            .ok_or_else(|| crate::commands::NOT_INTEGER.to_string())?;
+        if numkeys < 0 {
+            return Err("ERR Number of keys can't be negative".into());
+        }
+        if numkeys as usize > args.len() - 3 {
+            return Err("ERR Number of keys can't be greater than number of args".into());
+        }
+        let (sha, body) = if by_sha {
+            let body = self.get(args.get(1)).ok_or_else(|| NOSCRIPT.to_string())?;
+            (
+                String::from_utf8_lossy(args.get(1)).to_ascii_lowercase(),
+                body,
+            )
+        } else {
+            let body = args.get(1);
+            // EVAL caches its script, as Redis does.
+            let sha = self.load(body);
+            let cached = self.get(sha.as_bytes()).unwrap_or_else(|| body.into());
+            (sha, cached)
+        };
+        let nk = numkeys as usize;
+        let keys = (3..3 + nk).map(|i| args.get(i).to_vec()).collect();
+        let argv = (3 + nk..args.len()).map(|i| args.get(i).to_vec()).collect();
+        let run = ScriptRun {
+            scripts: self.clone(),
+            sha,
+            body,
+            keys,
+            argv,
+            read_only,
+            v3,
+            max_bulk,
+            cursors,
+            permit,
+        };
+        Ok(WriteOp::Script(Box::new(ScriptOp { run: Arc::new(run) })))
+    }
+}
+
+/// One script call, for the writer.
+struct ScriptRun {
+    scripts: Arc<Scripts>,
+    sha: String,
+    body: Arc<[u8]>,
+    keys: Vec<Vec<u8>>,
+    argv: Vec<Vec<u8>>,
+    read_only: bool,
+    /// The caller's protocol: the script's reply is encoded in it.
+    v3: bool,
+    max_bulk: usize,
+    cursors: Arc<Mutex<ScanCursors>>,
+    permit: Option<Permit>,
+}
+
+impl std::fmt::Debug for ScriptRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScriptRun")
+            .field("sha", &self.sha)
+            .field("keys", &self.keys.len())
+            .field("argv", &self.argv.len())
+            .field("read_only", &self.read_only)
+            .finish()
+    }
+}
+
+/// The writer thread's Lua VM and the scripts compiled in it.
+struct Vm {
+    lua: Lua,
+    funcs: HashMap<String, mlua::Function>,
+    generation: u64,
+    /// Runs a function under pcall (Lua-side, so error values stay Lua values).
+    runner: mlua::Function,
+    /// The `redis` library's table (scripts see it through a read-only proxy).
+    redis: mlua::Table,
+}
+
+thread_local! {
+    static VM: RefCell<Option<Vm>> = const { RefCell::new(None) };
+}
+
+/// What the running script's callbacks share.
+struct RunState<'a> {
+    txn: RefCell<&'a mut dyn ScriptTxn>,
+    resp3: Cell<bool>,
+    /// The line of the last `redis.call` that failed (for the error's "on @user_script:N").
+    err_line: Cell<usize>,
+    /// A failure of the store: the batch fails.
+    failed: RefCell<Option<StoreError>>,
+}
+
+impl TxnScript for ScriptRun {
+    fn run(&self, txn: &mut dyn ScriptTxn) -> Result<Outcome, StoreError> {
+        let s = &self.scripts;
+        s.kill.store(false, Ordering::Relaxed);
+        s.wrote.store(false, Ordering::Relaxed);
+        s.started_ms.store(now_ms(), Ordering::Relaxed);
+        s.running.store(true, Ordering::Release);
+        let r = VM.with(|vm| {
+            let mut vm = vm.borrow_mut();
+            if vm.is_none() {
+                match new_vm(s.clone()) {
+                    Ok(v) => *vm = Some(v),
+                    Err(e) => {
+                        log::error!("cannot start the Lua VM: {e}");
+                        let mut out = Vec::new();
+                        enc::error(&mut out, "ERR cannot start the Lua VM");
+                        return Ok(Outcome::Reply(out));
+                    }
+                }
+            }
+            let Some(vm) = vm.as_mut() else {
+                return Ok(Outcome::Reply(b"-ERR no Lua VM\r\n".to_vec()));
+            };
+            self.run_in(vm, txn)
+        });
+        s.running.store(false, Ordering::Release);
+        s.busy.store(false, Ordering::Relaxed);
+        s.kill.store(false, Ordering::Relaxed);
+        r
+    }
+}
+
+fn now_ms() -> u64 {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64
+}
+
+impl ScriptRun {
+    fn run_in(&self, vm: &mut Vm, txn: &mut dyn ScriptTxn) -> Result<Outcome, StoreError> {
+        let generation = self.scripts.generation.load(Ordering::Relaxed);
+        if vm.generation != generation {
+            vm.funcs.clear();
+            vm.generation = generation;
+        }
+        let mut out = Vec::new();
+        let func = match vm.funcs.get(&self.sha) {
+            Some(f) => f.clone(),
+            None => match vm
+                .lua
+                .load(&self.body[..])
+                .set_name("@user_script")
+                .into_function()
+            {
+                Ok(f) => {
+                    vm.funcs.insert(self.sha.clone(), f.clone());
+                    f
+                }
+                Err(e) => {
+                    let msg = match &e {
+                        mlua::Error::SyntaxError { message, .. } => message.clone(),
+                        other => other.to_string(),
+                    };
+                    enc::error(
+                        &mut out,
+                        &format!("ERR Error compiling script (new function): {msg}"),
+                    );
+                    return Ok(Outcome::Reply(out));
+                }
+            },
+        };
+        let lua = &vm.lua;
+        let state = RunState {
+            txn: RefCell::new(txn),
+            resp3: Cell::new(false),
+            err_line: Cell::new(0),
+            failed: RefCell::new(None),
+        };
+        let result = lua.scope(|scope| {
+            let g = lua.globals();
+            g.raw_set("KEYS", convert::string_list(lua, &self.keys)?)?;
+            g.raw_set("ARGV", convert::string_list(lua, &self.argv)?)?;
+            let redis = &vm.redis;
+            // Rust functions, not Lua wrappers: a `return redis.call(...)` is then no tail call,
+            // and the error's line is the script's.
+            let call = scope.create_function(|lua, args: mlua::MultiValue| {
+                let v = self.command(lua, &state, args)?;
+                if let Value::Table(t) = &v
+                    && let Ok(Value::String(e)) = t.raw_get::<Value>("err")
+                {
+                    return Err(mlua::Error::external(CallError(e.to_string_lossy())));
+                }
+                Ok(v)
+            })?;
+            redis.raw_set("call", call)?;
+            let pcall = scope
+                .create_function(|lua, args: mlua::MultiValue| self.command(lua, &state, args))?;
+            redis.raw_set("pcall", pcall)?;
+            let setresp = scope.create_function(|_, v: i64| {
+                if v != 2 && v != 3 {
+                    return Err(mlua::Error::RuntimeError(
+                        "RESP version must be 2 or 3.".into(),
+                    ));
+                }
+                state.resp3.set(v == 3);
+                Ok(())
+            })?;
+            redis.raw_set("setresp", setresp)?;
+            let r: (bool, Value) = vm.runner.call(func.clone())?;
+            let mut out = Vec::new();
+            match r {
+                (true, v) => convert::encode_reply(&mut out, &v, self.v3, state.resp3.get(), 0),
+                (false, err) => self.error_reply(&mut out, &err, &state),
+            }
+            Ok(out)
+        });
+        if let Some(e) = state.failed.borrow_mut().take() {
+            return Err(e);
+        }
+        match result {
+            Ok(out) => Ok(Outcome::Reply(out)),
+            Err(e) => {
+                enc::error(
+                    &mut out,
+                    &format!(
+                        "ERR Error running script {}: {}",
+                        self.sha,
+                        e.to_string().lines().next().unwrap_or("")
+                    ),
+                );
+                Ok(Outcome::Reply(out))
+            }
+        }
+    }
+
+    /// The reply for an error the script raised: Redis's text, then where it happened.
+    fn error_reply(&self, out: &mut Vec<u8>, err: &Value, state: &RunState<'_>) {
+        let (msg, line) = match err {
+            Value::Table(t) => {
+                let msg = t
+                    .raw_get::<mlua::LuaString>("err")
+                    .map(|s| s.to_string_lossy())
+                    .unwrap_or_else(|_| "ERR unknown error".into());
+                (msg, state.err_line.get())
+            }
+            Value::String(s) => {
+                let text = s.to_string_lossy();
+                // "user_script:3: message": the line Lua put in front.
+                let line = text
+                    .strip_prefix("user_script:")
+                    .and_then(|r| r.split(':').next())
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(0);
+                (format!("ERR {text}"), line)
+            }
+            Value::Error(e) if call_error(e).is_some() => {
+                (call_error(e).unwrap_or_default(), state.err_line.get())
+            }
+            Value::Error(e) => {
+                let text = e.to_string();
+                let first = text.lines().next().unwrap_or("").to_string();
+                let first = first
+                    .strip_prefix("runtime error: ")
+                    .unwrap_or(&first)
+                    .to_string();
+                if first.starts_with("ERR ") {
+                    (first, 0)
+                } else {
+                    (format!("ERR {first}"), 0)
+                }
+            }
+            other => (format!("ERR {}", other.type_name()), 0),
+        };
+        let msg = if msg.contains(" script: ") {
+            msg
+        } else if line > 0 {
+            format!("{msg} script: {}, on @user_script:{line}.", self.sha)
+        } else {
+            format!("{msg} script: {}, on @user_script.", self.sha)
+        };
+        enc::error(out, &msg);
+    }
+
+    /// `redis.call`/`redis.pcall`: runs one command, answering its reply as a Lua value (an error
+    /// reply as `{err = ...}`; `redis.call` raises it).
+    fn command(
+        &self,
+        lua: &Lua,
+        state: &RunState<'_>,
+        args: mlua::MultiValue,
+    ) -> mlua::Result<Value> {
+        let line = current_line(lua);
+        let mut argv: Vec<Vec<u8>> = Vec::with_capacity(args.len());
+        for a in args.iter() {
+            match a {
+                Value::String(s) => argv.push(s.as_bytes().to_vec()),
+                Value::Integer(n) => argv.push(n.to_string().into_bytes()),
+                Value::Number(n) => argv.push(convert::number_text(*n).into_bytes()),
+                _ => {
+                    state.err_line.set(line);
+                    return convert::error_table(
+                        lua,
+                        "ERR Lua redis lib command arguments must be strings or integers",
+                    );
+                }
+            }
+        }
+        let v3 = state.resp3.get();
+        let reply = {
+            let mut txn = state.txn.borrow_mut();
+            self.call(&mut **txn, &argv, v3, state)
+        };
+        if self.scripts.kill.load(Ordering::Relaxed) {
+            return Err(mlua::Error::RuntimeError(
+                "ERR Script killed by user with SCRIPT KILL...".into(),
+            ));
+        }
+        if reply.first() == Some(&b'-') {
+            state.err_line.set(line);
+        }
+        convert::reply_to_lua(lua, &reply)
+    }
+
+    /// Runs one command against the transaction: its RESP reply.
+    fn call(
+        &self,
+        txn: &mut dyn ScriptTxn,
+        argv: &[Vec<u8>],
+        v3: bool,
+        state: &RunState<'_>,
+    ) -> Vec<u8> {
+        let mut out = Vec::new();
+        if argv.is_empty() {
+            enc::error(
+                &mut out,
+                "ERR Please specify at least one argument for this redis lib call",
+            );
+            return out;
+        }
+        let mut buf = Vec::new();
+        let mut ranges = Vec::with_capacity(argv.len());
+        for a in argv {
+            ranges.push(buf.len()..buf.len() + a.len());
+            buf.extend_from_slice(a);
+        }
+        let args = Args::new(&buf, &ranges);
+        let Some(spec) = lookup(args.get(0)) else {
+            enc::error(&mut out, "ERR Unknown Redis command called from script");
+            return out;
+        };
+        let n = argv.len() as i32;
+        if (spec.arity > 0 && n != spec.arity) || (spec.arity < 0 && n < -spec.arity) {
+            enc::error(
+                &mut out,
+                "ERR Wrong number of args calling Redis command from script",
+            );
+            return out;
+        }
+        if !allowed(spec.cmd) {
+            enc::error(
+                &mut out,
+                "ERR This Redis command is not allowed from script",
+            );
+            return out;
+        }
+        if let Some(permit) = &self.permit {
+            let all: Vec<&[u8]> = argv.iter().map(Vec::as_slice).collect();
+            if let Err(why) = permit(spec, &all) {
+                let msg = if why.contains("to run the") {
+                    "ERR The user executing the script can't run this command or subcommand"
+                } else if why.contains("channels") {
+                    "ERR The user executing the script can't publish to the channel mentioned in the command"
+                } else {
+                    "ERR The user executing the script can't access at least one of the keys mentioned in the command arguments"
+                };
+                enc::error(&mut out, msg);
+                return out;
+            }
+        }
+        if spec.write {
+            if self.read_only {
+                enc::error(
+                    &mut out,
+                    "ERR Write commands are not allowed from read-only scripts.",
+                );
+                return out;
+            }
+            let (op, kind) =
+                match crate::commands::write_op(spec.cmd, args, txn.now_ms(), self.max_bulk) {
+                    Ok(x) => x,
+                    Err(msg) => {
+                        enc::error(&mut out, &msg);
+                        return out;
+                    }
+                };
+            match txn.write(&op) {
+                Ok(o) => crate::commands::complete(&mut out, v3, kind, o),
+                Err(e) => {
+                    enc::error(&mut out, &e.resp_reply());
+                    *state.failed.borrow_mut() = Some(e);
+                }
+            }
+            if txn.wrote() {
+                self.scripts.wrote.store(true, Ordering::Relaxed);
+            }
+        } else if reads_store(spec.cmd) {
+            let read = QueuedRead {
+                cmd: spec.cmd,
+                args: OwnedArgs::new(args),
+                v3,
+                cursors: self.cursors.clone(),
+            };
+            match txn.read(&read) {
+                Outcome::Reply(b) if b.len() <= REPLY_MAX => out = b,
+                Outcome::Reply(_) => enc::error(&mut out, "ERR reply larger than memkeep's limit"),
+                o => crate::commands::complete(&mut out, v3, crate::commands::RespReply::Plain, o),
+            }
+        } else {
+            match spec.cmd {
+                Cmd::Ping if argv.len() > 1 => enc::bulk(&mut out, &argv[1]),
+                Cmd::Ping => enc::simple(&mut out, "PONG"),
+                Cmd::Echo => enc::bulk(&mut out, &argv[1]),
+                Cmd::Time => {
+                    let t = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap_or_default();
+                    enc::array(&mut out, 2);
+                    enc::bulk(&mut out, t.as_secs().to_string().as_bytes());
+                    enc::bulk(&mut out, t.subsec_micros().to_string().as_bytes());
+                }
+                _ => enc::error(
+                    &mut out,
+                    "ERR This Redis command is not allowed from script",
+                ),
+            }
+        }
+        out
+    }
+}
+
+/// A `redis.call` whose command answered an error: the script stops with it.
+#[derive(Debug)]
+struct CallError(String);
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for CallError {}
+
+fn call_error(e: &mlua::Error) -> Option<String> {
+    match e {
+        mlua::Error::CallbackError { cause, .. } => call_error(cause),
+        mlua::Error::ExternalError(x) => x.downcast_ref::<CallError>().map(|c| c.0.clone()),
+        _ => None,
+    }
+}
+
+/// Commands a script may call (Redis refuses those flagged `noscript`, and blocking ones).
+fn allowed(cmd: Cmd) -> bool {
+    match cmd {
+        Cmd::Pop(code) => !crate::commands::blocking::blocks(code),
+        Cmd::Multi
+        | Cmd::Exec
+        | Cmd::Discard
+        | Cmd::Watch
+        | Cmd::Unwatch
+        | Cmd::Subscribe
+        | Cmd::Unsubscribe
+        | Cmd::PSubscribe
+        | Cmd::PUnsubscribe
+        | Cmd::Auth
+        | Cmd::Hello
+        | Cmd::Quit
+        | Cmd::Reset
+        | Cmd::Client
+        | Cmd::Wait
+        | Cmd::Eval
+        | Cmd::EvalSha
+        | Cmd::EvalRo
+        | Cmd::EvalShaRo
+        | Cmd::Script => false,
+        _ => true,
+    }
+}
+
+/// The line of the innermost frame of the user's script.
+fn current_line(lua: &Lua) -> usize {
+    for level in 1..8 {
+        let found = lua.inspect_stack(level, |d| {
+            let src = d.source();
+            let ours = src
+                .source
+                .as_deref()
+                .is_some_and(|s| s.ends_with("user_script"));
+            ours.then(|| d.current_line())
+        });
+        match found {
+            None => break,
+            Some(Some(line)) => return line.unwrap_or(0),
+            Some(None) => continue,
+        }
+    }
+    0
+}
+
+/// The Lua prelude: the libraries in Lua, and read-only globals and libraries.
+const PRELUDE: &str = r#"
+local redis = redis
+redis.error_reply = function(e)
+  if type(e) ~= 'string' then error('wrong number or type of arguments', 2) end
+  if string.sub(e, 1, 1) == '-' then e = string.sub(e, 2) end
+  return {err = e}
+end
+redis.status_reply = function(s)
+  if type(s) ~= 'string' then error('wrong number or type of arguments', 2) end
+  return {ok = s}
+end
+redis.LOG_DEBUG = 0
+redis.LOG_VERBOSE = 1
+redis.LOG_NOTICE = 2
+redis.LOG_WARNING = 3
+-- Effects replication is the only kind in Redis 7: these are kept for older scripts.
+redis.replicate_commands = function() return true end
+redis.set_repl = function(flags) end
+redis.REPL_NONE = 0
+redis.REPL_AOF = 1
+redis.REPL_SLAVE = 2
+redis.REPL_REPLICA = 2
+redis.REPL_ALL = 3
+redis.breakpoint = function() return false end
+redis.debug = function(...) end
+redis.REDIS_VERSION = '7.0.0'
+redis.REDIS_VERSION_NUM = 0x070000
+loadfile = nil
+dofile = nil
+print = nil
+local runner = function(f) return pcall(f) end
+local readonly = function(t, k, v) error('Attempt to modify a readonly table', 2) end
+for _, name in ipairs({'redis', 'string', 'table', 'math', 'bit', 'cjson'}) do
+  local real = _G[name]
+  _G[name] = setmetatable({}, {__index = real, __newindex = readonly, __metatable = false})
+end
+setmetatable(_G, {
+  __newindex = function(t, k, v) error('Attempt to modify a readonly table', 2) end,
+  __index = function(t, k)
+    error("Script attempted to access nonexistent global variable '" .. tostring(k) .. "'", 2)
+  end,
+})
+return runner, redis
+"#;
+
+fn new_vm(scripts: Arc<Scripts>) -> mlua::Result<Vm> {
+    let lua = Lua::new_with(
+        StdLib::TABLE | StdLib::STRING | StdLib::MATH,
+        LuaOptions::default(),
+    )?;
+    if let Err(e) = lua.set_memory_limit(LUA_MEMORY) {
+        log::warn!("Lua memory limit not set: {e}");
+    }
+    let g = lua.globals();
+    let redis = lua.create_table()?;
+    redis.raw_set(
+        "sha1hex",
+        lua.create_function(|_, s: mlua::LuaString| Ok(sha1hex(&s.as_bytes())))?,
+    )?;
+    redis.raw_set(
+        "log",
+        lua.create_function(|_, (level, msg): (i64, mlua::MultiValue)| {
+            let text: Vec<String> = msg
+                .iter()
+                .map(|v| v.to_string().unwrap_or_default())
+                .collect();
+            match level {
+                3 => log::warn!("script: {}", text.join(" ")),
+                2 => log::info!("script: {}", text.join(" ")),
+                _ => log::debug!("script: {}", text.join(" ")),
+            }
+            Ok(())
+        })?,
+    )?;
+    redis.raw_set("setresp", lua.create_function(|_, _: i64| Ok(()))?)?;
+    g.raw_set("redis", redis)?;
+    g.raw_set("bit", convert::bit_lib(&lua)?)?;
+    g.raw_set("cjson", convert::cjson_lib(&lua)?)?;
+    let (runner, redis): (mlua::Function, mlua::Table) =
+        lua.load(PRELUDE).set_name("=prelude").eval()?;
+    // The time limit and SCRIPT KILL: checked every 100k instructions.
+    let s = scripts;
+    lua.set_hook(
+        mlua::HookTriggers::new().every_nth_instruction(100_000),
+        move |_, _| {
+            let limit = s.time_limit_ms.load(Ordering::Relaxed);
+            let started = s.started_ms.load(Ordering::Relaxed);
+            if limit > 0 && now_ms().saturating_sub(started) >= limit {
+                s.busy.store(true, Ordering::Relaxed);
+            }
+            if s.kill.load(Ordering::Relaxed) {
+                return Err(mlua::Error::RuntimeError(
+                    "ERR Script killed by user with SCRIPT KILL...".into(),
+                ));
+            }
+            Ok(mlua::VmState::Continue)
+        },
+    )?;
+    Ok(Vm {
+        lua,
+        funcs: HashMap::new(),
+        generation: 0,
+        runner,
+        redis,
+    })
+}

@@ -1,0 +1,311 @@
+//! Lua scripts (EVAL, EVALSHA, SCRIPT) through real clients and across processes: redis-py's
+//! `Lock` (acquire, extend, release across two connections) and a token-bucket rate limiter
+//! (`register_script`: EVALSHA, falling back to EVAL on NOSCRIPT), both on RESP2 and RESP3; a
+//! writing script's reply means its writes are durable (kill -9 right after it); a script past
+//! the time limit makes other clients get -BUSY until SCRIPT KILL stops it, and a script that
+//! wrote cannot be killed.
+//!
+//! `MEMKEEP_CONFORMANCE=redis` runs the client and BUSY tests against a redis-server the test
+//! starts instead (`make conformance`); the kill -9 test is memkeep's alone.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::programs::{assert_healthy, python};
+use common::{Kind, Options, Server};
+
+const BIN: &str = env!("CARGO_BIN_EXE_memkeep");
+
+fn memkeep(args: &[&str]) -> Server {
+    Server::start_with(
+        BIN,
+        Options {
+            args: args.iter().map(|s| s.to_string()).collect(),
+            resp: true,
+            ..Options::default()
+        },
+    )
+}
+
+/// memkeep (two workers), or redis-server under `MEMKEEP_CONFORMANCE=redis`.
+fn target(args: &[&str]) -> Server {
+    match std::env::var("MEMKEEP_CONFORMANCE").as_deref() {
+        Err(_) | Ok("") => {
+            let mut all = vec!["-t", "2"];
+            all.extend_from_slice(args);
+            memkeep(&all)
+        }
+        Ok("redis") => Server::redis(),
+        Ok(other) => panic!("MEMKEEP_CONFORMANCE={other:?}: expected unset or `redis`"),
+    }
+}
+
+fn port(server: &Server) -> u16 {
+    server.resp_addr().expect("a RESP port").port()
+}
+
+/// A raw RESP connection for the few replies these tests read (one line, or a bulk).
+struct Conn {
+    out: TcpStream,
+    input: BufReader<TcpStream>,
+}
+
+impl Conn {
+    fn open(server: &Server) -> Conn {
+        let s = Server::connect_to(server.resp_addr().expect("a RESP port")).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(60)))
+            .expect("timeout");
+        Conn {
+            out: s.try_clone().expect("clone"),
+            input: BufReader::new(s),
+        }
+    }
+
+    fn send(&mut self, args: &[&str]) {
+        let mut b = format!("*{}\r\n", args.len()).into_bytes();
+        for a in args {
+            b.extend_from_slice(format!("${}\r\n{a}\r\n", a.len()).as_bytes());
+        }
+        self.out.write_all(&b).expect("send");
+    }
+
+    /// One reply: a line, or a bulk's contents (`(nil)` for a null).
+    fn reply(&mut self) -> String {
+        let mut line = String::new();
+        self.input.read_line(&mut line).expect("reply");
+        let line = line.trim_end().to_string();
+        if let Some(n) = line.strip_prefix('$') {
+            let Ok(n) = n.parse::<usize>() else {
+                return "(nil)".into();
+            };
+            let mut body = vec![0u8; n + 2];
+            std::io::Read::read_exact(&mut self.input, &mut body).expect("bulk");
+            body.truncate(n);
+            return String::from_utf8_lossy(&body).into_owned();
+        }
+        line
+    }
+
+    fn cmd(&mut self, args: &[&str]) -> String {
+        self.send(args);
+        self.reply()
+    }
+}
+
+const REDIS_PY_LOCK_AND_RATE_LIMIT: &str = r#"
+import sys, redis
+from redis.exceptions import LockNotOwnedError
+port, proto = int(sys.argv[1]), int(sys.argv[2])
+a = redis.Redis(port=port, protocol=proto)
+b = redis.Redis(port=port, protocol=proto)
+a.delete("lock:res", "bucket:user")
+
+# redis-py's Lock: SET NX PX to acquire, Lua to extend and release (token compared).
+la = a.lock("lock:res", timeout=10, blocking=False)
+lb = b.lock("lock:res", timeout=10, blocking=False)
+assert la.acquire(), "a acquires"
+assert not lb.acquire(), "b must not acquire a held lock"
+assert la.extend(20), "a extends"
+ttl = a.pttl("lock:res")
+assert 10000 < ttl <= 30000, ttl
+try:
+    lb.release()
+    raise SystemExit("b released a lock it does not own")
+except Exception:
+    pass
+assert la.owned() and not lb.owned()
+la.release()
+assert a.get("lock:res") is None
+assert lb.acquire(), "b acquires once a released"
+# A holder with a stale token cannot extend (the Lua script compares tokens).
+stale = a.lock("lock:res", timeout=10)
+stale.local.token = b"not-the-token"
+try:
+    stale.extend(5)
+    raise SystemExit("extended a lock with the wrong token")
+except LockNotOwnedError:
+    pass
+assert lb.owned()
+lb.release()
+
+# A token bucket: capacity 3, refilled at 1 token/s, the time passed in by the caller.
+BUCKET = """
+local key = KEYS[1]
+local capacity = tonumber(ARGV[1])
+local rate = tonumber(ARGV[2])
+local now = tonumber(ARGV[3])
+local state = redis.call('HMGET', key, 'tokens', 'ts')
+local tokens = tonumber(state[1]) or capacity
+local ts = tonumber(state[2]) or now
+tokens = math.min(capacity, tokens + (now - ts) * rate)
+local allowed = 0
+if tokens >= 1 then
+  tokens = tokens - 1
+  allowed = 1
+end
+redis.call('HSET', key, 'tokens', tokens, 'ts', now)
+redis.call('EXPIRE', key, 60)
+return {allowed, tostring(tokens)}
+"""
+take = a.register_script(BUCKET)
+got = [take(keys=["bucket:user"], args=[3, 1, 1000])[0] for _ in range(4)]
+assert got == [1, 1, 1, 0], got
+# Two seconds later two tokens are back (seen from the other connection).
+got = [take(keys=["bucket:user"], args=[3, 1, 1002], client=b)[0] for _ in range(3)]
+assert got == [1, 1, 0], got
+assert a.script_exists(take.sha) == [True]
+assert b.ttl("bucket:user") > 0
+print("ok: lock and token bucket, protocol", proto)
+"#;
+
+fn redis_py(proto: u32) {
+    let mut server = target(&[]);
+    let run = python(
+        REDIS_PY_LOCK_AND_RATE_LIMIT,
+        &[port(&server).to_string(), proto.to_string()],
+    )
+    .success(&[&server]);
+    assert!(run.stdout.contains("ok: "), "{}", run.describe());
+    assert_healthy(&mut server);
+}
+
+#[test]
+fn redis_py_lock_and_token_bucket_resp2() {
+    redis_py(2);
+}
+
+#[test]
+fn redis_py_lock_and_token_bucket_resp3() {
+    redis_py(3);
+}
+
+#[test]
+fn a_writing_script_is_durable_once_it_answers() {
+    if std::env::var("MEMKEEP_CONFORMANCE").is_ok_and(|v| !v.is_empty()) {
+        return;
+    }
+    let mut server = memkeep(&["--sync", "always"]);
+    let mut c = Conn::open(&server);
+    let script = "for i = 1, 50 do redis.call('SET', KEYS[1] .. i, ARGV[1] .. i) end \
+                  redis.call('RPUSH', KEYS[1] .. 'list', 'a', 'b') \
+                  return redis.call('INCRBY', KEYS[1] .. 'n', 7)";
+    assert_eq!(c.cmd(&["EVAL", script, "1", "dur:", "v"]), ":7");
+    server.kill9();
+    server.relaunch();
+    let mut c = Conn::open(&server);
+    assert_eq!(c.cmd(&["GET", "dur:1"]), "v1");
+    assert_eq!(c.cmd(&["GET", "dur:50"]), "v50");
+    assert_eq!(c.cmd(&["GET", "dur:n"]), "7");
+    assert_eq!(c.cmd(&["LLEN", "dur:list"]), ":2");
+    // The script cache did not survive (as Redis's).
+    let sha = c.cmd(&["SCRIPT", "LOAD", "return 1"]);
+    server.kill9();
+    server.relaunch();
+    let mut c = Conn::open(&server);
+    assert_eq!(
+        c.cmd(&["EVALSHA", &sha, "0"]),
+        "-NOSCRIPT No matching script. Please use EVAL."
+    );
+    assert_healthy(&mut server);
+}
+
+#[test]
+fn a_script_push_serves_a_blocked_pop() {
+    let mut server = target(&[]);
+    let mut waiter = Conn::open(&server);
+    let mut pusher = Conn::open(&server);
+    assert!(pusher.cmd(&["DEL", "feed:q"]).starts_with(':'));
+    waiter.send(&["BLPOP", "feed:q", "0"]);
+    // The pop is waiting once CLIENT LIST shows a client in blpop.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        pusher.send(&["CLIENT", "LIST"]);
+        if pusher.reply().contains("cmd=blpop") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "BLPOP never waited");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let script = "redis.call('RPUSH', KEYS[1], 'a', 'b') return redis.call('LLEN', KEYS[1])";
+    assert_eq!(pusher.cmd(&["EVAL", script, "1", "feed:q"]), ":2");
+    assert_eq!(waiter.reply(), "*2");
+    assert_eq!(waiter.reply(), "feed:q");
+    assert_eq!(waiter.reply(), "a");
+    assert_eq!(pusher.cmd(&["LRANGE", "feed:q", "0", "-1"]), "*1");
+    assert_healthy(&mut server);
+}
+
+/// Sends PING on `c` until it answers -BUSY (the script has run past the limit).
+fn wait_busy(c: &mut Conn) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let r = c.cmd(&["PING"]);
+        if r.starts_with("-BUSY") {
+            assert_eq!(
+                r,
+                "-BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE."
+            );
+            return;
+        }
+        assert_eq!(r, "+PONG");
+        assert!(Instant::now() < deadline, "never BUSY");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn busy_server() -> Server {
+    let server = target(&["--lua-time-limit", "100"]);
+    if *server.kind() == Kind::Redis {
+        let mut c = Conn::open(&server);
+        assert_eq!(c.cmd(&["CONFIG", "SET", "lua-time-limit", "100"]), "+OK");
+    }
+    server
+}
+
+#[test]
+fn a_long_script_makes_others_busy_until_script_kill() {
+    let mut server = busy_server();
+    let mut runner = Conn::open(&server);
+    let mut other = Conn::open(&server);
+    assert_eq!(
+        other.cmd(&["SCRIPT", "KILL"]),
+        "-NOTBUSY No scripts in execution right now."
+    );
+    runner.send(&["EVAL", "local i = 0 while true do i = i + 1 end", "0"]);
+    wait_busy(&mut other);
+    assert_eq!(other.cmd(&["SCRIPT", "KILL"]), "+OK");
+    let r = runner.reply();
+    assert!(
+        r.starts_with("-ERR Script killed by user with SCRIPT KILL..."),
+        "{r}"
+    );
+    // Everyone is served again, the script's connection too.
+    assert_eq!(other.cmd(&["PING"]), "+PONG");
+    assert_eq!(runner.cmd(&["EVAL", "return 5", "0"]), ":5");
+    assert_healthy(&mut server);
+}
+
+#[test]
+fn a_long_script_that_wrote_cannot_be_killed() {
+    let mut server = busy_server();
+    let mut runner = Conn::open(&server);
+    let mut other = Conn::open(&server);
+    runner.send(&[
+        "EVAL",
+        "redis.call('SET', 'busy:w', '1') while true do end",
+        "0",
+    ]);
+    wait_busy(&mut other);
+    let r = other.cmd(&["SCRIPT", "KILL"]);
+    assert!(
+        r.starts_with(
+            "-UNKILLABLE Sorry the script already executed write commands against the dataset."
+        ),
+        "{r}"
+    );
+    // Only a hard stop ends it (Redis: SHUTDOWN NOSAVE).
+    server.kill9();
+}
