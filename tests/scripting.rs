@@ -309,3 +309,32 @@ fn a_long_script_that_wrote_cannot_be_killed() {
     // Only a hard stop ends it (Redis: SHUTDOWN NOSAVE).
     server.kill9();
 }
+
+/// A script that fills the VM up to its memory limit fails with Lua's memory error, and the
+/// scripts after it run as before: the VM is collected (or made anew), not left full. Before,
+/// every later EVAL failed with "Error compiling script ... not enough memory".
+#[test]
+fn a_script_past_the_memory_limit_fails_alone() {
+    if std::env::var("MEMKEEP_CONFORMANCE").is_ok_and(|v| !v.is_empty()) {
+        return; // Redis has no per-VM memory limit.
+    }
+    let mut server = memkeep(&[]);
+    let mut c = Conn::open(&server);
+    assert_eq!(c.cmd(&["SET", "mem:k", "v"]), "+OK");
+    // 40 strings of 8 MB pass the VM's 256 MiB limit in a second or two.
+    let hog = "local t = {} for i = 1, 40 do t[i] = string.rep('x', 8000000) .. i end return #t";
+    for _ in 0..2 {
+        let r = c.cmd(&["EVAL", hog, "0"]);
+        assert!(r.starts_with("-ERR not enough memory"), "{r}");
+        assert_eq!(
+            c.cmd(&["EVAL", "return redis.call('GET', KEYS[1])", "1", "mem:k"]),
+            "v"
+        );
+        assert_eq!(
+            c.cmd(&["EVAL", "return redis.pcall('INCR', 'mem:n')", "0"]),
+            ":1"
+        );
+        assert_eq!(c.cmd(&["DEL", "mem:n"]), ":1");
+    }
+    assert_healthy(&mut server);
+}

@@ -73,10 +73,12 @@ pub struct Scripts {
 
 /// The SHA-1 of a script body in lowercase hex.
 pub fn sha1hex(body: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let d = Sha1::digest(body);
     let mut s = String::with_capacity(40);
     for b in d {
-        s.push_str(&format!("{b:02x}"));
+        s.push(HEX[(b >> 4) as usize] as char);
+        s.push(HEX[(b & 15) as usize] as char);
     }
     s
 }
@@ -94,11 +96,17 @@ impl Scripts {
     }
 
     pub fn load(&self, body: &[u8]) -> String {
+        self.load_body(body).0
+    }
+
+    /// Caches `body`: its SHA-1 and the cached copy (one lock).
+    fn load_body(&self, body: &[u8]) -> (String, Arc<[u8]>) {
         let sha = sha1hex(body);
-        if let Ok(mut m) = self.bodies.lock() {
-            m.entry(sha.clone()).or_insert_with(|| body.into());
-        }
-        sha
+        let cached = match self.bodies.lock() {
+            Ok(mut m) => m.entry(sha.clone()).or_insert_with(|| body.into()).clone(),
+            Err(_) => body.into(),
+        };
+        (sha, cached)
     }
 
     fn get(&self, sha: &[u8]) -> Option<Arc<[u8]>> {
@@ -180,11 +188,8 @@ impl Scripts {
                 body,
             )
         } else {
-            let body = args.get(1);
             // EVAL caches its script, as Redis does.
-            let sha = self.load(body);
-            let cached = self.get(sha.as_bytes()).unwrap_or_else(|| body.into());
-            (sha, cached)
+            self.load_body(args.get(1))
         };
         let nk = numkeys as usize;
         let keys = (3..3 + nk).map(|i| args.get(i).to_vec()).collect();
@@ -238,8 +243,6 @@ struct Vm {
     generation: u64,
     /// Runs a function under pcall (Lua-side, so error values stay Lua values).
     runner: mlua::Function,
-    /// The `redis` library's table (scripts see it through a read-only proxy).
-    redis: mlua::Table,
 }
 
 thread_local! {
@@ -254,6 +257,73 @@ struct RunState<'a> {
     err_line: Cell<usize>,
     /// A failure of the store: the batch fails.
     failed: RefCell<Option<StoreError>>,
+}
+
+/// Runs `f`, which makes Lua values from Rust, with the VM's memory limit lifted. With a limit
+/// set, `mlua` makes every string and table in protected mode (a C closure each time), which
+/// cost a third of a short script's time; what `f` makes is bounded by the arguments or by
+/// `REPLY_MAX`, and the limit is back before any Lua code allocates again (a script past it
+/// then fails at its next allocation, as before).
+fn unbounded<R>(lua: &Lua, f: impl FnOnce() -> mlua::Result<R>) -> mlua::Result<R> {
+    if let Err(e) = lua.set_memory_limit(0) {
+        log::debug!("Lua memory limit not lifted: {e}");
+    }
+    let r = f();
+    if let Err(e) = lua.set_memory_limit(LUA_MEMORY) {
+        log::warn!("Lua memory limit not restored: {e}");
+    }
+    r
+}
+
+/// The script running on this thread, for the `redis.call`, `redis.pcall` and `redis.setresp`
+/// callbacks, which are made once per VM and so cannot borrow the run.
+struct Current<'a> {
+    run: &'a ScriptRun,
+    state: &'a RunState<'a>,
+}
+
+thread_local! {
+    /// Points at the `Current` of the script this thread runs, null between scripts.
+    static CURRENT: Cell<*const Current<'static>> = const { Cell::new(std::ptr::null()) };
+}
+
+/// Sets `CURRENT` for a script's run and clears it when dropped (on an unwind too).
+struct Running {
+    prev: *const Current<'static>,
+}
+
+impl Running {
+    fn enter(cur: &Current<'_>) -> Running {
+        let p = cur as *const Current<'_> as *const Current<'static>;
+        Running {
+            prev: CURRENT.with(|c| c.replace(p)),
+        }
+    }
+
+    /// Runs `f` with the running script; an error if none runs (a function kept from an
+    /// earlier script and called outside one, which Lua code cannot do: it runs only inside
+    /// `run_in`).
+    fn with<R>(f: impl FnOnce(&ScriptRun, &RunState<'_>) -> mlua::Result<R>) -> mlua::Result<R> {
+        let p = CURRENT.with(Cell::get);
+        if p.is_null() {
+            return Err(mlua::Error::RuntimeError(
+                "ERR redis.call outside a script".into(),
+            ));
+        }
+        // SAFETY: `p` was set by `Running::enter` from a `Current` that lives on `run_in`'s
+        // stack for as long as the `Running` guard does, and the guard restores the previous
+        // value when dropped, so a non-null `CURRENT` always points at a live `Current`. The
+        // pointer is thread-local, and the VM that calls us is this thread's, so nothing else
+        // reads it. The lifetime is cut back to this call.
+        let cur: &Current<'_> = unsafe { &*(p as *const Current<'_>) };
+        f(cur.run, cur.state)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        CURRENT.with(|c| c.set(self.prev));
+    }
 }
 
 impl TxnScript for ScriptRun {
@@ -276,10 +346,27 @@ impl TxnScript for ScriptRun {
                     }
                 }
             }
-            let Some(vm) = vm.as_mut() else {
+            let Some(v) = vm.as_mut() else {
                 return Ok(Outcome::Reply(b"-ERR no Lua VM\r\n".to_vec()));
             };
-            self.run_in(vm, txn)
+            let r = self.run_in(v, txn);
+            // A script that filled the VM (up to its memory limit) leaves garbage the
+            // incremental collector has not reached: without a full collection every later
+            // script would fail to compile with "not enough memory". If even that does not
+            // free it, the VM is made anew (compiled scripts recompile from the cache).
+            if v.lua.used_memory() > LUA_MEMORY / 2 {
+                if let Err(e) = v.lua.gc_collect() {
+                    log::warn!("Lua garbage collection failed: {e}");
+                }
+                if v.lua.used_memory() > LUA_MEMORY / 2 {
+                    log::warn!(
+                        "the Lua VM holds {} bytes after a full collection: starting a new one",
+                        v.lua.used_memory()
+                    );
+                    *vm = None;
+                }
+            }
+            r
         });
         s.running.store(false, Ordering::Release);
         s.busy.store(false, Ordering::Relaxed);
@@ -333,36 +420,17 @@ impl ScriptRun {
             err_line: Cell::new(0),
             failed: RefCell::new(None),
         };
-        let result = lua.scope(|scope| {
+        let result = (|| -> mlua::Result<Vec<u8>> {
             let g = lua.globals();
-            g.raw_set("KEYS", convert::string_list(lua, &self.keys)?)?;
-            g.raw_set("ARGV", convert::string_list(lua, &self.argv)?)?;
-            let redis = &vm.redis;
-            // Rust functions, not Lua wrappers: a `return redis.call(...)` is then no tail call,
-            // and the error's line is the script's.
-            let call = scope.create_function(|lua, args: mlua::MultiValue| {
-                let v = self.command(lua, &state, args)?;
-                if let Value::Table(t) = &v
-                    && let Ok(Value::String(e)) = t.raw_get::<Value>("err")
-                {
-                    return Err(mlua::Error::external(CallError(e.to_string_lossy())));
-                }
-                Ok(v)
+            unbounded(lua, || {
+                g.raw_set("KEYS", convert::string_list(lua, &self.keys)?)?;
+                g.raw_set("ARGV", convert::string_list(lua, &self.argv)?)
             })?;
-            redis.raw_set("call", call)?;
-            let pcall = scope
-                .create_function(|lua, args: mlua::MultiValue| self.command(lua, &state, args))?;
-            redis.raw_set("pcall", pcall)?;
-            let setresp = scope.create_function(|_, v: i64| {
-                if v != 2 && v != 3 {
-                    return Err(mlua::Error::RuntimeError(
-                        "RESP version must be 2 or 3.".into(),
-                    ));
-                }
-                state.resp3.set(v == 3);
-                Ok(())
-            })?;
-            redis.raw_set("setresp", setresp)?;
+            let current = Current {
+                run: self,
+                state: &state,
+            };
+            let _running = Running::enter(&current);
             let r: (bool, Value) = vm.runner.call(func.clone())?;
             let mut out = Vec::new();
             match r {
@@ -370,7 +438,7 @@ impl ScriptRun {
                 (false, err) => self.error_reply(&mut out, &err, &state),
             }
             Ok(out)
-        });
+        })();
         if let Some(e) = state.failed.borrow_mut().take() {
             return Err(e);
         }
@@ -446,7 +514,6 @@ impl ScriptRun {
         state: &RunState<'_>,
         args: mlua::MultiValue,
     ) -> mlua::Result<Value> {
-        let line = current_line(lua);
         let mut argv: Vec<Vec<u8>> = Vec::with_capacity(args.len());
         for a in args.iter() {
             match a {
@@ -454,7 +521,7 @@ impl ScriptRun {
                 Value::Integer(n) => argv.push(n.to_string().into_bytes()),
                 Value::Number(n) => argv.push(convert::number_text(*n).into_bytes()),
                 _ => {
-                    state.err_line.set(line);
+                    state.err_line.set(current_line(lua));
                     return convert::error_table(
                         lua,
                         "ERR Lua redis lib command arguments must be strings or integers",
@@ -473,9 +540,10 @@ impl ScriptRun {
             ));
         }
         if reply.first() == Some(&b'-') {
-            state.err_line.set(line);
+            // Still inside the call: the stack shows the script's line.
+            state.err_line.set(current_line(lua));
         }
-        convert::reply_to_lua(lua, &reply)
+        unbounded(lua, || convert::reply_to_lua(lua, &reply))
     }
 
     /// Runs one command against the transaction: its RESP reply.
@@ -738,11 +806,46 @@ fn new_vm(scripts: Arc<Scripts>) -> mlua::Result<Vm> {
             Ok(())
         })?,
     )?;
-    redis.raw_set("setresp", lua.create_function(|_, _: i64| Ok(()))?)?;
+    // Made once per VM (making them per script, in an `mlua` scope, cost a fifth of a short
+    // script's time): they reach the running script through `Running`.
+    redis.raw_set(
+        "call",
+        lua.create_function(|lua, args: mlua::MultiValue| {
+            Running::with(|run, state| {
+                let v = run.command(lua, state, args)?;
+                if let Value::Table(t) = &v
+                    && let Ok(Value::String(e)) = t.raw_get::<Value>("err")
+                {
+                    return Err(mlua::Error::external(CallError(e.to_string_lossy())));
+                }
+                Ok(v)
+            })
+        })?,
+    )?;
+    redis.raw_set(
+        "pcall",
+        lua.create_function(|lua, args: mlua::MultiValue| {
+            Running::with(|run, state| run.command(lua, state, args))
+        })?,
+    )?;
+    redis.raw_set(
+        "setresp",
+        lua.create_function(|_, v: i64| {
+            if v != 2 && v != 3 {
+                return Err(mlua::Error::RuntimeError(
+                    "RESP version must be 2 or 3.".into(),
+                ));
+            }
+            Running::with(|_, state| {
+                state.resp3.set(v == 3);
+                Ok(())
+            })
+        })?,
+    )?;
     g.raw_set("redis", redis)?;
     g.raw_set("bit", convert::bit_lib(&lua)?)?;
     g.raw_set("cjson", convert::cjson_lib(&lua)?)?;
-    let (runner, redis): (mlua::Function, mlua::Table) =
+    let (runner, _redis): (mlua::Function, mlua::Table) =
         lua.load(PRELUDE).set_name("=prelude").eval()?;
     // The time limit and SCRIPT KILL: checked every 100k instructions.
     let s = scripts;
@@ -767,6 +870,5 @@ fn new_vm(scripts: Arc<Scripts>) -> mlua::Result<Vm> {
         funcs: HashMap::new(),
         generation: 0,
         runner,
-        redis,
     })
 }
