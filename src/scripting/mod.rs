@@ -294,7 +294,7 @@ struct Running {
 
 impl Running {
     fn enter(cur: &Current<'_>) -> Running {
-        let p = cur as *const Current<'_> as *const Current<'static>;
+        let p = std::ptr::from_ref(cur).cast::<Current<'static>>();
         Running {
             prev: CURRENT.with(|c| c.replace(p)),
         }
@@ -314,8 +314,8 @@ impl Running {
         // stack for as long as the `Running` guard does, and the guard restores the previous
         // value when dropped, so a non-null `CURRENT` always points at a live `Current`. The
         // pointer is thread-local, and the VM that calls us is this thread's, so nothing else
-        // reads it. The lifetime is cut back to this call.
-        let cur: &Current<'_> = unsafe { &*(p as *const Current<'_>) };
+        // reads it. The reference does not leave this call.
+        let cur = unsafe { &*p };
         f(cur.run, cur.state)
     }
 }
