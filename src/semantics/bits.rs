@@ -157,6 +157,15 @@ pub(super) fn set_bit_op<S: WriteView>(
     max: usize,
     ctx: Ctx,
 ) -> Result<Outcome, StoreError> {
+    // A bit that is already as asked: answered from the stored value, nothing copied.
+    if let Some(item) = s.get(key)?.filter(|i| !i.meta.is_expired(ctx.now_ms)) {
+        if item.meta.kind != Kind::String {
+            return Ok(Outcome::WrongType);
+        }
+        if offset >> 3 < item.value.len() as u64 && get_bit(item.value, offset) == on {
+            return Ok(Outcome::Int(i64::from(on)));
+        }
+    }
     let (mut meta, mut value, existed) = match string_for_write(s, key, ctx)? {
         Ok(x) => x,
         Err(o) => return Ok(o),
@@ -184,6 +193,19 @@ pub(super) fn bit_field<S: WriteView>(
     max: usize,
     ctx: Ctx,
 ) -> Result<Outcome, StoreError> {
+    if ops.iter().all(|op| matches!(op, FieldOp::Get(_))) {
+        // Only reads: answered from the stored value, which is neither copied nor created.
+        let item = s.get(key)?.filter(|i| !i.meta.is_expired(ctx.now_ms));
+        if item.as_ref().is_some_and(|i| i.meta.kind != Kind::String) {
+            return Ok(Outcome::WrongType);
+        }
+        let value = item.as_ref().map_or(&[][..], |i| i.value);
+        return Ok(Outcome::Array(
+            ops.iter()
+                .map(|op| Outcome::Int(get_field(value, op.field())))
+                .collect(),
+        ));
+    }
     let (mut meta, mut value, existed) = match string_for_write(s, key, ctx)? {
         Ok(x) => x,
         Err(o) => return Ok(o),
