@@ -142,6 +142,30 @@ pub enum WriteOp {
         /// The longest the string may become (RESP's `proto_max_bulk_len`).
         max: usize,
     },
+    /// SETBIT (creating and zero-padding the string as needed): the old bit as `Int`.
+    SetBit {
+        key: Vec<u8>,
+        /// The bit's offset, counted from the first byte's most significant bit.
+        offset: u64,
+        on: bool,
+        /// The longest the string may become (RESP's `proto_max_bulk_len`).
+        max: usize,
+    },
+    /// BITOP: `dest` becomes the sources combined (a fresh string, as SET makes), or is
+    /// deleted when they are all empty; its new length as `Int`.
+    BitOp {
+        op: BitOpKind,
+        dest: Vec<u8>,
+        srcs: Vec<Vec<u8>>,
+    },
+    /// BITFIELD: its operations in order, each answering `Int` (or `Nil` for an overflow
+    /// under FAIL), as `Array`.
+    BitField {
+        key: Vec<u8>,
+        ops: Vec<FieldOp>,
+        /// The longest the string may become (RESP's `proto_max_bulk_len`).
+        max: usize,
+    },
     /// GETDEL: the old value as `Bulk`, or `Nil`.
     GetDel {
         key: Vec<u8>,
@@ -195,6 +219,52 @@ pub enum WriteOp {
     /// EVAL/EVALSHA: a Lua script run by the writer in the batch's transaction, each of its
     /// `redis.call`s applied at once (`TxnScript`). Answers `Outcome::Reply`.
     Script(Box<ScriptOp>),
+}
+
+/// BITOP's operations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BitOpKind {
+    And,
+    Or,
+    Xor,
+    Not,
+}
+
+/// What BITFIELD does when a SET or INCRBY does not fit its field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Overflow {
+    /// Keep the low bits (two's complement for signed fields).
+    Wrap,
+    /// Clamp to the field's least or greatest value.
+    Sat,
+    /// Change nothing and answer nil.
+    Fail,
+}
+
+/// A field of BITFIELD: `bits` wide (1 to 64 signed, 1 to 63 unsigned) at bit `offset`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Field {
+    pub offset: u64,
+    pub bits: u32,
+    pub signed: bool,
+}
+
+/// One BITFIELD operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FieldOp {
+    Get(Field),
+    /// Writes the value, answering the old one.
+    Set(Field, i64, Overflow),
+    /// Adds to the field, answering the new value.
+    IncrBy(Field, i64, Overflow),
+}
+
+impl FieldOp {
+    pub fn field(&self) -> Field {
+        match *self {
+            FieldOp::Get(f) | FieldOp::Set(f, ..) | FieldOp::IncrBy(f, ..) => f,
+        }
+    }
 }
 
 /// A script to run in the writer's transaction, with what it needs (see `crate::scripting`).
@@ -279,6 +349,9 @@ impl WriteOp {
             | WriteOp::IncrByFloat { key, .. }
             | WriteOp::GetDel { key }
             | WriteOp::GetEx { key, .. }
+            | WriteOp::SetBit { key, .. }
+            | WriteOp::BitField { key, .. }
+            | WriteOp::BitOp { dest: key, .. }
             | WriteOp::Expire { key, .. }
             | WriteOp::Persist { key } => f(key),
             WriteOp::Gat { keys, .. } => keys

@@ -28,6 +28,7 @@ macro_rules! lookup1 {
 }
 
 pub mod args;
+pub mod bits;
 pub mod blocking;
 pub mod hash;
 pub mod keys;
@@ -71,6 +72,8 @@ pub struct View<'a, 't> {
     pub cursors: &'a Mutex<ScanCursors>,
     /// Hit and miss counters (a connection's worker; none inside EXEC).
     pub counters: Option<Hits<'a>>,
+    /// RESP's `proto_max_bulk_len`: bounds bit offsets (GETBIT) and LCS's table.
+    pub max_bulk: usize,
 }
 
 impl<'a> View<'a, '_> {
@@ -161,6 +164,8 @@ pub struct QueuedRead {
     pub args: OwnedArgs,
     pub v3: bool,
     pub cursors: Arc<Mutex<ScanCursors>>,
+    /// RESP's `proto_max_bulk_len` (`View::max_bulk`).
+    pub max_bulk: usize,
 }
 
 impl TxnRead for QueuedRead {
@@ -179,6 +184,7 @@ impl TxnRead for QueuedRead {
             flushed: false,
             cursors: &self.cursors,
             counters: None,
+            max_bulk: self.max_bulk,
         };
         let mut out = Vec::new();
         read_view(self.cmd, self.args.args(), &mut out, self.v3, &view);
@@ -197,6 +203,9 @@ pub fn write_op(
 ) -> Result<(WriteOp, RespReply), String> {
     if cmd == Cmd::FlushDb {
         return keys::flush(args);
+    }
+    if cmd == Cmd::BitOp {
+        return bits::write_op(cmd, args, max_bulk);
     }
     if let Cmd::Pop(code) = cmd {
         // A pop that never waits: LMPOP, ZMPOP, or a blocking pop inside MULTI.
@@ -225,6 +234,7 @@ pub fn write_op(
         | Cmd::Persist
         | Cmd::Rename
         | Cmd::RenameNx => keys::write_op(cmd, args, now),
+        Cmd::SetBit | Cmd::BitField => bits::write_op(cmd, args, max_bulk),
         _ => strings::write_op(cmd, args, now, max_bulk),
     }
 }
@@ -261,6 +271,9 @@ pub fn read_view(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, view: &V
             }
         }
         Cmd::Get | Cmd::StrLen | Cmd::GetRange => strings::read(cmd, args, out, v3, view),
+        Cmd::GetBit | Cmd::BitCount | Cmd::BitPos | Cmd::BitFieldRo | Cmd::Lcs => {
+            bits::read(cmd, args, out, v3, view)
+        }
         Cmd::Exists
         | Cmd::Ttl
         | Cmd::PTtl

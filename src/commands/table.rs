@@ -42,6 +42,14 @@ pub enum Cmd {
     StrLen,
     GetRange,
     SetRange,
+    SetBit,
+    GetBit,
+    BitCount,
+    BitPos,
+    BitOp,
+    BitField,
+    BitFieldRo,
+    Lcs,
     Del,
     Exists,
     Expire,
@@ -167,6 +175,15 @@ static COMMANDS: &[Spec] = &[
     spec("getrange", 4, R, KEY1, Cmd::GetRange),
     spec("substr", 4, R, KEY1, Cmd::GetRange),
     spec("setrange", 4, W, KEY1, Cmd::SetRange),
+    spec("setbit", 4, W, KEY1, Cmd::SetBit),
+    spec("getbit", 3, R, KEY1, Cmd::GetBit),
+    spec("bitcount", -2, R, KEY1, Cmd::BitCount),
+    spec("bitpos", -3, R, KEY1, Cmd::BitPos),
+    // The operation comes first, then the destination and the sources.
+    spec("bitop", -4, W, (2, -1, 1), Cmd::BitOp),
+    spec("bitfield", -2, W, KEY1, Cmd::BitField),
+    spec("bitfield_ro", -2, R, KEY1, Cmd::BitFieldRo),
+    spec("lcs", -3, R, (1, 2, 1), Cmd::Lcs),
     spec("del", -2, W, (1, -1, 1), Cmd::Del),
     spec("unlink", -2, W, (1, -1, 1), Cmd::Del),
     spec("exists", -2, R, (1, -1, 1), Cmd::Exists),
@@ -273,6 +290,11 @@ pub fn reads_store(cmd: Cmd) -> bool {
             | Cmd::Get
             | Cmd::StrLen
             | Cmd::GetRange
+            | Cmd::GetBit
+            | Cmd::BitCount
+            | Cmd::BitPos
+            | Cmd::BitFieldRo
+            | Cmd::Lcs
             | Cmd::MGet
             | Cmd::Exists
             | Cmd::Ttl
@@ -294,8 +316,9 @@ mod tests {
 
     #[test]
     fn writes_other_than_flush_take_a_key_first() {
-        // Pops check each of their keys themselves (LMPOP's follow a count).
-        let own_keys = |s: &Spec| matches!(s.cmd, Cmd::Pop(_));
+        // Pops check each of their keys themselves (LMPOP's follow a count); BITOP names its
+        // operation first.
+        let own_keys = |s: &Spec| matches!(s.cmd, Cmd::Pop(_) | Cmd::BitOp);
         for s in all_specs().filter(|s| s.write && s.cmd != Cmd::FlushDb && !own_keys(s)) {
             assert!(
                 s.arity.abs() >= 2 && s.keys.0 == 1,

@@ -634,6 +634,7 @@ impl ScriptRun {
                 args: OwnedArgs::new(args),
                 v3,
                 cursors: self.cursors.clone(),
+                max_bulk: self.max_bulk,
             };
             match txn.read(&read) {
                 Outcome::Reply(b) if b.len() <= REPLY_MAX => out = b,

@@ -10,6 +10,7 @@ use crate::command::{
 };
 use crate::storage::{ItemMeta, Kind, StoreError, WriteView};
 
+pub mod bits;
 pub mod meta;
 
 /// memcached's REALTIME_MAXDELTA: exptimes up to 30 days are relative, larger are unix times.
@@ -128,6 +129,14 @@ fn apply_inner<S: WriteView>(s: &mut S, op: &WriteOp, ctx: Ctx) -> Result<Outcom
         WriteOp::SetRange { kv, offset, max } => {
             set_range(s, kv.key(), Some(*offset), kv.value(), *max, ctx)
         }
+        WriteOp::SetBit {
+            key,
+            offset,
+            on,
+            max,
+        } => bits::set_bit_op(s, key, *offset, *on, *max, ctx),
+        WriteOp::BitField { key, ops, max } => bits::bit_field(s, key, ops, *max, ctx),
+        WriteOp::BitOp { op, dest, srcs } => bits::bit_op(s, *op, dest, srcs, ctx),
         WriteOp::GetDel { key } => match live(s, key, ctx.now_ms)? {
             None => Ok(Outcome::Nil),
             Some((meta, _)) if meta.kind != Kind::String => Ok(Outcome::WrongType),

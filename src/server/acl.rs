@@ -39,6 +39,7 @@ pub const CATEGORIES: &[&str] = &[
     "list",
     "hash",
     "string",
+    "bitmap",
     "pubsub",
     "admin",
     "blocking",
@@ -93,7 +94,15 @@ pub fn categories(spec: &Spec) -> Vec<&'static str> {
         | Cmd::Append
         | Cmd::StrLen
         | Cmd::GetRange
-        | Cmd::SetRange => c.push("string"),
+        | Cmd::SetRange
+        | Cmd::Lcs => c.push("string"),
+        Cmd::SetBit
+        | Cmd::GetBit
+        | Cmd::BitCount
+        | Cmd::BitPos
+        | Cmd::BitOp
+        | Cmd::BitField
+        | Cmd::BitFieldRo => c.push("bitmap"),
         Cmd::Del
         | Cmd::Exists
         | Cmd::Expire

@@ -321,6 +321,7 @@ fn mget(args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session, pass: &mut Pass<'
                 flushed,
                 cursors: &shared.scan_cursors,
                 counters: Some(hits(counters)),
+                max_bulk: shared.config.proto_max_bulk_len as usize,
             };
             sess.mget_resume = mget_view(args, out, v3, room, first, &view);
         }
@@ -360,6 +361,7 @@ fn data_read(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut P
         flushed,
         cursors: &shared.scan_cursors,
         counters: Some(hits(counters)),
+        max_bulk: shared.config.proto_max_bulk_len as usize,
     };
     let start = out.len();
     read_view(cmd, args, out, v3, &view);

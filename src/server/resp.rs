@@ -667,6 +667,7 @@ fn exec(sess: &mut Session, pass: &mut Pass<'_>) -> Action {
                 cmd: spec.cmd,
                 v3: sess.v3,
                 cursors: pass.shared.scan_cursors.clone(),
+                max_bulk: pass.shared.config.proto_max_bulk_len as usize,
                 args: q,
             };
             (Step::Read(Arc::new(read)), RespReply::Plain)

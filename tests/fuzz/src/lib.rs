@@ -16,7 +16,8 @@ use std::ops::Range;
 
 use arbitrary::{Arbitrary, Unstructured};
 use memkeep::command::{
-    ExpireCond, Expiry, KeyValue, MetaOp, MetaStore, SetCond, StoreMode, WriteOp,
+    BitOpKind, ExpireCond, Expiry, Field, FieldOp, KeyValue, MetaOp, MetaStore, Overflow, SetCond,
+    StoreMode, WriteOp,
 };
 use memkeep::protocol::meta::MetaCmd;
 use memkeep::protocol::{binary, memcache as mc, resp};
@@ -622,6 +623,23 @@ enum Op {
     Persist(u8),
     Rename(u8, u8, bool),
     Meta(MetaStep),
+    /// SETBIT key offset bit.
+    SetBit(u8, u16, bool),
+    BitField(u8, Vec<BitStep>),
+    /// BITOP: the operation (of four), the destination, the sources (NOT takes the first).
+    Combine(u8, u8, Vec<u8>),
+}
+
+/// One BITFIELD operation: GET, SET or INCRBY (of three) on a field of 1 to 64 bits (63
+/// unsigned) under one of the three overflow policies.
+#[derive(Arbitrary, Debug, Clone, Copy)]
+struct BitStep {
+    kind: u8,
+    signed: bool,
+    bits: u8,
+    offset: u16,
+    value: i64,
+    overflow: u8,
 }
 
 /// The meta commands' writes (`E`, a client-chosen CAS, is left out: it may repeat a CAS, which
@@ -886,6 +904,54 @@ fn write_op(op: &Op, now_ms: u64, model: &ModelStore, max: usize) -> WriteOp {
             nx: *nx,
         },
         Op::Meta(m) => WriteOp::Meta(Box::new(meta_op(m, now_ms, model))),
+        Op::SetBit(k, offset, on) => WriteOp::SetBit {
+            key: key(*k),
+            offset: u64::from(*offset),
+            on: *on,
+            max,
+        },
+        Op::BitField(k, steps) => WriteOp::BitField {
+            key: key(*k),
+            ops: steps
+                .iter()
+                .map(|b| {
+                    let width = if b.signed { 64 } else { 63 };
+                    let f = Field {
+                        offset: u64::from(b.offset),
+                        bits: 1 + u32::from(b.bits) % width,
+                        signed: b.signed,
+                    };
+                    let ow = [Overflow::Wrap, Overflow::Sat, Overflow::Fail]
+                        [usize::from(b.overflow % 3)];
+                    match b.kind % 3 {
+                        0 => FieldOp::Get(f),
+                        1 => FieldOp::Set(f, b.value, ow),
+                        _ => FieldOp::IncrBy(f, b.value, ow),
+                    }
+                })
+                .collect(),
+            max,
+        },
+        Op::Combine(op, dest, srcs) => {
+            let op = [
+                BitOpKind::And,
+                BitOpKind::Or,
+                BitOpKind::Xor,
+                BitOpKind::Not,
+            ][usize::from(op % 4)];
+            let mut srcs: Vec<Vec<u8>> = srcs.iter().map(|&k| key(k)).collect();
+            if srcs.is_empty() {
+                srcs.push(key(*dest));
+            }
+            if op == BitOpKind::Not {
+                srcs.truncate(1);
+            }
+            WriteOp::BitOp {
+                op,
+                dest: key(*dest),
+                srcs,
+            }
+        }
     }
 }
 
