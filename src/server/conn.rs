@@ -22,6 +22,9 @@ pub const MAX_INFLIGHT: usize = 128;
 /// each resumption (which parses the request again) sends at least this much.
 pub const RESUME_BELOW: usize = WRITE_HIGH / 2;
 /// Write buffers larger than this are released once flushed.
+/// What `fill_tls` reads from the socket at once: a whole TLS record (16 KiB of plain text and
+/// its overhead) fits.
+const TLS_READ: usize = 17 * 1024;
 const WRITE_KEEP: usize = 256 * 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,6 +92,9 @@ pub struct Conn {
     /// The TLS session of a connection to a TLS port: the socket carries its records, and
     /// `rbuf`/`wbuf` hold the plain text on either side of it.
     pub tls: Option<Box<rustls::ServerConnection>>,
+    /// Records read from the socket that rustls would not take yet (its plain text buffer was
+    /// full because `rbuf` was): fed to it before the socket is read again. Usually empty.
+    tls_in: Vec<u8>,
     /// A key dump answered in chunks (`dump.rs`): where it stands. Its request stays in the
     /// input until it ends.
     pub dump: Option<super::dump::Cursor>,
@@ -129,6 +135,7 @@ impl Conn {
             resp_bufs: super::resp::ArgBufs::default(),
             meta_echo: Default::default(),
             tls: None,
+            tls_in: Vec::new(),
             dump: None,
         }
     }
@@ -300,8 +307,15 @@ impl Conn {
     /// reads records from the socket until it would block. Plain text rustls still holds when
     /// the buffer is full keeps `readable` set, so a later pass takes it (no socket event will
     /// come for it).
+    ///
+    /// The socket is read into a buffer of ours and the records handed to rustls from it
+    /// (rather than rustls reading the socket itself), so a short read tells that the socket
+    /// is drained, as in `fill`: the read that would only say WouldBlock is skipped, one
+    /// syscall of the three a request cost.
     fn fill_tls(&mut self, counters: &Counters) {
         let mut socket_eof = false;
+        let mut drained = false;
+        let mut buf = [0u8; TLS_READ];
         loop {
             while self.may_read() {
                 self.make_room();
@@ -329,15 +343,34 @@ impl Conn {
             if !self.may_read() {
                 return;
             }
+            if !self.tls_in.is_empty() {
+                let held = std::mem::take(&mut self.tls_in);
+                if !self.feed_tls(&held) {
+                    return;
+                }
+                if self.tls_in.len() == held.len() {
+                    // rustls takes none of it although its plain text was drained: a record
+                    // it cannot buffer. Nothing later can change that.
+                    self.broken = true;
+                    return;
+                }
+                continue;
+            }
             if socket_eof {
                 self.eof = true;
                 self.readable = false;
                 return;
             }
-            let Some(tls) = self.tls.as_mut() else { return };
-            match tls.read_tls(&mut self.stream) {
-                Ok(0) => socket_eof = true,
-                Ok(n) => Counters::add(&counters.bytes_read, n as u64),
+            if drained {
+                self.readable = false;
+                return;
+            }
+            let n = match self.stream.read(&mut buf) {
+                Ok(0) => {
+                    socket_eof = true;
+                    continue;
+                }
+                Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     self.readable = false;
                     return;
@@ -347,6 +380,27 @@ impl Conn {
                     self.broken = true;
                     return;
                 }
+            };
+            Counters::add(&counters.bytes_read, n as u64);
+            drained = n < buf.len() && !self.hup;
+            if !self.feed_tls(&buf[..n]) {
+                return;
+            }
+        }
+    }
+
+    /// Hands records read from the socket to rustls and processes them; what rustls does not
+    /// take (its plain text buffer is full) waits in `tls_in`. False when the session failed
+    /// (the connection is closing).
+    fn feed_tls(&mut self, mut records: &[u8]) -> bool {
+        let Some(tls) = self.tls.as_mut() else {
+            return false;
+        };
+        while !records.is_empty() {
+            match tls.read_tls(&mut records) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(_) => break,
             }
             if let Err(e) = tls.process_new_packets() {
                 // A bad record or a failed handshake: the alert rustls queued goes out with the
@@ -355,9 +409,13 @@ impl Conn {
                 self.closing = true;
                 self.eof = true;
                 self.readable = false;
-                return;
+                return false;
             }
         }
+        if !records.is_empty() {
+            self.tls_in.extend_from_slice(records);
+        }
+        true
     }
 
     /// `flush` over TLS: hands the pending output to rustls (which holds a bounded amount of
