@@ -1,7 +1,9 @@
 //! Sorted-set commands: the table, Redis's score and range argument rules (parsed into
-//! `types::zset`'s `ZSetOp`, `ScoreRange`, `LexRange`), and the reads (ZSCORE, ZRANK, ZCOUNT,
-//! ZRANGE and its older forms, ZSCAN) answered from a snapshot, members streamed from the map
-//! into the reply. The layout, the walks and the rank directory are `types::zset`'s and
+//! `types::zset`'s `ZSetOp`, `ScoreRange`, `LexRange`, `RangeSpec`), and the reads (ZSCORE,
+//! ZRANK, ZCOUNT, ZRANGE and its older forms, ZSCAN, ZUNION/ZINTER/ZDIFF, ZINTERCARD,
+//! ZRANDMEMBER) answered from a snapshot, members streamed from the map into the reply. The
+//! writes ZUNIONSTORE/ZINTERSTORE/ZDIFFSTORE and ZRANGESTORE share their parsing with the reads
+//! and run in the writer (`types::zcombine`, `types::zset`). The layout, the walks and the rank directory are `types::zset`'s and
 //! `types::zrank`'s.
 
 use std::ops::Bound;

@@ -22,6 +22,11 @@
 //! - A set stored by a memkeep before the directory (metadata `head` 0) answers ranks by
 //!   walking from the nearer end, O(min(rank, n - rank)), until its first write builds one.
 //! - ZSCAN: `COUNT` element records per call, in member order, from a server-side cursor.
+//! - ZRANGESTORE: the ZRANGE walk (`range_each`), then the destination written as a new set:
+//!   O(log n) per member, the rank directory built in one pass (`replace_with`). ZUNION, ZINTER,
+//!   ZDIFF, their STORE forms and ZINTERCARD: `zcombine`.
+//! - ZRANDMEMBER: one walk for sets up to 4,096 members or counts over 1/256 of the set, else a
+//!   random rank looked up in the directory per pick, O(r) each; exactly uniform either way.
 //!
 //! Limits and differences from Redis 7.0 (deliberate):
 //! - A member is at most `MAX_SUB` (495) bytes (LMDB's key limit less the id and score): ZADD
