@@ -1,7 +1,8 @@
-//! RANDOMKEY, SRANDMEMBER and HRANDFIELD draw uniformly: exactly (a random index, walked to)
+//! RANDOMKEY, SRANDMEMBER, HRANDFIELD and ZRANDMEMBER draw uniformly: exactly (a random index, walked to)
 //! for stores up to 4,096 keys and collections up to 4,096 elements, and close to it above
 //! (a random walk down the byte trie of the keys, then one of the 64 keys from there on; see
-//! proto/SPEC.md for the limits). The counts asserted are many standard deviations wide: a
+//! proto/SPEC.md for the limits); ZRANDMEMBER exactly at any size (a random rank, looked up in
+//! the sorted set's rank directory). The counts asserted are many standard deviations wide: a
 //! uniform picker fails them with negligible probability, the biased pickers they replace
 //! (one member `a` beside 1,000 `b:` members drawn half the time) fail them every time.
 //!
@@ -154,4 +155,87 @@ fn randomkey_above_the_exact_walk_stays_close() {
     for (i, &b) in buckets.iter().enumerate() {
         assert!((1600..=2400).contains(&b), "user:{i}...: {b}: {buckets:?}");
     }
+}
+
+/// Picks from a call's array reply of members (no scores).
+fn array_picks(r: &mut Resp, cmd: &str, calls: usize, each: usize) -> Vec<Vec<u8>> {
+    let mut picks = Vec::new();
+    for _ in 0..calls {
+        match r.cmd(cmd) {
+            Reply::Array(Some(items)) => {
+                assert_eq!(items.len(), each, "{cmd}");
+                for i in items {
+                    match i {
+                        Reply::Bulk(Some(b)) => picks.push(b),
+                        other => panic!("{cmd}: {other:?}"),
+                    }
+                }
+            }
+            other => panic!("{cmd}: {other:?}"),
+        }
+    }
+    picks
+}
+
+#[test]
+fn zrandmember_is_uniform_for_small_and_large_sets() {
+    let (_s, mut r) = server();
+    // Small (1,001 members): one walk.
+    let mut args: Vec<Vec<u8>> = vec![b"ZADD".to_vec(), b"z".to_vec()];
+    for (i, m) in std::iter::once("a".to_string())
+        .chain((0..1000).map(|i| format!("b:{i}")))
+        .enumerate()
+    {
+        args.push(i.to_string().into_bytes());
+        args.push(m.into_bytes());
+    }
+    let refs: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+    assert_eq!(r.call(&refs), Reply::Int(1001));
+    check_members(&draws(&mut r, &[b"ZRANDMEMBER", b"z"]));
+    check_members(&array_picks(&mut r, "ZRANDMEMBER z 10", DRAWS / 10, 10));
+    check_members(&array_picks(&mut r, "ZRANDMEMBER z -10", DRAWS / 10, 10));
+    // Large (10,001 members of unequal shapes, where a walk down the byte trie would draw
+    // `a` about 1 time in 128): random ranks from the rank directory.
+    let mut args: Vec<Vec<u8>> = vec![
+        b"ZADD".to_vec(),
+        b"big".to_vec(),
+        b"0".to_vec(),
+        b"a".to_vec(),
+    ];
+    for i in 0..10_000 {
+        args.push(i.to_string().into_bytes());
+        args.push(format!("b:{i}").into_bytes());
+    }
+    let refs: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+    assert_eq!(r.call(&refs), Reply::Int(10_001));
+    let check_big = |picks: &[Vec<u8>]| {
+        let mut a = 0;
+        let mut buckets = [0usize; 10];
+        for p in picks {
+            if p == b"a" {
+                a += 1;
+                continue;
+            }
+            let n: usize = std::str::from_utf8(&p[2..])
+                .ok()
+                .and_then(|t| t.parse().ok())
+                .unwrap_or_else(|| panic!("not a member: {p:?}"));
+            buckets[n / 1000] += 1;
+        }
+        // Expected 2 (sd 1.4) and 2,000 (sd 42).
+        assert!(a <= 15, "`a` drawn {a} times of {}", picks.len());
+        for (i, &b) in buckets.iter().enumerate() {
+            assert!(
+                (1700..=2300).contains(&b),
+                "b:{i}000..: {b} draws: {buckets:?}"
+            );
+        }
+    };
+    check_big(&draws(&mut r, &[b"ZRANDMEMBER", b"big"]));
+    check_big(&array_picks(&mut r, "ZRANDMEMBER big 10", DRAWS / 10, 10));
+    check_big(&array_picks(&mut r, "ZRANDMEMBER big -10", DRAWS / 10, 10));
+    // Distinct picks are distinct.
+    let picks = array_picks(&mut r, "ZRANDMEMBER big 30", 1, 30);
+    let set: std::collections::HashSet<&Vec<u8>> = picks.iter().collect();
+    assert_eq!(set.len(), 30);
 }

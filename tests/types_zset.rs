@@ -854,6 +854,75 @@ fn data_survives_restart() {
     assert_healthy(&mut server);
 }
 
+/// `memkeep check DATA_DIR` on a stopped server finds no problem.
+fn assert_check_clean(server: &Server) {
+    let out = std::process::Command::new(BIN)
+        .arg("check")
+        .arg(server.data_dir())
+        .output()
+        .expect("run memkeep check");
+    assert!(
+        out.status.success(),
+        "memkeep check: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// FLUSHALL deletes the meta record `colls` (whether collections may exist); the next
+/// collection written must put it back, or `memkeep check` reports "collections are stored but
+/// the meta record `colls` is missing" (and a restart would not reclaim the elements of an
+/// overwritten collection).
+#[test]
+fn a_collection_written_after_flushall_restores_the_colls_record() {
+    let mut server = start();
+    let mut c = Client::connect(&server);
+    check(
+        &mut c,
+        &[
+            ("ZADD z 1 a", ":1"),
+            ("FLUSHALL", "+OK"),
+            ("ZADD z 1 a", ":1"),
+        ],
+    );
+    assert_healthy(&mut server);
+    server.stop();
+    assert_check_clean(&server);
+    server.restart();
+    let mut c = Client::connect(&server);
+    check(
+        &mut c,
+        &[
+            ("FLUSHALL", "+OK"),
+            ("SADD s x y", ":2"),
+            ("ZUNIONSTORE u 2 s z", ":2"),
+            ("ZUNIONSTORE u 1 s WEIGHTS 3", ":2"),
+            ("ZRANGE u 0 -1 WITHSCORES", "[$x $3 $y $3]"),
+        ],
+    );
+    assert_healthy(&mut server);
+    server.stop();
+    assert_check_clean(&server);
+}
+
+/// A STORE form's destination serves a client blocked on it (whether the write comes before
+/// or after the pop registers, the pop gets the stored member).
+#[test]
+fn store_forms_serve_a_blocked_pop() {
+    let mut server = start();
+    let mut a = Client::connect(&server);
+    let mut b = Client::connect(&server);
+    check(&mut b, &[("ZADD src 1 x 2 y", ":2")]);
+    a.send(&["BZPOPMIN", "d", "10"]);
+    check(&mut b, &[("ZINTERSTORE d 1 src WEIGHTS 2", ":2")]);
+    assert_eq!(render(&a.read()), "[$d $x $2]");
+    a.send(&["BZPOPMAX", "e", "10"]);
+    check(&mut b, &[("ZRANGESTORE e src 0 0", ":1")]);
+    assert_eq!(render(&a.read()), "[$e $x $1]");
+    check(&mut b, &[("ZRANGE d 0 -1 WITHSCORES", "[$y $4]")]);
+    assert_healthy(&mut server);
+}
+
 #[test]
 fn resp3_reply_shapes() {
     let mut server = start();
@@ -1045,6 +1114,79 @@ enum Exp {
     Pairs(Vec<(Vec<u8>, f64)>),
     /// Members with scores, flat in both protocols (ZPOPMIN/ZPOPMAX without a count).
     Flat(Vec<(Vec<u8>, f64)>),
+    /// ZRANDMEMBER key count [WITHSCORES]: members of `z` (with their scores), `count` distinct
+    /// ones (at most all of them), or -`count` with repeats.
+    Sample {
+        z: ZSet,
+        count: i64,
+        scores: bool,
+    },
+}
+
+/// ZUNION/ZINTER/ZDIFF as Redis 7.0 computes them: inputs from the smallest (a stable sort,
+/// except for DIFF), weighted scores that are NaN count as 0 (every input of a union, the
+/// first of an intersection), a SUM that is NaN is 0, MIN and MAX ignore NaN.
+fn combine_model(how: &str, mut inputs: Vec<(ZSet, f64)>, agg: &str) -> ZSet {
+    let weighted = |s: f64, w: f64| if (s * w).is_nan() { 0.0 } else { s * w };
+    let aggregate = |t: &mut f64, v: f64| match agg {
+        "MIN" => {
+            if v < *t {
+                *t = v
+            }
+        }
+        "MAX" => {
+            if v > *t {
+                *t = v
+            }
+        }
+        _ => {
+            *t += v;
+            if t.is_nan() {
+                *t = 0.0
+            }
+        }
+    };
+    if how != "DIFF" {
+        inputs.sort_by_key(|(z, _)| z.len());
+    }
+    let mut out = ZSet::new();
+    match how {
+        "UNION" => {
+            for (z, w) in &inputs {
+                for (m, s) in z {
+                    let v = weighted(*s, *w);
+                    match out.get_mut(m) {
+                        Some(t) => aggregate(t, v),
+                        None => {
+                            out.insert(m.clone(), v);
+                        }
+                    }
+                }
+            }
+        }
+        "INTER" => {
+            let (first, rest) = inputs.split_first().expect("an input");
+            'm: for (m, s) in &first.0 {
+                let mut t = weighted(*s, first.1);
+                for (z, w) in rest {
+                    match z.get(m) {
+                        Some(x) => aggregate(&mut t, x * w),
+                        None => continue 'm,
+                    }
+                }
+                out.insert(m.clone(), t);
+            }
+        }
+        _ => {
+            let (first, rest) = inputs.split_first().expect("an input");
+            for (m, s) in &first.0 {
+                if rest.iter().all(|(z, _)| !z.contains_key(m)) {
+                    out.insert(m.clone(), *s);
+                }
+            }
+        }
+    }
+    out
 }
 
 fn num(r: &Reply) -> Option<f64> {
@@ -1084,6 +1226,44 @@ fn matches(r: &Reply, e: &Exp, v3: bool) -> bool {
             ps.len() * 2 == rs.len()
                 && ps.iter().zip(rs.chunks(2)).all(|((m, s), r)| {
                     matches(&r[0], &Exp::Bulk(m.clone()), v3) && matches(&r[1], &Exp::Score(*s), v3)
+                })
+        }
+        (Exp::Sample { z, count, scores }, Reply::Array(Some(rs))) => {
+            let want = if z.is_empty() {
+                0
+            } else if *count >= 0 {
+                (*count as usize).min(z.len())
+            } else {
+                count.unsigned_abs() as usize
+            };
+            let items: Vec<(&Reply, Option<&Reply>)> = if !*scores {
+                rs.iter().map(|r| (r, None)).collect()
+            } else if v3 {
+                let mut v = Vec::new();
+                for r in rs {
+                    match r {
+                        Reply::Array(Some(p)) if p.len() == 2 => v.push((&p[0], Some(&p[1]))),
+                        _ => return false,
+                    }
+                }
+                v
+            } else {
+                if rs.len() % 2 != 0 {
+                    return false;
+                }
+                rs.chunks(2).map(|p| (&p[0], Some(&p[1]))).collect()
+            };
+            let mut seen = std::collections::BTreeSet::new();
+            items.len() == want
+                && items.iter().all(|(m, s)| {
+                    let Reply::Bulk(Some(m)) = m else {
+                        return false;
+                    };
+                    let fresh = seen.insert(m.clone());
+                    let Some(want_s) = z.get(m) else {
+                        return false;
+                    };
+                    (*count < 0 || fresh) && s.is_none_or(|s| matches(s, &Exp::Score(*want_s), v3))
                 })
         }
         _ => false,
@@ -1260,7 +1440,7 @@ const LARGE: Shape = Shape {
 };
 
 fn step(rng: &mut Rng, model: &mut BTreeMap<String, ZSet>, shape: Shape) -> (Vec<String>, Exp) {
-    let key = format!("k{}", rng.below(shape.keys));
+    let mut key = format!("k{}", rng.below(shape.keys));
     let mut members: Vec<Vec<u8>> = (0..shape.pool)
         .map(|i| format!("m{i}").into_bytes())
         .collect();
@@ -1271,7 +1451,7 @@ fn step(rng: &mut Rng, model: &mut BTreeMap<String, ZSet>, shape: Shape) -> (Vec
     let mut cmd: Vec<String> = Vec::new();
     let exp;
     let mut new_z = z.clone();
-    match rng.below(30) {
+    match rng.below(37) {
         0..=6 => {
             // ZADD with options.
             let (nx, mut xx, mut gt, mut lt, ch) = (
@@ -1593,6 +1773,155 @@ fn step(rng: &mut Rng, model: &mut BTreeMap<String, ZSet>, shape: Shape) -> (Vec
                 .collect();
             exp = Exp::Arr(vec![Exp::Bulk(b"0".to_vec()), Exp::Arr(items)]);
         }
+        30..=32 => {
+            // ZUNIONSTORE / ZINTERSTORE / ZDIFFSTORE into `key`, or the read forms.
+            let how = ["UNION", "INTER", "DIFF"][rng.below(3) as usize];
+            let store = rng.chance(0.6);
+            let n = rng.range(1, 3) as usize;
+            let srcs: Vec<String> = (0..n)
+                .map(|_| format!("k{}", rng.below(shape.keys + 1)))
+                .collect();
+            let mut weights = vec![1.0; n];
+            let mut agg = "SUM";
+            let mut opts: Vec<String> = Vec::new();
+            if how != "DIFF" && rng.chance(0.5) {
+                opts.push("WEIGHTS".into());
+                for w in weights.iter_mut() {
+                    *w = [1.0, 2.0, -1.0, 0.5, 0.0, 3.25][rng.below(6) as usize];
+                    opts.push(fmt_arg(*w));
+                }
+            }
+            if how != "DIFF" && rng.chance(0.5) {
+                agg = ["SUM", "MIN", "MAX"][rng.below(3) as usize];
+                opts.extend(["AGGREGATE".into(), agg.into()]);
+            }
+            let inputs: Vec<(ZSet, f64)> = srcs
+                .iter()
+                .zip(&weights)
+                .map(|(k, w)| (model.get(k).cloned().unwrap_or_default(), *w))
+                .collect();
+            let result = combine_model(how, inputs, agg);
+            if store && rng.chance(0.5) {
+                // Often into a key of its own, so the big sets live on.
+                key = format!("k{}", shape.keys);
+            }
+            let name = format!("Z{how}{}", if store { "STORE" } else { "" });
+            cmd = vec![name];
+            if store {
+                cmd.push(key.clone());
+            }
+            cmd.push(n.to_string());
+            cmd.extend(srcs);
+            cmd.extend(opts);
+            if store {
+                exp = Exp::Int(result.len() as i64);
+                new_z = result;
+            } else {
+                let ws = rng.chance(0.7);
+                let order: Vec<(Vec<u8>, f64)> =
+                    sorted(&result).into_iter().map(|(s, m)| (m, s)).collect();
+                if ws {
+                    cmd.push("WITHSCORES".into());
+                    exp = Exp::Pairs(order);
+                } else {
+                    exp = Exp::Arr(order.into_iter().map(|(m, _)| Exp::Bulk(m)).collect());
+                }
+            }
+        }
+        33 => {
+            let n = rng.range(1, 3) as usize;
+            let srcs: Vec<String> = (0..n)
+                .map(|_| format!("k{}", rng.below(shape.keys + 1)))
+                .collect();
+            let inputs: Vec<(ZSet, f64)> = srcs
+                .iter()
+                .map(|k| (model.get(k).cloned().unwrap_or_default(), 1.0))
+                .collect();
+            let all = combine_model("INTER", inputs, "SUM").len() as i64;
+            cmd = vec!["ZINTERCARD".into(), n.to_string()];
+            cmd.extend(srcs);
+            let limit = rng.chance(0.5).then(|| rng.range(0, 20));
+            if let Some(l) = limit {
+                cmd.extend(["LIMIT".into(), l.to_string()]);
+            }
+            exp = Exp::Int(match limit {
+                Some(l) if l > 0 => all.min(l),
+                _ => all,
+            });
+        }
+        34..=35 => {
+            // ZRANGESTORE from another key into `key`, by rank or by score.
+            let src = format!("k{}", rng.below(shape.keys + 1));
+            let from = model.get(&src).cloned().unwrap_or_default();
+            if rng.chance(0.5) {
+                key = format!("k{}", shape.keys);
+            }
+            let rev = rng.chance(0.4);
+            let mut order: Vec<(Vec<u8>, f64)>;
+            if rng.chance(0.5) {
+                let (s, e) = (rng.range(-20, 20), rng.range(-20, 20));
+                cmd = vec![
+                    "ZRANGESTORE".into(),
+                    key.clone(),
+                    src,
+                    s.to_string(),
+                    e.to_string(),
+                ];
+                order = sorted(&from).into_iter().map(|(s, m)| (m, s)).collect();
+                if rev {
+                    cmd.push("REV".into());
+                    order.reverse();
+                }
+                order = match rank_slice(order.len(), s, e) {
+                    None => Vec::new(),
+                    Some((a, b)) => order[a..=b].to_vec(),
+                };
+            } else {
+                let (lo, hi) = bounds(rng);
+                let (a, b) = if rev { (&hi, &lo) } else { (&lo, &hi) };
+                cmd = vec![
+                    "ZRANGESTORE".into(),
+                    key.clone(),
+                    src,
+                    a.0.clone(),
+                    b.0.clone(),
+                    "BYSCORE".into(),
+                ];
+                if rev {
+                    cmd.push("REV".into());
+                }
+                let limit = rng
+                    .chance(0.5)
+                    .then(|| (rng.range(-1, 10), rng.range(-2, 10)));
+                if let Some((o, n)) = limit {
+                    cmd.extend(["LIMIT".into(), o.to_string(), n.to_string()]);
+                }
+                order = sorted(&from)
+                    .into_iter()
+                    .filter(|(s, _)| in_bounds(*s, &lo, &hi))
+                    .map(|(s, m)| (m, s))
+                    .collect();
+                if rev {
+                    order.reverse();
+                }
+                order = page(order, limit);
+            }
+            exp = Exp::Int(order.len() as i64);
+            new_z = order.into_iter().collect();
+        }
+        36 => {
+            let n = rng.range(-12, 12);
+            let ws = rng.chance(0.5);
+            cmd = vec!["ZRANDMEMBER".into(), key.clone(), n.to_string()];
+            if ws {
+                cmd.push("WITHSCORES".into());
+            }
+            exp = Exp::Sample {
+                z: z.clone(),
+                count: n,
+                scores: ws,
+            };
+        }
         29 if rng.chance(0.3) => {
             cmd = vec!["DEL".into(), key.clone()];
             new_z.clear();
@@ -1658,6 +1987,7 @@ fn model_run(shape: Shape, seed: u64, ops: usize) {
     let mut rng = Rng(seed);
     let mut model: BTreeMap<String, ZSet> = BTreeMap::new();
     let mut v3 = false;
+    let mut biggest = 0;
     for i in 0..ops {
         if i == ops / 2 {
             server.restart();
@@ -1670,6 +2000,7 @@ fn model_run(shape: Shape, seed: u64, ops: usize) {
             assert!(r.starts_with('{') || r.starts_with('['), "HELLO: {r}");
         }
         let (cmd, exp) = step(&mut rng, &mut model, shape);
+        biggest = biggest.max(model.values().map(|z| z.len()).max().unwrap_or(0));
         let got = c.call(&cmd);
         let ok = if cmd[0] == "ZSCAN" {
             scan_matches(&got, &exp)
@@ -1692,23 +2023,12 @@ fn model_run(shape: Shape, seed: u64, ops: usize) {
     assert!(!model.is_empty());
     if shape.pool > 256 {
         // Past one chunk of the rank directory (256 members), so splits were exercised.
-        let sizes: Vec<usize> = model.values().map(|z| z.len()).collect();
-        assert!(sizes.iter().any(|&n| n > 512), "sizes {sizes:?}");
+        assert!(biggest > 512, "largest set {biggest}");
     }
     assert_healthy(&mut server);
     // And the store is sound offline: every set's score index and rank directory agree.
     server.stop();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_memkeep"))
-        .arg("check")
-        .arg(server.data_dir())
-        .output()
-        .expect("run memkeep check");
-    assert!(
-        out.status.success(),
-        "memkeep check: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_check_clean(&server);
 }
 
 #[test]

@@ -282,6 +282,34 @@ impl Hasher for Fnv {
     }
 }
 
+/// Where the count sits in a command whose keys follow one (Redis's "movable keys": their key
+/// triple names at most a destination): ZUNION, SINTERCARD, LMPOP, ZUNIONSTORE, BLMPOP, ...
+pub fn numkeys_at(name: &str) -> Option<usize> {
+    match name {
+        "zunion" | "zinter" | "zdiff" | "zintercard" | "sintercard" | "lmpop" | "zmpop" => Some(1),
+        "zunionstore" | "zinterstore" | "zdiffstore" | "blmpop" | "bzmpop" => Some(2),
+        _ => None,
+    }
+}
+
+/// The keys after the count of such a command (none when the count is not a positive
+/// integer: the command then fails by itself), as far as the arguments go.
+pub fn counted_keys<'a>(spec: &Spec, args: &'a [&'a [u8]]) -> &'a [&'a [u8]] {
+    let Some(at) = numkeys_at(spec.name) else {
+        return &[];
+    };
+    match args
+        .get(at)
+        .and_then(|b| crate::protocol::resp::parse_i64(b))
+    {
+        Some(n) if n > 0 && at < args.len() => {
+            let end = (at + 1).saturating_add(n as usize).min(args.len());
+            &args[at + 1..end]
+        }
+        _ => &[],
+    }
+}
+
 /// Commands whose reply depends on the store: inside EXEC they run in the writer.
 pub fn reads_store(cmd: Cmd) -> bool {
     matches!(

@@ -1,26 +1,30 @@
 //! Sorted-set commands: the table, Redis's score and range argument rules (parsed into
-//! `types::zset`'s `ZSetOp`, `ScoreRange`, `LexRange`), and the reads (ZSCORE, ZRANK, ZCOUNT,
-//! ZRANGE and its older forms, ZSCAN) answered from a snapshot, members streamed from the map
-//! into the reply. The layout, the walks and the rank directory are `types::zset`'s and
+//! `types::zset`'s `ZSetOp`, `ScoreRange`, `LexRange`, `RangeSpec`), and the reads (ZSCORE,
+//! ZRANK, ZCOUNT, ZRANGE and its older forms, ZSCAN, ZUNION/ZINTER/ZDIFF, ZINTERCARD,
+//! ZRANDMEMBER) answered from a snapshot, members streamed from the map into the reply. The
+//! writes ZUNIONSTORE/ZINTERSTORE/ZDIFFSTORE and ZRANGESTORE share their parsing with the reads
+//! and run in the writer (`types::zcombine`, `types::zset`). The layout, the walks and the rank directory are `types::zset`'s and
 //! `types::zrank`'s.
 
 use std::ops::Bound;
 
-use heed::Database;
-use heed::types::Bytes;
-
 use super::Cx;
-use super::args::{Args, SYNTAX, ScanOpts, glob_match, int_arg, scan_opts};
-use super::table::{Cmd, Family, KEY1, R, Spec, W, spec};
+use super::args::{Args, NOT_INTEGER, SYNTAX, ScanOpts, glob_match, int_arg, scan_opts};
+use super::hash::{MAX_REPEAT_PICKS, REPLY_TOO_LARGE, TOO_MANY_PICKS, rand_count};
+use super::table::{Cmd, Family, KEY1, NOKEY, R, Spec, W, spec};
+use crate::command::REPLY_MAX;
 use crate::protocol::resp::enc::{ScoreText, fmt_double as fmt_score};
 use crate::protocol::resp::{enc, parse_i64};
 use crate::storage::{Kind, StoreError};
-use crate::types::zrank::{self, RANKED};
+use crate::types::set::Combine;
+use crate::types::zcombine::{Aggregate, Source, combine, sort_result};
+use crate::types::zrank::RANKED;
 use crate::types::zset::{
-    AddFlags, KeyBounds, Lex, LexRange, RangeBy, ScoreRange, ZSetOp, count_in, count_ranked,
-    elem_entry, ix_entry, prefix_end, rank, read_score, score_key, walk, whole,
+    AddFlags, Lex, LexRange, RangeBy, RangeQuery, RangeSpec, ScoreRange, ZSetOp, count_in,
+    count_ranked, elem_entry, prefix_end, random_members, range_each, rank, read_score, score_key,
+    walk,
 };
-use crate::types::{CollMeta, MAX_SUB, clamp_range, elem_key};
+use crate::types::{CollMeta, FoundAny, MAX_SUB, WRONGTYPE, elem_key};
 
 const ZADD: u8 = 0;
 const ZINCRBY: u8 = 1;
@@ -44,6 +48,15 @@ const ZREVRANGEBYSCORE: u8 = 18;
 const ZRANGEBYLEX: u8 = 19;
 const ZREVRANGEBYLEX: u8 = 20;
 const ZSCAN: u8 = 21;
+const ZUNIONSTORE: u8 = 22;
+const ZINTERSTORE: u8 = 23;
+const ZDIFFSTORE: u8 = 24;
+const ZUNION: u8 = 25;
+const ZINTER: u8 = 26;
+const ZDIFF: u8 = 27;
+const ZINTERCARD: u8 = 28;
+const ZRANGESTORE: u8 = 29;
+const ZRANDMEMBER: u8 = 30;
 
 const fn zset(
     name: &'static str,
@@ -78,6 +91,17 @@ pub static COMMANDS: &[Spec] = &[
     zset("zrangebylex", -4, R, KEY1, ZRANGEBYLEX),
     zset("zrevrangebylex", -4, R, KEY1, ZREVRANGEBYLEX),
     zset("zscan", -3, R, KEY1, ZSCAN),
+    // The STORE forms name their destination first; the sources follow a count (movable
+    // keys), as Redis declares it.
+    zset("zunionstore", -4, W, KEY1, ZUNIONSTORE),
+    zset("zinterstore", -4, W, KEY1, ZINTERSTORE),
+    zset("zdiffstore", -4, W, KEY1, ZDIFFSTORE),
+    zset("zunion", -3, R, NOKEY, ZUNION),
+    zset("zinter", -3, R, NOKEY, ZINTER),
+    zset("zdiff", -3, R, NOKEY, ZDIFF),
+    zset("zintercard", -3, R, NOKEY, ZINTERCARD),
+    zset("zrangestore", -5, W, (1, 2, 1), ZRANGESTORE),
+    zset("zrandmember", -2, R, KEY1, ZRANDMEMBER),
 ];
 
 const NOT_FLOAT: &str = "ERR value is not a valid float";
@@ -268,8 +292,113 @@ pub fn write_op(code: u8, args: Args<'_>) -> Result<ZSetOp, String> {
                 count,
             }
         }
+        ZUNIONSTORE | ZINTERSTORE | ZDIFFSTORE => {
+            let (how, name) = match code {
+                ZUNIONSTORE => (Combine::Union, "zunionstore"),
+                ZINTERSTORE => (Combine::Inter, "zinterstore"),
+                _ => (Combine::Diff, "zdiffstore"),
+            };
+            let keys = numkeys(args, 2, name)?;
+            // Redis checks the sources' types before the options: an option error is
+            // answered by the writer, after that check.
+            let (opts, deferred) = match combine_opts(args, keys.end, keys.len(), how, true, false)
+            {
+                Ok(o) => (o, None),
+                Err(msg) => (CombineOpts::default(), Some(msg)),
+            };
+            ZSetOp::Store {
+                dst: key,
+                how,
+                keys: keys.map(|i| args.get(i).to_vec()).collect(),
+                weights: opts.weights,
+                agg: opts.agg,
+                deferred,
+            }
+        }
+        ZRANGESTORE => {
+            let (range, _) = parse_zrange(ZRANGE, args, 2, true)?;
+            ZSetOp::RangeStore {
+                dst: key,
+                src: args.get(2).to_vec(),
+                range,
+            }
+        }
         _ => return Err(SYNTAX.into()),
     })
+}
+
+/// `numkeys key...` with the count at `at`: the keys' positions, checked as Redis checks them
+/// (`name` is the command's, for the error).
+fn numkeys(args: Args<'_>, at: usize, name: &str) -> Result<std::ops::Range<usize>, String> {
+    let n = parse_i64(args.get(at)).ok_or(NOT_INTEGER)?;
+    if n < 1 {
+        return Err(format!(
+            "ERR at least 1 input key is needed for '{name}' command"
+        ));
+    }
+    if n > (args.len() - at - 1) as i64 {
+        return Err(SYNTAX.into());
+    }
+    Ok(at + 1..at + 1 + n as usize)
+}
+
+/// The options after the keys of ZUNION/ZINTER/ZDIFF (and STORE forms) and ZINTERCARD.
+#[derive(Default)]
+struct CombineOpts {
+    weights: Vec<f64>,
+    agg: Aggregate,
+    withscores: bool,
+    /// ZINTERCARD's LIMIT; 0: none.
+    limit: u64,
+}
+
+/// Reads the options from `j` on as Redis's loop does: WEIGHTS (one per key: only when that
+/// many arguments follow) and AGGREGATE for union and intersection, WITHSCORES for the reads,
+/// LIMIT for ZINTERCARD (`card`); anything else is a syntax error.
+fn combine_opts(
+    args: Args<'_>,
+    mut j: usize,
+    setnum: usize,
+    how: Combine,
+    store: bool,
+    card: bool,
+) -> Result<CombineOpts, &'static str> {
+    let mut o = CombineOpts::default();
+    let scored = how != Combine::Diff && !card;
+    while j < args.len() {
+        let remaining = args.len() - j;
+        if scored && remaining > setnum && args.is(j, "WEIGHTS") {
+            o.weights.clear();
+            for i in j + 1..j + 1 + setnum {
+                o.weights
+                    .push(parse_score(args.get(i)).ok_or("ERR weight value is not a float")?);
+            }
+            j += 1 + setnum;
+        } else if scored && remaining >= 2 && args.is(j, "AGGREGATE") {
+            o.agg = if args.is(j + 1, "SUM") {
+                Aggregate::Sum
+            } else if args.is(j + 1, "MIN") {
+                Aggregate::Min
+            } else if args.is(j + 1, "MAX") {
+                Aggregate::Max
+            } else {
+                return Err(SYNTAX);
+            };
+            j += 2;
+        } else if !store && !card && args.is(j, "WITHSCORES") {
+            o.withscores = true;
+            j += 1;
+        } else if card && remaining >= 2 && args.is(j, "LIMIT") {
+            o.limit = match parse_i64(args.get(j + 1)) {
+                Some(n) if n >= 0 => n as u64,
+                _ => return Err("ERR LIMIT can't be negative"),
+            };
+            j += 2;
+        } else {
+            return Err(SYNTAX);
+        }
+    }
+    Ok(o)
 }
 
 fn storage_err(e: impl Into<StoreError>) -> String {
@@ -364,6 +493,8 @@ fn read_inner(
             zrange(code, args, cx, out, v3)?
         }
         ZSCAN => zscan(args, cx, out)?,
+        ZUNION | ZINTER | ZDIFF | ZINTERCARD => combine_read(code, args, cx, out, v3)?,
+        ZRANDMEMBER => zrandmember(args, cx, out, v3)?,
         _ => return Err(SYNTAX.into()),
     }
     Ok(())
@@ -421,6 +552,11 @@ impl<'o> Emit<'o> {
         self.out[self.at..self.at + h.len()].copy_from_slice(h);
     }
 
+    /// The bytes written so far.
+    fn bytes(&self) -> usize {
+        self.out.len() - self.at
+    }
+
     /// Drops what was written and answers `msg` instead.
     fn fail(self, msg: &str) {
         self.out.truncate(self.at);
@@ -435,15 +571,14 @@ enum By {
     Lex,
 }
 
-/// ZRANGE and its older forms (Redis 7's `zrangeGenericCommand`): options first, then the
-/// range, then the key.
-fn zrange(
+/// ZRANGE and its older forms (Redis 7's `zrangeGenericCommand`), and ZRANGESTORE (`store`):
+/// the key at `at`, the range after it, then the options. The query and WITHSCORES.
+fn parse_zrange(
     code: u8,
     args: Args<'_>,
-    cx: &Cx<'_, '_>,
-    out: &mut Vec<u8>,
-    v3: bool,
-) -> Result<(), String> {
+    at: usize,
+    store: bool,
+) -> Result<(RangeSpec, bool), String> {
     let (mut by, mut rev) = match code {
         ZREVRANGE => (Some(By::Rank), Some(true)),
         ZRANGEBYSCORE => (Some(By::Score), Some(false)),
@@ -453,10 +588,10 @@ fn zrange(
         _ => (None, None),
     };
     let (mut withscores, mut offset, mut limit) = (false, 0i64, -1i64);
-    let mut j = 4;
+    let mut j = at + 3;
     while j < args.len() {
         let left = args.len() - j - 1;
-        if args.is(j, "WITHSCORES") {
+        if !store && args.is(j, "WITHSCORES") {
             withscores = true;
         } else if args.is(j, "LIMIT") && left >= 2 {
             offset = int_arg(args.get(j + 1))?;
@@ -486,149 +621,187 @@ fn zrange(
     }
     // Reversed score and lex ranges are given as max, min.
     let (lo_arg, hi_arg) = if rev && by != By::Rank {
-        (args.get(3), args.get(2))
+        (args.get(at + 2), args.get(at + 1))
     } else {
-        (args.get(2), args.get(3))
+        (args.get(at + 1), args.get(at + 2))
     };
-    enum Range {
-        Rank(i64, i64),
-        Score(ScoreRange),
-        Lex(LexRange),
-    }
-    let range = match by {
-        By::Rank => Range::Rank(int_arg(lo_arg)?, int_arg(hi_arg)?),
-        By::Score => Range::Score(parse_score_range(lo_arg, hi_arg).ok_or(BAD_SCORE_RANGE)?),
-        By::Lex => Range::Lex(parse_lex_range(lo_arg, hi_arg).ok_or(BAD_LEX_RANGE)?),
+    let query = match by {
+        By::Rank => RangeQuery::Rank(int_arg(lo_arg)?, int_arg(hi_arg)?),
+        By::Score => RangeQuery::Score(parse_score_range(lo_arg, hi_arg).ok_or(BAD_SCORE_RANGE)?),
+        By::Lex => RangeQuery::Lex(parse_lex_range(lo_arg, hi_arg).ok_or(BAD_LEX_RANGE)?),
     };
+    let spec = RangeSpec {
+        query,
+        rev,
+        offset,
+        limit,
+    };
+    Ok((spec, withscores))
+}
+
+/// ZRANGE and its older forms: options first, then the range, then the key; the members
+/// streamed from the map into the reply.
+fn zrange(
+    code: u8,
+    args: Args<'_>,
+    cx: &Cx<'_, '_>,
+    out: &mut Vec<u8>,
+    v3: bool,
+) -> Result<(), String> {
+    let (spec, withscores) = parse_zrange(code, args, 1, false)?;
     let Some(c) = look(cx, args.get(1))? else {
         enc::array(out, 0);
         return Ok(());
     };
-    let emit = Emit::new(out, withscores, v3);
-    let done = match range {
-        Range::Rank(start, stop) => rank_range(cx, c, start, stop, rev, emit),
-        Range::Score(r) => match r.bounds(c.id) {
-            None => {
-                emit.finish();
-                Ok(())
-            }
-            Some(b) => walk_range(cx, &cx.store.zscore, &b, rev, offset, limit, false, emit),
-        },
-        Range::Lex(r) => match r.bounds(c.id) {
-            None => {
-                emit.finish();
-                Ok(())
-            }
-            Some(b) => walk_range(cx, &cx.store.elems, &b, rev, offset, limit, true, emit),
-        },
-    };
-    done.map_err(storage_err)
+    let mut emit = Emit::new(out, withscores, v3);
+    let store = cx.store;
+    match range_each(&store.zscore, &store.elems, cx.txn, c, &spec, |m, s| {
+        emit.push(m, s)
+    }) {
+        Ok(()) => emit.finish(),
+        Err(e) => emit.fail(&storage_err(e)),
+    }
+    Ok(())
 }
 
-/// ZRANGE by rank: walk from the nearer end of the index, skipping to the first rank.
-fn rank_range(
+/// ZUNION/ZINTER/ZDIFF numkeys key... [WEIGHTS ..] [AGGREGATE ..] [WITHSCORES], and
+/// ZINTERCARD numkeys key... [LIMIT n]: numkeys, then the sources' types, then the options,
+/// as Redis checks them. The result is sorted by score, then member.
+fn combine_read(
+    code: u8,
+    args: Args<'_>,
     cx: &Cx<'_, '_>,
-    c: CollMeta,
-    start: i64,
-    stop: i64,
-    rev: bool,
-    mut emit: Emit<'_>,
-) -> Result<(), StoreError> {
-    let Some((s, e)) = clamp_range(start, stop, c.len) else {
-        emit.finish();
-        return Ok(());
+    out: &mut Vec<u8>,
+    v3: bool,
+) -> Result<(), String> {
+    let (how, name) = match code {
+        ZUNION => (Combine::Union, "zunion"),
+        ZINTER => (Combine::Inter, "zinter"),
+        ZDIFF => (Combine::Diff, "zdiff"),
+        _ => (Combine::Inter, "zintercard"),
     };
-    let k = (e - s + 1) as usize;
-    let from_far_end = c.len - 1 - e;
-    let all = whole(c.id);
-    if c.head == RANKED {
-        // Seek to the first rank replied (counted from the reply's end), then walk.
-        let first = if rev { c.len - 1 - s } else { s };
-        let at = zrank::key_at(&cx.store.zscore, cx.txn, c.id, c.len, first)?;
-        let from = if rev {
-            (
-                Bound::Included(c.id.to_be_bytes().to_vec()),
-                Bound::Included(at),
-            )
-        } else {
-            (Bound::Included(at), prefix_end(c.id))
-        };
-        for r in walk(&cx.store.zscore, cx.txn, &from, rev)?.take(k) {
-            match r.and_then(|(key, _)| ix_entry(key)) {
-                Ok((m, score)) => emit.push(m, score),
-                Err(err) => {
-                    emit.fail(&storage_err(err));
-                    return Ok(());
-                }
-            }
-        }
-    } else if s <= from_far_end {
-        // Walk in the reply's direction.
-        let it = walk(&cx.store.zscore, cx.txn, &all, rev)?;
-        for r in it.skip(s as usize).take(k) {
-            match r.and_then(|(key, _)| ix_entry(key)) {
-                Ok((m, score)) => emit.push(m, score),
-                Err(err) => {
-                    emit.fail(&storage_err(err));
-                    return Ok(());
-                }
-            }
-        }
-    } else {
-        // Walk from the other end and reply in reverse.
-        let it = walk(&cx.store.zscore, cx.txn, &all, !rev)?;
-        let mut got: Vec<(&[u8], f64)> = Vec::with_capacity(k);
-        for r in it.skip(from_far_end as usize).take(k) {
-            match r.and_then(|(key, _)| ix_entry(key)) {
-                Ok(entry) => got.push(entry),
-                Err(err) => {
-                    emit.fail(&storage_err(err));
-                    return Ok(());
-                }
-            }
-        }
-        for (m, score) in got.into_iter().rev() {
-            emit.push(m, score);
-        }
+    let card = code == ZINTERCARD;
+    let keys = numkeys(args, 1, name)?;
+    let mut sources = Vec::with_capacity(keys.len());
+    for i in keys.clone() {
+        let found = cx
+            .find_any(args.get(i), &[Kind::Set, Kind::ZSet])
+            .map_err(storage_err)?;
+        sources.push(match found {
+            FoundAny::WrongType => return Err(WRONGTYPE.into()),
+            FoundAny::Missing => Source {
+                kind: Kind::ZSet,
+                coll: None,
+                weight: 1.0,
+            },
+            FoundAny::Coll(kind, c) => Source {
+                kind,
+                coll: Some(c),
+                weight: 1.0,
+            },
+        });
+    }
+    let opts = combine_opts(args, keys.end, keys.len(), how, false, card)?;
+    for (s, w) in sources.iter_mut().zip(&opts.weights) {
+        s.weight = *w;
+    }
+    let db = *cx.store.elems;
+    if card {
+        let mut n = 0u64;
+        combine(db, cx.txn, how, &sources, opts.agg, |_, _| {
+            n += 1;
+            opts.limit == 0 || n < opts.limit
+        })
+        .map_err(storage_err)?;
+        enc::int(out, n as i64);
+        return Ok(());
+    }
+    let mut got: Vec<(&[u8], f64)> = Vec::new();
+    combine(db, cx.txn, how, &sources, opts.agg, |m, s| {
+        got.push((m, s));
+        true
+    })
+    .map_err(storage_err)?;
+    sort_result(&mut got);
+    let mut emit = Emit::new(out, opts.withscores, v3);
+    for (m, s) in got {
+        emit.push(m, s);
     }
     emit.finish();
     Ok(())
 }
 
-/// A BYSCORE or BYLEX range: one seek, then `offset` skipped and up to `limit` (< 0: all)
-/// replied. A negative offset gives nothing, as in Redis.
-#[allow(clippy::too_many_arguments)]
-fn walk_range(
-    cx: &Cx<'_, '_>,
-    db: &Database<Bytes, Bytes>,
-    bounds: &KeyBounds,
-    rev: bool,
-    offset: i64,
-    limit: i64,
-    elems: bool,
-    mut emit: Emit<'_>,
-) -> Result<(), StoreError> {
-    if offset < 0 {
-        emit.finish();
-        return Ok(());
-    }
-    let take = if limit < 0 {
-        usize::MAX
-    } else {
-        limit as usize
-    };
-    let it = walk(db, cx.txn, bounds, rev)?;
-    for r in it.skip(offset as usize).take(take) {
-        let entry = r.and_then(|(k, v)| if elems { elem_entry(k, v) } else { ix_entry(k) });
-        match entry {
-            Ok((m, score)) => emit.push(m, score),
-            Err(err) => {
-                emit.fail(&storage_err(err));
-                return Ok(());
+/// ZRANDMEMBER key [count [WITHSCORES]], with Redis 7.0's argument checks (a count with
+/// WITHSCORES within +-LONG_MAX/2). A positive count is capped at the set's size before
+/// anything is allocated; a negative one (repeats) at `MAX_REPEAT_PICKS`, its reply at
+/// `REPLY_MAX`, as SRANDMEMBER's.
+fn zrandmember(args: Args<'_>, cx: &Cx<'_, '_>, out: &mut Vec<u8>, v3: bool) -> Result<(), String> {
+    let mut count = None;
+    let mut withscores = false;
+    if args.len() >= 3 {
+        let n = rand_count(args.get(2))?;
+        if args.len() > 4 || (args.len() == 4 && !args.is(3, "WITHSCORES")) {
+            return Err(SYNTAX.into());
+        }
+        if args.len() == 4 {
+            withscores = true;
+            if !(-(i64::MAX / 2)..=i64::MAX / 2).contains(&n) {
+                return Err("ERR value is out of range".into());
             }
         }
+        count = Some(n);
     }
-    emit.finish();
+    let coll = look(cx, args.get(1))?;
+    let store = cx.store;
+    let Some(n) = count else {
+        let Some(c) = coll else {
+            enc::null(out, v3);
+            return Ok(());
+        };
+        let mut got = None;
+        random_members(&store.zscore, *store.elems, cx.txn, &c, 1, true, |m, _| {
+            got = Some(m.to_vec());
+            false
+        })
+        .map_err(storage_err)?;
+        match got {
+            Some(m) => enc::bulk(out, &m),
+            None => enc::null(out, v3),
+        }
+        return Ok(());
+    };
+    let Some(c) = coll.filter(|_| n != 0) else {
+        enc::array(out, 0);
+        return Ok(());
+    };
+    let (k, repeats) = if n > 0 {
+        ((n as u64).min(c.len), false)
+    } else {
+        (n.unsigned_abs(), true)
+    };
+    if repeats && k > MAX_REPEAT_PICKS {
+        return Err(TOO_MANY_PICKS.into());
+    }
+    let mut emit = Emit::new(out, withscores, v3);
+    let mut over = false;
+    let done = random_members(
+        &store.zscore,
+        *store.elems,
+        cx.txn,
+        &c,
+        k,
+        repeats,
+        |m, s| {
+            emit.push(m, s);
+            over = repeats && emit.bytes() > REPLY_MAX;
+            !over
+        },
+    );
+    match done {
+        Err(e) => emit.fail(&storage_err(e)),
+        Ok(()) if over => emit.fail(REPLY_TOO_LARGE),
+        Ok(()) => emit.finish(),
+    }
     Ok(())
 }
 

@@ -27,7 +27,7 @@ use std::sync::{Arc, RwLock};
 use sha2::{Digest, Sha256};
 
 use crate::commands::args::glob_match;
-use crate::commands::table::{Cmd, Family, Spec, all_specs, reads_store};
+use crate::commands::table::{Cmd, Family, Spec, all_specs, counted_keys, reads_store};
 
 /// Every category `ACL CAT` lists.
 pub const CATEGORIES: &[&str] = &[
@@ -639,6 +639,13 @@ fn check(u: &User, spec: &Spec, args: &[&[u8]]) -> Result<(), Denied> {
             i += step;
         }
     }
+    // Keys after a count (ZUNION, SINTERCARD, LMPOP, ...).
+    if counted_keys(spec, args)
+        .iter()
+        .any(|key| !u.keys.iter().any(|p| glob_match(p, key)))
+    {
+        return Err(Denied::Key);
+    }
     let channels: &[&[u8]] = match spec.cmd {
         Cmd::Subscribe => &args[1..],
         Cmd::Publish => &args[1..2.min(args.len())],
@@ -703,6 +710,19 @@ mod tests {
             "dangerous taken back"
         );
         assert!(permit(&acl, "alice", "ZRANGE k 0 1").is_ok());
+        // Keys after a count are checked too.
+        assert!(permit(&acl, "alice", "ZUNION 2 k1 k2").is_ok());
+        assert!(permit(&acl, "alice", "ZUNION 2 k1 x").is_err());
+        assert!(permit(&acl, "alice", "ZINTERCARD 1 x").is_err());
+        assert!(permit(&acl, "alice", "SINTERCARD 2 k1 x LIMIT 1").is_err());
+        assert!(
+            permit(&acl, "alice", "ZUNION 1 k1 x").is_ok(),
+            "x is an option"
+        );
+        assert!(
+            permit(&acl, "alice", "ZUNION 9 k1").is_ok(),
+            "fails by itself"
+        );
         assert!(
             permit(&acl, "alice", "PUBLISH news x").is_err(),
             "no pubsub commands"

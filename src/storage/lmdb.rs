@@ -704,11 +704,16 @@ impl LmdbStore {
         }
     }
 
-    /// Records that collections may exist from now on (called before one is stored).
+    /// Records that collections may exist from now on (called before one is stored), in the
+    /// flag and in the meta record `colls` alike. The record is looked up in the transaction
+    /// every time rather than trusted from the flag: a FLUSHALL deletes the record while the
+    /// flag stays set (pessimistic, in case the flush aborts), and so does an aborted
+    /// transaction that put it; either way the next collection must put it back, or a restart
+    /// would not reclaim the elements of an overwritten collection.
     pub fn mark_collections(&self, txn: &mut LogTxn) -> Result<(), StoreError> {
-        if !self.has_colls.load(Ordering::Relaxed) {
-            // Set before the commit: if it aborts, the flag is merely pessimistic.
-            self.has_colls.store(true, Ordering::Relaxed);
+        // Set before the commit: if it aborts, the flag is merely pessimistic.
+        self.has_colls.store(true, Ordering::Relaxed);
+        if self.meta.get(txn, META_COLLS)?.is_none() {
             self.meta.put(txn, META_COLLS, &[1])?;
         }
         Ok(())

@@ -22,6 +22,7 @@ pub mod blocking;
 pub mod hash;
 pub mod list;
 pub mod set;
+pub mod zcombine;
 pub mod zrank;
 pub mod zset;
 
@@ -78,6 +79,7 @@ impl CollOp {
                 | Z::RemRange { key, .. }
                 | Z::Pop { key, .. },
             ) => f(key),
+            CollOp::ZSet(Z::Store { dst, .. } | Z::RangeStore { dst, .. }) => f(dst),
             CollOp::Pop(form) => form.for_each_key(f),
         }
     }
@@ -152,6 +154,32 @@ fn classify(bytes: Option<&[u8]>, kind: Kind, now: u64) -> Result<Found, StoreEr
     }
 }
 
+/// What is under a key for a command that takes collections of more than one kind (the
+/// sources of ZUNIONSTORE and its kin: sets or sorted sets).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FoundAny {
+    Missing,
+    WrongType,
+    Coll(Kind, CollMeta),
+}
+
+fn classify_any(bytes: Option<&[u8]>, kinds: &[Kind], now: u64) -> Result<FoundAny, StoreError> {
+    let Some(bytes) = bytes else {
+        return Ok(FoundAny::Missing);
+    };
+    let item = item::decode(bytes)?;
+    if item.meta.is_expired(now) {
+        Ok(FoundAny::Missing)
+    } else if !kinds.contains(&item.meta.kind) {
+        Ok(FoundAny::WrongType)
+    } else {
+        Ok(FoundAny::Coll(
+            item.meta.kind,
+            CollMeta::decode(item.value)?,
+        ))
+    }
+}
+
 /// The element key of `sub` in collection `id`.
 pub fn elem_key(id: u64, sub: &[u8]) -> Vec<u8> {
     let mut k = Vec::with_capacity(8 + sub.len());
@@ -188,6 +216,16 @@ impl<'e> Tx<'_, '_, 'e> {
             return Ok(Found::Missing);
         }
         classify(store.items().get(txn, key)?, kind, now)
+    }
+
+    /// Looks `key` up as a collection of any of `kinds`.
+    pub fn find_any(&mut self, key: &[u8], kinds: &[Kind]) -> Result<FoundAny, StoreError> {
+        let now = self.now;
+        let (store, txn) = self.store_txn();
+        if key.is_empty() || key.len() > crate::storage::MAX_KEY {
+            return Ok(FoundAny::Missing);
+        }
+        classify_any(store.items().get(txn, key)?, kinds, now)
     }
 
     /// A new, empty collection of `kind` (not stored until `save`).
@@ -298,6 +336,14 @@ impl ReadCx<'_, '_> {
             Ok(Found::WrongType) => Err(WRONGTYPE.to_string()),
             Err(e) => Err(e.resp_reply()),
         }
+    }
+
+    /// Looks `key` up as a collection of any of `kinds` for a read.
+    pub fn find_any(&self, key: &[u8], kinds: &[Kind]) -> Result<FoundAny, StoreError> {
+        if self.flushed || key.is_empty() || key.len() > crate::storage::MAX_KEY {
+            return Ok(FoundAny::Missing);
+        }
+        classify_any(self.store.record(key)?, kinds, self.now)
     }
 
     pub fn find(&self, key: &[u8], kind: Kind) -> Result<Found, StoreError> {

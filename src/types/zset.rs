@@ -22,6 +22,11 @@
 //! - A set stored by a memkeep before the directory (metadata `head` 0) answers ranks by
 //!   walking from the nearer end, O(min(rank, n - rank)), until its first write builds one.
 //! - ZSCAN: `COUNT` element records per call, in member order, from a server-side cursor.
+//! - ZRANGESTORE: the ZRANGE walk (`range_each`), then the destination written as a new set:
+//!   O(log n) per member, the rank directory built in one pass (`replace_with`). ZUNION, ZINTER,
+//!   ZDIFF, their STORE forms and ZINTERCARD: `zcombine`.
+//! - ZRANDMEMBER: one walk for sets up to 4,096 members or counts over 1/256 of the set, else a
+//!   random rank looked up in the directory per pick, O(r) each; exactly uniform either way.
 //!
 //! Limits and differences from Redis 7.0 (deliberate):
 //! - A member is at most `MAX_SUB` (495) bytes (LMDB's key limit less the id and score): ZADD
@@ -46,12 +51,15 @@ use std::ops::Bound;
 use heed::types::Bytes;
 use heed::{Database, RoRange, RoRevRange, RoTxn};
 
+use super::hash::{sample_distinct, sample_repeats};
+use super::set::Combine;
+use super::zcombine::Aggregate;
 use super::zrank::{self, RANKED};
-use super::{CollMeta, Found, MAX_SUB, ReadCx, Tx, clamp_range, elem_key};
+use super::{CollMeta, Found, MAX_SUB, ReadCx, Tx, clamp_range, elem_key, random_u64};
 use crate::outcome::Outcome;
 use crate::storage::ItemMeta;
 use crate::storage::lmdb::LmdbWrite;
-use crate::storage::{Kind, StoreError};
+use crate::storage::{Kind, StoreError, WriteView};
 
 const NAN_SCORE: &str = "ERR resulting score is not a number (NaN)";
 
@@ -118,6 +126,42 @@ pub enum ZSetOp {
         max: bool,
         count: Option<u64>,
     },
+    /// ZUNIONSTORE/ZINTERSTORE/ZDIFFSTORE (`zcombine`): `keys` (sets or sorted sets) combined
+    /// into `dst`, which is replaced (deleted when the result is empty). `deferred`: an error
+    /// in the options, which Redis finds only after checking the sources' types, so it is
+    /// answered after that check.
+    Store {
+        dst: Vec<u8>,
+        how: Combine,
+        keys: Vec<Vec<u8>>,
+        weights: Vec<f64>,
+        agg: Aggregate,
+        deferred: Option<&'static str>,
+    },
+    /// ZRANGESTORE: the members `range` selects from `src`, with their scores, into `dst`.
+    RangeStore {
+        dst: Vec<u8>,
+        src: Vec<u8>,
+        range: RangeSpec,
+    },
+}
+
+/// What a ZRANGE-style command selects: ranks, scores or a lex range.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RangeQuery {
+    Rank(i64, i64),
+    Score(ScoreRange),
+    Lex(LexRange),
+}
+
+/// A ZRANGE (or ZRANGESTORE) query: the range, its direction, and LIMIT's `offset` and
+/// `limit` (< 0: all; BYSCORE and BYLEX only).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RangeSpec {
+    pub query: RangeQuery,
+    pub rev: bool,
+    pub offset: i64,
+    pub limit: i64,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -512,6 +556,29 @@ pub fn apply(w: &mut LmdbWrite<'_, '_>, op: &ZSetOp, now: u64) -> Result<Outcome
             }
             Ok(Outcome::Int(victims.len() as i64))
         }
+        ZSetOp::Store {
+            dst,
+            how,
+            keys,
+            weights,
+            agg,
+            deferred,
+        } => super::zcombine::store(&mut tx, dst, *how, keys, weights, *agg, *deferred),
+        ZSetOp::RangeStore { dst, src, range } => {
+            let c = match tx.find(src, Kind::ZSet)? {
+                Found::WrongType => return Ok(Outcome::WrongType),
+                Found::Missing => None,
+                Found::Coll(_, c) => Some(c),
+            };
+            let mut picked = Vec::new();
+            if let Some(c) = c {
+                let (store, txn) = tx.store_txn();
+                range_each(&store.zscore, &store.elems, txn, c, range, |m, s| {
+                    picked.push((m.to_vec(), s))
+                })?;
+            }
+            replace_with(&mut tx, dst, &picked)
+        }
         ZSetOp::Pop { key, max, count } => {
             let (meta, mut coll) = match find_ranked(&mut tx, key)? {
                 Found::WrongType => return Ok(Outcome::WrongType),
@@ -536,6 +603,36 @@ pub fn apply(w: &mut LmdbWrite<'_, '_>, op: &ZSetOp, now: u64) -> Result<Outcome
             })
         }
     }
+}
+
+/// Replaces whatever `dst` holds by a new sorted set of `members` (distinct), or deletes it
+/// when there are none; answers their count. The index goes in first and the rank directory is
+/// built from it in one pass (`zrank::build`), cheaper than keeping it entry by entry.
+pub(super) fn replace_with(
+    tx: &mut Tx<'_, '_, '_>,
+    dst: &[u8],
+    members: &[(Vec<u8>, f64)],
+) -> Result<Outcome, StoreError> {
+    if members.is_empty() {
+        tx.w.delete(dst)?;
+        return Ok(Outcome::Int(0));
+    }
+    // A new collection: whatever `dst` held goes to the collector when its metadata is
+    // overwritten (a source named as the destination was read in full already).
+    let (meta, mut coll) = tx.create(Kind::ZSet)?;
+    for (m, s) in members {
+        tx.elem_put(coll.id, m, &score_bytes(*s))?;
+        let (store, txn) = tx.store_txn();
+        store
+            .zscore
+            .put(txn, &ix_key(coll.id, score_key(*s), m), &[])?;
+    }
+    let (store, txn) = tx.store_txn();
+    zrank::build(&store.zscore, txn, coll.id)?;
+    coll.head = RANKED;
+    coll.len = members.len() as u64;
+    tx.save(dst, &meta, &coll)?;
+    Ok(Outcome::Int(coll.len as i64))
 }
 
 /// ZADD (and ZINCRBY): Redis's `zsetAdd` per pair.
@@ -677,6 +774,192 @@ pub fn count_ranked(cx: &ReadCx<'_, '_>, c: CollMeta, b: &KeyBounds) -> Result<u
         _ => 0,
     };
     Ok(hi.saturating_sub(lo))
+}
+
+/// Calls `each(member, score)` for the members `spec` selects from sorted set `c`, in the
+/// reply's order (ZRANGE's reads and ZRANGESTORE's write alike).
+pub fn range_each<'t>(
+    zscore: &Database<Bytes, Bytes>,
+    elems: &Database<Bytes, Bytes>,
+    txn: &'t RoTxn<'_>,
+    c: CollMeta,
+    spec: &RangeSpec,
+    each: impl FnMut(&'t [u8], f64),
+) -> Result<(), StoreError> {
+    match &spec.query {
+        RangeQuery::Rank(start, stop) => rank_each(zscore, txn, c, *start, *stop, spec.rev, each),
+        RangeQuery::Score(r) => match r.bounds(c.id) {
+            None => Ok(()),
+            Some(b) => walk_each(zscore, txn, &b, spec, false, each),
+        },
+        RangeQuery::Lex(r) => match r.bounds(c.id) {
+            None => Ok(()),
+            Some(b) => walk_each(elems, txn, &b, spec, true, each),
+        },
+    }
+}
+
+/// By rank: from the rank directory, a seek to the first rank replied, then a walk; a set
+/// without one walks from the nearer end of the index (replying in reverse when that is the
+/// far end of the reply).
+fn rank_each<'t>(
+    zscore: &Database<Bytes, Bytes>,
+    txn: &'t RoTxn<'_>,
+    c: CollMeta,
+    start: i64,
+    stop: i64,
+    rev: bool,
+    mut each: impl FnMut(&'t [u8], f64),
+) -> Result<(), StoreError> {
+    let Some((s, e)) = clamp_range(start, stop, c.len) else {
+        return Ok(());
+    };
+    let k = (e - s + 1) as usize;
+    let from_far_end = c.len - 1 - e;
+    if c.head == RANKED {
+        // Seek to the first rank replied (counted from the reply's end), then walk.
+        let first = if rev { c.len - 1 - s } else { s };
+        let at = zrank::key_at(zscore, txn, c.id, c.len, first)?;
+        let from = if rev {
+            (
+                Bound::Included(c.id.to_be_bytes().to_vec()),
+                Bound::Included(at),
+            )
+        } else {
+            (Bound::Included(at), prefix_end(c.id))
+        };
+        for r in walk(zscore, txn, &from, rev)?.take(k) {
+            let (m, score) = ix_entry(r?.0)?;
+            each(m, score);
+        }
+    } else if s <= from_far_end {
+        for r in walk(zscore, txn, &whole(c.id), rev)?
+            .skip(s as usize)
+            .take(k)
+        {
+            let (m, score) = ix_entry(r?.0)?;
+            each(m, score);
+        }
+    } else {
+        let mut got: Vec<(&[u8], f64)> = Vec::with_capacity(k);
+        for r in walk(zscore, txn, &whole(c.id), !rev)?
+            .skip(from_far_end as usize)
+            .take(k)
+        {
+            got.push(ix_entry(r?.0)?);
+        }
+        for (m, score) in got.into_iter().rev() {
+            each(m, score);
+        }
+    }
+    Ok(())
+}
+
+/// A BYSCORE or BYLEX range: one seek, then `offset` skipped and up to `limit` (< 0: all)
+/// given. A negative offset gives nothing, as in Redis.
+fn walk_each<'t>(
+    db: &Database<Bytes, Bytes>,
+    txn: &'t RoTxn<'_>,
+    bounds: &KeyBounds,
+    spec: &RangeSpec,
+    elems: bool,
+    mut each: impl FnMut(&'t [u8], f64),
+) -> Result<(), StoreError> {
+    if spec.offset < 0 {
+        return Ok(());
+    }
+    let take = usize::try_from(spec.limit).unwrap_or(usize::MAX);
+    let it = walk(db, txn, bounds, spec.rev)?;
+    for r in it.skip(spec.offset as usize).take(take) {
+        let (k, v) = r?;
+        let (m, score) = if elems {
+            elem_entry(k, v)?
+        } else {
+            ix_entry(k)?
+        };
+        each(m, score);
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Random picks (ZRANDMEMBER)
+
+/// Sets above this size with the rank directory are drawn from by rank when the count asks
+/// for less than 1/`SPARSE` of them: exactly uniform, each pick about n/380 + 128 cursor
+/// steps. Otherwise one walk (exactly uniform too, `hash::sample_*`).
+const SMALL: u64 = 4096;
+const SPARSE: u64 = 256;
+
+/// Random members of sorted set `c` (non-empty), each passed to `each(member, score)` until it
+/// returns false: `count` of them, repeats allowed (`repeats`), else `count` distinct ones
+/// (all of them, in score order, when `count` >= its length). Memory: O(count) for the
+/// distinct picks (count < length), O(1) beyond the reply for repeats drawn by rank; a walk's
+/// repeats keep `count` borrowed members.
+pub fn random_members(
+    zscore: &Database<Bytes, Bytes>,
+    elems: Database<Bytes, Bytes>,
+    txn: &RoTxn<'_>,
+    c: &CollMeta,
+    count: u64,
+    repeats: bool,
+    mut each: impl FnMut(&[u8], f64) -> bool,
+) -> Result<(), StoreError> {
+    if c.len == 0 || count == 0 {
+        return Ok(());
+    }
+    if !repeats && count >= c.len {
+        for r in walk(zscore, txn, &whole(c.id), false)? {
+            let (m, s) = ix_entry(r?.0)?;
+            if !each(m, s) {
+                break;
+            }
+        }
+        return Ok(());
+    }
+    let by_rank = c.head == RANKED && c.len > SMALL && count.saturating_mul(SPARSE) < c.len;
+    if by_rank {
+        let mut at_rank = |r: u64| -> Result<bool, StoreError> {
+            let k = zrank::key_at(zscore, txn, c.id, c.len, r)?;
+            let (m, s) = ix_entry(&k)?;
+            Ok(each(m, s))
+        };
+        if repeats {
+            for _ in 0..count {
+                if !at_rank(random_u64() % c.len)? {
+                    break;
+                }
+            }
+        } else {
+            // count < len / 256: a drawn rank repeats rarely.
+            let mut seen = std::collections::HashSet::with_capacity(count as usize);
+            while (seen.len() as u64) < count {
+                let r = random_u64() % c.len;
+                if seen.insert(r) && !at_rank(r)? {
+                    break;
+                }
+            }
+        }
+        return Ok(());
+    }
+    let mut failed = None;
+    let mut give = |m: &[u8], v: &[u8]| match score_from(v) {
+        Some(s) => each(m, s),
+        None => {
+            failed = Some(corrupt());
+            false
+        }
+    };
+    if repeats {
+        sample_repeats(elems, txn, c, count, give)?;
+    } else {
+        for (m, v) in sample_distinct(elems, txn, c, count)? {
+            if !give(m, v) {
+                break;
+            }
+        }
+    }
+    failed.map_or(Ok(()), Err)
 }
 
 #[cfg(test)]
