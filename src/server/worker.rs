@@ -50,8 +50,15 @@ pub struct Tag {
 
 #[derive(Debug, Clone, Copy)]
 pub enum Reply {
-    Mc { noreply: bool, kind: McReply },
-    Resp { kind: super::resp::RespReply },
+    Mc {
+        noreply: bool,
+        kind: McReply,
+    },
+    /// `cmd`: the command's name, for commandstats' failed calls.
+    Resp {
+        kind: super::resp::RespReply,
+        cmd: &'static str,
+    },
     Bin(super::binary::BinReply),
 }
 
@@ -408,6 +415,7 @@ impl Worker {
             let block = match tag.reply {
                 Reply::Resp {
                     kind: super::resp::RespReply::Block(id),
+                    ..
                 } => Some(id),
                 _ => None,
             };
@@ -476,8 +484,13 @@ impl Worker {
                     r,
                     outcome,
                 ),
-                Reply::Resp { kind } => {
-                    super::resp::complete_write(&mut conn.wbuf, &mut conn.resp, kind, outcome)
+                Reply::Resp { kind, cmd } => {
+                    let before = conn.wbuf.len();
+                    super::resp::complete_write(&mut conn.wbuf, &mut conn.resp, kind, outcome);
+                    if !cmd.is_empty() {
+                        let reply = conn.wbuf.get(before..).unwrap_or_default();
+                        shared.cmdstats.worker(self.id).completed(cmd, reply);
+                    }
                 }
             }
             if !conn.dirty {
