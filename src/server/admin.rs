@@ -989,7 +989,6 @@ fn config(args: Args<'_>, out: &mut Vec<u8>, sess: &Session, pass: &Pass<'_>) {
             c.reset();
         }
         pass.shared.cache.reset();
-        pass.shared.cmdstats.reset();
         enc::ok(out);
     } else if args.is(1, "SET") {
         enc::error(
@@ -1026,11 +1025,7 @@ fn info(args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
         || wanted
             .iter()
             .any(|w| w == "all" || w == "everything" || w == "default");
-    // Not in the default sections, as in Redis: only `all`, `everything` or by name.
-    let extra = wanted.iter().any(|w| w == "all" || w == "everything");
-    let show_extra = |name: &str| extra || wanted.iter().any(|w| w == name);
     let show = |name: &str| all || wanted.iter().any(|w| w == name);
-    let (errorstats, total_errors) = pass.shared.cmdstats.errorstats();
     let mut s = Vec::new();
     let mut section = |name: &str, title: &str, body: String| {
         if show(name) {
@@ -1108,7 +1103,7 @@ fn info(args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
         "stats",
         "Stats",
         format!(
-            "total_connections_received:{}\r\ntotal_commands_processed:{}\r\ninstantaneous_ops_per_sec:0\r\nrejected_connections:{}\r\nexpired_keys:{}\r\nevicted_keys:{}\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\npubsub_channels:{channels}\r\npubsub_patterns:{patterns}\r\npubsubshard_channels:0\r\nclient_output_buffer_limit_disconnections:{}\r\nacl_access_denied_auth:{}\r\nacl_access_denied_cmd:{}\r\nacl_access_denied_key:{}\r\nacl_access_denied_channel:{}\r\ntotal_error_replies:{total_errors}\r\n",
+            "total_connections_received:{}\r\ntotal_commands_processed:{}\r\ninstantaneous_ops_per_sec:0\r\nrejected_connections:{}\r\nexpired_keys:{}\r\nevicted_keys:{}\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\npubsub_channels:{channels}\r\npubsub_patterns:{patterns}\r\npubsubshard_channels:0\r\nclient_output_buffer_limit_disconnections:{}\r\nacl_access_denied_auth:{}\r\nacl_access_denied_cmd:{}\r\nacl_access_denied_key:{}\r\nacl_access_denied_channel:{}\r\n",
             t.total_connections,
             t.resp_commands + t.cmd_get + t.cmd_set,
             t.rejected_connections,
@@ -1127,28 +1122,13 @@ fn info(args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
     section(
         "replication",
         "Replication",
-        // No replica has ever connected, so there is no backlog and the offset stays 0, as
-        // Redis reports it then.
-        format!(
-            "role:master\r\nconnected_slaves:0\r\nmaster_failover_state:no-failover\r\nmaster_replid:{}\r\nmaster_replid2:0000000000000000000000000000000000000000\r\nmaster_repl_offset:0\r\nsecond_repl_offset:-1\r\nrepl_backlog_active:0\r\nrepl_backlog_size:1048576\r\nrepl_backlog_first_byte_offset:0\r\nrepl_backlog_histlen:0\r\n",
-            shared.replid
-        ),
+        "role:master\r\nconnected_slaves:0\r\n".to_string(),
     );
     section(
         "cpu",
         "CPU",
         format!("used_cpu_sys:{sys:.6}\r\nused_cpu_user:{user:.6}\r\n"),
     );
-    if show_extra("commandstats") {
-        section(
-            "commandstats",
-            "Commandstats",
-            shared.cmdstats.commandstats(),
-        );
-    }
-    if show_extra("errorstats") {
-        section("errorstats", "Errorstats", errorstats);
-    }
     section(
         "keyspace",
         "Keyspace",

@@ -16,7 +16,6 @@ pub mod acl;
 pub mod admin;
 pub mod binary;
 pub mod clients;
-pub mod cmdstats;
 pub mod cold;
 pub mod conn;
 pub mod dump;
@@ -57,10 +56,6 @@ pub struct Shared {
     pub checkpoints: Arc<crate::storage::durable::CheckpointStats>,
     /// One per worker.
     pub counters: Vec<Counters>,
-    /// INFO commandstats and errorstats, a table per worker.
-    pub cmdstats: cmdstats::AllCmdStats,
-    /// INFO replication's `master_replid`: made at start, as Redis does.
-    pub replid: String,
     pub gauges: Gauges,
     pub started: Instant,
     pub shutdown: AtomicBool,
@@ -411,8 +406,6 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         flush_at: Arc::new(AtomicU64::new(0)),
         checkpoints: durable.checkpointer.stats.clone(),
         counters: (0..threads).map(|_| Counters::default()).collect(),
-        cmdstats: cmdstats::AllCmdStats::new(threads),
-        replid: replication_id(),
         gauges: Gauges::default(),
         started: Instant::now(),
         shutdown: AtomicBool::new(false),
@@ -667,18 +660,4 @@ fn reject(stream: std::net::TcpStream, proto: Proto) {
     };
     let mut s = stream;
     let _ = s.write(msg);
-}
-
-/// A random 40-hex-digit replication id (INFO replication's `master_replid`).
-fn replication_id() -> String {
-    let mut b = [0u8; 20];
-    if getrandom::fill(&mut b).is_err() {
-        // No random source: the time still makes ids differ between starts.
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos();
-        b[..16].copy_from_slice(&t.to_le_bytes());
-    }
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }

@@ -65,11 +65,6 @@ pub struct Session {
     pub info: Option<Arc<super::clients::ClientInfo>>,
     /// The last command run (CLIENT LIST's `cmd`), and the one `info` was last told of.
     pub last_cmd: Option<&'static str>,
-    /// The command `dispatch` let run (None: refused, or queued inside MULTI), for
-    /// commandstats.
-    pub stat: Option<&'static str>,
-    /// `dispatch` refused the command before it ran (commandstats' rejected calls).
-    pub rejected: bool,
     shown_cmd: Option<&'static str>,
 }
 
@@ -232,27 +227,14 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
         if sess.mget_resume == 0 {
             Counters::bump(&pass.counters.resp_commands);
         }
-        let started = std::time::Instant::now();
         let action = dispatch(args, sess, pass);
-        let stat = sess.stat;
-        let cmd = stat.unwrap_or("");
-        if !matches!(action, Action::Immediate(_))
-            && let Some(name) = stat
-        {
-            // Its reply comes after the commit: a failure is counted then.
-            let usec = started.elapsed().as_micros() as u64;
-            pass.shared
-                .cmdstats
-                .worker(pass.worker)
-                .call(name, usec, b"");
-        }
         match action {
             Action::Write(op, kind) => {
                 pass.pending.push(crate::engine::writer::WriteRequest {
                     tag: Tag {
                         slot,
                         epoch,
-                        reply: Reply::Resp { kind, cmd },
+                        reply: Reply::Resp { kind },
                     },
                     op,
                 });
@@ -269,7 +251,6 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
                         epoch,
                         reply: Reply::Resp {
                             kind: RespReply::Block(id),
-                            cmd,
                         },
                     });
                 let deadline = timeout.and_then(|t| std::time::Instant::now().checked_add(t));
@@ -287,7 +268,6 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
                         epoch,
                         reply: Reply::Resp {
                             kind: RespReply::Block(id),
-                            cmd,
                         },
                     },
                     op: WriteOp::Block { id },
@@ -297,7 +277,6 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
             Action::Immediate(_) if inflight > 0 => return Stop::Blocked,
             Action::Immediate(run) => {
                 sess.room = room;
-                let before = out.len();
                 let close = run.run(args, out, sess, pass);
                 if sess.mget_resume > 0 {
                     // Paused at the output limit, or at a value being read in: run it again,
@@ -309,17 +288,6 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
                     // counted then).
                     pass.counters.resp_commands.fetch_sub(1, Ordering::Relaxed);
                     return Stop::Blocked;
-                }
-                if let Some(name) = stat {
-                    let usec = started.elapsed().as_micros() as u64;
-                    let reply = out.get(before..).unwrap_or_default();
-                    let name = stat_name(name, args);
-                    pass.shared
-                        .cmdstats
-                        .worker(pass.worker)
-                        .call(&name, usec, reply);
-                } else if sess.rejected {
-                    rejected(args, out.get(before..).unwrap_or_default(), pass);
                 }
                 conn.consume(consumed);
                 if close {
@@ -635,24 +603,13 @@ fn dispatch_in_multi(args: Args<'_>, sess: &mut Session, pass: &mut Pass<'_>) ->
         }
         // A refused EXEC discards the transaction at once, naming why.
         Err(msg) if args.is(0, "exec") => {
-            sess.rejected = true;
             let why = msg.strip_prefix("ERR ").unwrap_or(&msg);
             return Action::Immediate(Now::Txn(TxnNow::Abort(format!(
                 "EXECABORT Transaction discarded because of: {why}"
             ))));
         }
-        Err(msg) => {
-            sess.rejected = true;
-            return Action::Immediate(Now::Txn(TxnNow::Refuse(msg)));
-        }
+        Err(msg) => return Action::Immediate(Now::Txn(TxnNow::Refuse(msg))),
     };
-    // Queued commands are counted when EXEC runs them; these run now.
-    if matches!(
-        spec.cmd,
-        Cmd::Multi | Cmd::Watch | Cmd::Discard | Cmd::Quit | Cmd::Reset | Cmd::Exec
-    ) {
-        sess.stat = Some(spec.name);
-    }
     let now = match spec.cmd {
         Cmd::Multi => Now::Error("ERR MULTI calls can not be nested".into()),
         Cmd::Watch => Now::Error("ERR WATCH inside MULTI is not allowed".into()),
@@ -682,11 +639,6 @@ fn exec(sess: &mut Session, pass: &mut Pass<'_>) -> Action {
         let Some(spec) = lookup(args.get(0)) else {
             continue;
         };
-        // Run inside EXEC: a call (its time is EXEC's).
-        pass.shared
-            .cmdstats
-            .worker(pass.worker)
-            .call(spec.name, 0, b"");
         let (step, kind) = if is_eval(spec.cmd) {
             match script_op(spec.cmd, args, sess, pass) {
                 Ok(op) => (Step::Write(op), RespReply::Plain),
@@ -743,20 +695,14 @@ fn exec(sess: &mut Session, pass: &mut Pass<'_>) -> Action {
 }
 
 fn dispatch(args: Args<'_>, sess: &mut Session, pass: &mut Pass<'_>) -> Action {
-    sess.stat = None;
-    sess.rejected = false;
     if sess.multi.is_some() {
         return dispatch_in_multi(args, sess, pass);
     }
     let spec = match check(args, sess, pass) {
         Ok(spec) => spec,
-        Err(msg) => {
-            sess.rejected = true;
-            return Action::Immediate(Now::Error(msg));
-        }
+        Err(msg) => return Action::Immediate(Now::Error(msg)),
     };
     sess.last_cmd = Some(spec.name);
-    sess.stat = Some(spec.name);
     match spec.cmd {
         Cmd::Multi => return Action::Immediate(Now::Txn(TxnNow::Begin)),
         Cmd::Exec => return Action::Immediate(Now::Error("ERR EXEC without MULTI".into())),
@@ -791,28 +737,6 @@ fn dispatch(args: Args<'_>, sess: &mut Session, pass: &mut Pass<'_>) -> Action {
         Ok((op, kind)) => Action::Write(op, kind),
         Err(msg) => Action::Immediate(Now::Error(msg)),
     }
-}
-
-/// The name commandstats counts a command under: a container command's known subcommand is
-/// its own (`config|get`), as in Redis.
-fn stat_name(name: &'static str, args: Args<'_>) -> std::borrow::Cow<'static, str> {
-    if args.len() > 1
-        && let Some((_, lower, subs)) = SUBCOMMANDS.iter().find(|(_, lower, _)| *lower == name)
-        && let Some((sub, _)) = subs.iter().find(|(s, _)| args.is(1, s))
-    {
-        return format!("{lower}|{}", sub.to_ascii_lowercase()).into();
-    }
-    name.into()
-}
-
-/// commandstats/errorstats for a request refused before it ran: `reply` is its error.
-fn rejected(args: Args<'_>, reply: &[u8], pass: &Pass<'_>) {
-    let name = lookup(args.get(0)).map(|s| s.name);
-    let msg = String::from_utf8_lossy(reply);
-    pass.shared
-        .cmdstats
-        .worker(pass.worker)
-        .rejected(name, &msg);
 }
 
 fn is_eval(cmd: Cmd) -> bool {

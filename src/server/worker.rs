@@ -50,15 +50,8 @@ pub struct Tag {
 
 #[derive(Debug, Clone, Copy)]
 pub enum Reply {
-    Mc {
-        noreply: bool,
-        kind: McReply,
-    },
-    /// `cmd`: the command's name, for commandstats' failed calls.
-    Resp {
-        kind: super::resp::RespReply,
-        cmd: &'static str,
-    },
+    Mc { noreply: bool, kind: McReply },
+    Resp { kind: super::resp::RespReply },
     Bin(super::binary::BinReply),
 }
 
@@ -415,7 +408,6 @@ impl Worker {
             let block = match tag.reply {
                 Reply::Resp {
                     kind: super::resp::RespReply::Block(id),
-                    ..
                 } => Some(id),
                 _ => None,
             };
@@ -484,13 +476,8 @@ impl Worker {
                     r,
                     outcome,
                 ),
-                Reply::Resp { kind, cmd } => {
-                    let before = conn.wbuf.len();
-                    super::resp::complete_write(&mut conn.wbuf, &mut conn.resp, kind, outcome);
-                    if !cmd.is_empty() {
-                        let reply = conn.wbuf.get(before..).unwrap_or_default();
-                        shared.cmdstats.worker(self.id).completed(cmd, reply);
-                    }
+                Reply::Resp { kind } => {
+                    super::resp::complete_write(&mut conn.wbuf, &mut conn.resp, kind, outcome)
                 }
             }
             if !conn.dirty {
