@@ -338,3 +338,30 @@ fn a_script_past_the_memory_limit_fails_alone() {
     }
     assert_healthy(&mut server);
 }
+
+/// PUBLISH from a script reaches a subscriber on another connection, and answers the number
+/// of receivers (job queues announce work this way).
+#[test]
+fn a_script_publishes_to_subscribers() {
+    let mut server = target(&[]);
+    let mut sub = Conn::open(&server);
+    let mut publisher = Conn::open(&server);
+    sub.send(&["SUBSCRIBE", "jobs"]);
+    assert_eq!(sub.reply(), "*3");
+    assert_eq!(sub.reply(), "subscribe");
+    assert_eq!(sub.reply(), "jobs");
+    assert_eq!(sub.reply(), ":1");
+    let script = "redis.call('RPUSH', KEYS[1], ARGV[1]) \
+                  return redis.call('PUBLISH', 'jobs', ARGV[1])";
+    assert_eq!(publisher.cmd(&["EVAL", script, "1", "jobs:q", "job-1"]), ":1");
+    assert_eq!(sub.reply(), "*3");
+    assert_eq!(sub.reply(), "message");
+    assert_eq!(sub.reply(), "jobs");
+    assert_eq!(sub.reply(), "job-1");
+    assert_eq!(
+        publisher.cmd(&["EVAL", "return redis.call('PUBLISH', 'nobody', 'x')", "0"]),
+        ":0"
+    );
+    assert!(publisher.cmd(&["DEL", "jobs:q"]).starts_with(':'));
+    assert_healthy(&mut server);
+}

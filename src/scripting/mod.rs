@@ -42,6 +42,10 @@ mod convert;
 /// Err is the ACL's refusal (`NOPERM ...`).
 pub type Permit = Arc<dyn Fn(&crate::commands::Spec, &[&[u8]]) -> Result<(), String> + Send + Sync>;
 
+/// PUBLISH for scripts: delivers a message on a channel, answering the receivers (the server's
+/// pub/sub registry, which sits above this layer).
+pub type Publish = Arc<dyn Fn(&[u8], &[u8]) -> usize + Send + Sync>;
+
 /// How much memory the Lua VM may hold.
 const LUA_MEMORY: usize = 256 << 20;
 
@@ -52,7 +56,7 @@ const UNKILLABLE: &str = "UNKILLABLE Sorry the script already executed write com
 const NOTBUSY: &str = "NOTBUSY No scripts in execution right now.";
 
 /// The script cache and the state of the running script, shared by the workers and the writer.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Scripts {
     bodies: Mutex<HashMap<String, Arc<[u8]>>>,
     /// Bumped by SCRIPT FLUSH: the VM drops its compiled functions.
@@ -69,6 +73,8 @@ pub struct Scripts {
     wrote: AtomicBool,
     /// `lua_time_limit` in ms (0: no limit).
     pub time_limit_ms: AtomicU64,
+    /// PUBLISH from scripts (None: answered as not allowed).
+    publisher: std::sync::OnceLock<Publish>,
 }
 
 /// The SHA-1 of a script body in lowercase hex.
@@ -83,7 +89,23 @@ pub fn sha1hex(body: &[u8]) -> String {
     s
 }
 
+impl std::fmt::Debug for Scripts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scripts")
+            .field("running", &self.running)
+            .field("busy", &self.busy)
+            .finish()
+    }
+}
+
 impl Scripts {
+    /// Where PUBLISH from scripts goes (set once, at start).
+    pub fn set_publisher(&self, p: Publish) {
+        if self.publisher.set(p).is_err() {
+            log::debug!("the scripts' publisher was set already");
+        }
+    }
+
     pub fn new(time_limit_ms: u64) -> Scripts {
         let s = Scripts::default();
         s.time_limit_ms.store(time_limit_ms, Ordering::Relaxed);
@@ -646,6 +668,13 @@ impl ScriptRun {
                 Cmd::Ping if argv.len() > 1 => enc::bulk(&mut out, &argv[1]),
                 Cmd::Ping => enc::simple(&mut out, "PONG"),
                 Cmd::Echo => enc::bulk(&mut out, &argv[1]),
+                Cmd::Publish => match self.scripts.publisher.get() {
+                    Some(publish) => enc::int(&mut out, publish(&argv[1], &argv[2]) as i64),
+                    None => enc::error(
+                        &mut out,
+                        "ERR This Redis command is not allowed from script",
+                    ),
+                },
                 Cmd::Time => {
                     let t = std::time::SystemTime::now()
                         .duration_since(std::time::UNIX_EPOCH)

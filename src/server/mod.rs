@@ -422,6 +422,14 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         scripts: Arc::new(crate::scripting::Scripts::new(config.lua_time_limit)),
         config,
     });
+    // PUBLISH from scripts: the writer thread reaches the subscribers' workers as a worker's
+    // PUBLISH does (their outboxes and wakers).
+    let registry = shared.pubsub.clone();
+    shared
+        .scripts
+        .set_publisher(Arc::new(move |channel: &[u8], message: &[u8]| {
+            registry.publish(channel, message, None, &mut Vec::new())
+        }));
     let cfg = &shared.config;
     let unauthenticated =
         (cfg.port != 0 && cfg.auth_file.is_none()) || (cfg.resp_port != 0 && shared.acl.open());
