@@ -56,6 +56,9 @@ pub enum Cmd {
     Type,
     Rename,
     RenameNx,
+    Copy,
+    Dump,
+    Restore,
     Keys,
     Scan,
     RandomKey,
@@ -182,6 +185,9 @@ static COMMANDS: &[Spec] = &[
     spec("type", 2, R, KEY1, Cmd::Type),
     spec("rename", 3, W, (1, 2, 1), Cmd::Rename),
     spec("renamenx", 3, W, (1, 2, 1), Cmd::RenameNx),
+    spec("copy", -3, W, (1, 2, 1), Cmd::Copy),
+    spec("dump", 2, R, KEY1, Cmd::Dump),
+    spec("restore", -4, W, KEY1, Cmd::Restore),
     spec("keys", 2, R, NOKEY, Cmd::Keys),
     spec("scan", -2, R, NOKEY, Cmd::Scan),
     spec("randomkey", 1, R, NOKEY, Cmd::RandomKey),
@@ -285,6 +291,7 @@ pub fn reads_store(cmd: Cmd) -> bool {
             | Cmd::Scan
             | Cmd::RandomKey
             | Cmd::Object
+            | Cmd::Dump
     )
 }
 
