@@ -191,9 +191,11 @@ pub fn verify(payload: &[u8]) -> Result<&[u8], BadPayload> {
 /// Decodes a DUMP payload (footer included). `limit` bounds the bytes it decodes to (each
 /// element also counts `ELEM_COST`).
 pub fn decode(payload: &[u8], limit: usize) -> Result<Value, BadPayload> {
-    let body = verify(payload)?;
+    verify(payload)?;
+    // As Redis, the value is read from the whole payload: a value that runs into the footer
+    // reads its bytes (and nothing past it).
     let mut r = Reader {
-        buf: body,
+        buf: payload,
         pos: 0,
         budget: limit,
     };
@@ -1016,7 +1018,7 @@ mod tests {
         };
         for body in [
             &[15u8, 0][..],                                             // a stream
-            &[0, 0x05, b'a'],                   // a string shorter than its length
+            &[0, 0x3f, b'a'],                   // a string longer than the payload
             &[0, 0x80, 0xff, 0xff, 0xff, 0xff], // a 4 GiB string claimed
             &[2, 0],                            // an empty set
             &[2, 2, 1, b'a', 1, b'a'],          // a duplicate member
