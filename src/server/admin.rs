@@ -986,6 +986,9 @@ fn config(args: Args<'_>, out: &mut Vec<u8>, sess: &Session, pass: &Pass<'_>) {
         for c in pass.shared.counters.iter() {
             c.reset();
         }
+        for c in pass.shared.command_stats.iter() {
+            c.reset();
+        }
         pass.shared.cache.reset();
         enc::ok(out);
     } else if args.is(1, "SET") {
@@ -1023,7 +1026,20 @@ fn info(args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
         || wanted
             .iter()
             .any(|w| w == "all" || w == "everything" || w == "default");
-    let show = |name: &str| all || wanted.iter().any(|w| w == name);
+    // As Redis: commandstats only when asked for, or with `all` / `everything`.
+    let every = wanted.iter().any(|w| w == "all" || w == "everything");
+    let show = |name: &str| {
+        if name == "commandstats" {
+            every || wanted.iter().any(|w| w == name)
+        } else {
+            all || wanted.iter().any(|w| w == name)
+        }
+    };
+    let (cmd_totals, error_totals) = if show("commandstats") || show("errorstats") {
+        super::stats::CommandStats::merge(&shared.command_stats)
+    } else {
+        Default::default()
+    };
     let mut s = Vec::new();
     let mut section = |name: &str, title: &str, body: String| {
         if show(name) {
@@ -1127,6 +1143,31 @@ fn info(args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
         "CPU",
         format!("used_cpu_sys:{sys:.6}\r\nused_cpu_user:{user:.6}\r\n"),
     );
+    let mut cmdstats = String::new();
+    use std::fmt::Write as _;
+    if show("commandstats") {
+        for (name, t) in super::resp::stat_names().iter().zip(&cmd_totals) {
+            if t.calls + t.rejected + t.failed == 0 {
+                continue;
+            }
+            let per = if t.calls > 0 {
+                t.usec as f64 / t.calls as f64
+            } else {
+                0.0
+            };
+            let _ = write!(
+                cmdstats,
+                "cmdstat_{name}:calls={},usec={},usec_per_call={per:.2},rejected_calls={},failed_calls={}\r\n",
+                t.calls, t.usec, t.rejected, t.failed
+            );
+        }
+    }
+    section("commandstats", "Commandstats", cmdstats);
+    let mut errstats = String::new();
+    for (code, n) in &error_totals {
+        let _ = write!(errstats, "errorstat_{code}:count={n}\r\n");
+    }
+    section("errorstats", "Errorstats", errstats);
     section(
         "keyspace",
         "Keyspace",
