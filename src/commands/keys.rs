@@ -184,7 +184,7 @@ pub(super) fn restore_op(
             };
             rdb::decode(args.get(3), max_bulk.saturating_mul(2))
                 .map_err(BadPayload::message)
-                .and_then(storable)
+                .and_then(|v| storable(v, max_bulk))
         }
     };
     Ok((
@@ -199,10 +199,21 @@ pub(super) fn restore_op(
 }
 
 /// A decoded value memkeep can store: hash fields, set and sorted-set members of at most
-/// `MAX_SUB` bytes.
-fn storable(v: rdb::Value) -> Result<rdb::Value, &'static str> {
+/// `MAX_SUB` bytes, strings and elements of at most `max_bulk` (an LZF string may decode to
+/// more than the payload held).
+fn storable(v: rdb::Value, max_bulk: usize) -> Result<rdb::Value, &'static str> {
     use rdb::Value as V;
     let long = |s: &Vec<u8>| s.len() > types::MAX_SUB;
+    let huge = |s: &Vec<u8>| s.len() > max_bulk;
+    let too_big = match &v {
+        V::String(s) => huge(s),
+        V::List(items) | V::Set(items) => items.iter().any(huge),
+        V::Hash(p) => p.iter().any(|(f, v)| huge(f) || huge(v)),
+        V::ZSet(p) => p.iter().any(|(m, _)| huge(m)),
+    };
+    if too_big {
+        return Err("ERR string exceeds maximum allowed size (proto-max-bulk-len)");
+    }
     let bad = match &v {
         V::String(_) | V::List(_) => None,
         V::Hash(p) => p
@@ -620,5 +631,29 @@ impl ScanCursors {
     /// The resume point of cursor `id`, if still remembered.
     pub fn get(&self, id: u64) -> Option<Vec<u8>> {
         self.map.get(&id).cloned()
+    }
+}
+
+#[cfg(test)]
+mod restore_tests {
+    use super::*;
+
+    #[test]
+    fn restored_values_must_fit_memkeep_s_limits() {
+        use rdb::Value as V;
+        assert!(storable(V::String(vec![1; 100]), 100).is_ok());
+        assert_eq!(
+            storable(V::String(vec![1; 101]), 100),
+            Err("ERR string exceeds maximum allowed size (proto-max-bulk-len)")
+        );
+        assert!(storable(V::List(vec![vec![1; 101]]), 100).is_err());
+        let field = vec![b'f'; types::MAX_SUB + 1];
+        assert_eq!(
+            storable(V::Hash(vec![(field.clone(), b"v".to_vec())]), 1 << 20),
+            Err("ERR memkeep: hash field longer than 495 bytes")
+        );
+        assert!(storable(V::Set(vec![field.clone()]), 1 << 20).is_err());
+        assert!(storable(V::ZSet(vec![(field, 1.0)]), 1 << 20).is_err());
+        assert!(storable(V::ZSet(vec![(vec![b'm'; types::MAX_SUB], 1.0)]), 1 << 20).is_ok());
     }
 }
