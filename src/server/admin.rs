@@ -1117,7 +1117,7 @@ fn info(args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
         "stats",
         "Stats",
         format!(
-            "total_connections_received:{}\r\ntotal_commands_processed:{}\r\ninstantaneous_ops_per_sec:0\r\nrejected_connections:{}\r\nexpired_keys:{}\r\nevicted_keys:{}\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\npubsub_channels:{channels}\r\npubsub_patterns:{patterns}\r\npubsubshard_channels:0\r\nclient_output_buffer_limit_disconnections:{}\r\nacl_access_denied_auth:{}\r\nacl_access_denied_cmd:{}\r\nacl_access_denied_key:{}\r\nacl_access_denied_channel:{}\r\n",
+            "total_connections_received:{}\r\ntotal_commands_processed:{}\r\ninstantaneous_ops_per_sec:0\r\nrejected_connections:{}\r\nexpired_keys:{}\r\nevicted_keys:{}\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\npubsub_channels:{channels}\r\npubsub_patterns:{patterns}\r\npubsubshard_channels:0\r\nclient_output_buffer_limit_disconnections:{}\r\nacl_access_denied_auth:{}\r\nacl_access_denied_cmd:{}\r\nacl_access_denied_key:{}\r\nacl_access_denied_channel:{}\r\ntotal_error_replies:{}\r\n",
             t.total_connections,
             t.resp_commands + t.cmd_get + t.cmd_set,
             t.rejected_connections,
@@ -1130,6 +1130,7 @@ fn info(args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
             pass.shared.acl.denied_cmd.load(Ordering::Relaxed),
             pass.shared.acl.denied_key.load(Ordering::Relaxed),
             pass.shared.acl.denied_channel.load(Ordering::Relaxed),
+            super::stats::CommandStats::total_errors(&shared.command_stats),
         ),
     );
     // Monitoring (redis_exporter and the like) reads the role from here.

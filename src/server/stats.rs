@@ -309,6 +309,8 @@ pub const ERRORSTATS_MAX: usize = 128;
 pub struct CommandStats {
     slots: Box<[CmdSlot]>,
     errors: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
+    /// Every error reply (INFO stats `total_error_replies`), codes past the limit included.
+    total_errors: AtomicU64,
 }
 
 /// The figures of one command, summed over the workers.
@@ -325,6 +327,7 @@ impl CommandStats {
         CommandStats {
             slots: (0..slots).map(|_| CmdSlot::default()).collect(),
             errors: std::sync::Mutex::default(),
+            total_errors: AtomicU64::new(0),
         }
     }
 
@@ -352,6 +355,7 @@ impl CommandStats {
         let Some(rest) = reply.strip_prefix(b"-") else {
             return;
         };
+        Counters::bump(&self.total_errors);
         let end = rest
             .iter()
             .position(|&b| b == b' ' || b == b'\r')
@@ -375,6 +379,14 @@ impl CommandStats {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clear();
+        self.total_errors.store(0, Ordering::Relaxed);
+    }
+
+    /// Every worker's error replies.
+    pub fn total_errors(all: &[CommandStats]) -> u64 {
+        all.iter()
+            .map(|w| w.total_errors.load(Ordering::Relaxed))
+            .sum()
     }
 
     /// Every worker's figures summed: per slot, and per error code (in code order).
