@@ -103,6 +103,7 @@ pub(super) fn read(
             // Redis's RESET: the connection as it was when accepted (its id stays).
             sess.multi = None;
             sess.exec_kinds.clear();
+            sess.exec_slots.clear();
             sess.watching.clear();
             sess.subs.clear();
             sess.v3 = false;

@@ -45,6 +45,8 @@ pub struct Session {
     pub watching: Watching,
     /// For each EXEC in flight, how to answer each of its writes.
     pub exec_kinds: std::collections::VecDeque<Vec<RespReply>>,
+    /// For each EXEC in flight, the INFO commandstats slot of each of its commands.
+    pub exec_slots: std::collections::VecDeque<Vec<u32>>,
     pub v3: bool,
     pub authed: bool,
     /// The ACL user logged in (AUTH / HELLO AUTH); None: `default`.
@@ -723,11 +725,13 @@ fn exec(sess: &mut Session, pass: &mut Pass<'_>) -> Action {
     let mut steps = Vec::with_capacity(multi.queued.len());
     let mut kinds = Vec::with_capacity(multi.queued.len());
     sess.in_exec = Some(multi.queued.len());
+    let mut slots = Vec::with_capacity(multi.queued.len());
     for q in multi.queued {
         let args = q.args();
         let Some(spec) = lookup(args.get(0)) else {
             continue;
         };
+        slots.push(stat_slot(spec, args));
         let (step, kind) = if is_eval(spec.cmd) {
             match script_op(spec.cmd, args, sess, pass) {
                 Ok(op) => (Step::Write(op), RespReply::Plain),
@@ -775,6 +779,7 @@ fn exec(sess: &mut Session, pass: &mut Pass<'_>) -> Action {
     }
     sess.in_exec = None;
     sess.exec_kinds.push_back(kinds);
+    sess.exec_slots.push_back(slots);
     let op = ExecOp {
         watched: sess.watching.keys.clone(),
         steps,
@@ -867,7 +872,20 @@ pub fn complete_write(
     stats: &CommandStats,
 ) {
     let start = out.len();
-    encode_write(out, sess, kind, outcome);
+    let exec_slots = if kind == RespReply::Exec {
+        sess.exec_slots.pop_front().unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    let steps = encode_write(out, sess, kind, outcome);
+    // The commands EXEC ran: each a call (its time is EXEC's), failed if it answered an error.
+    for (&at, &slot) in steps.iter().zip(&exec_slots) {
+        let failed = out.get(at) == Some(&b'-');
+        if failed {
+            stats.error_reply(&out[at..]);
+        }
+        stats.record(slot as usize, 0, CallEnd::Ran { failed });
+    }
     let failed = out.get(start) == Some(&b'-');
     if failed {
         stats.error_reply(&out[start..]);
@@ -880,25 +898,37 @@ pub fn complete_write(
     }
 }
 
-/// Encodes a write's reply. EXEC's ends the transaction: its watches go.
-fn encode_write(out: &mut Vec<u8>, sess: &mut Session, kind: RespReply, outcome: Outcome) {
+/// Encodes a write's reply. EXEC's ends the transaction: its watches go; for an EXEC that
+/// ran, where each of its commands' replies starts in `out`.
+fn encode_write(
+    out: &mut Vec<u8>,
+    sess: &mut Session,
+    kind: RespReply,
+    outcome: Outcome,
+) -> Vec<usize> {
+    let mut starts = Vec::new();
     if let RespReply::Block(_) = kind {
         sess.block = None;
-        return complete(out, sess.v3, RespReply::Plain, outcome);
+        complete(out, sess.v3, RespReply::Plain, outcome);
+        return starts;
     }
     if kind != RespReply::Exec {
-        return complete(out, sess.v3, kind, outcome);
+        complete(out, sess.v3, kind, outcome);
+        return starts;
     }
     let kinds = sess.exec_kinds.pop_front().unwrap_or_default();
     sess.watching.clear();
     match outcome {
         Outcome::Array(items) => {
             enc::array(out, items.len());
+            starts.reserve(items.len());
             for (i, item) in items.into_iter().enumerate() {
                 let kind = kinds.get(i).copied().unwrap_or(RespReply::Plain);
+                starts.push(out.len());
                 complete(out, sess.v3, kind, item);
             }
         }
         other => complete(out, sess.v3, RespReply::Plain, other),
     }
+    starts
 }
