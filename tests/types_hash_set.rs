@@ -1431,6 +1431,34 @@ fn step(rng: &mut Rng, c: &mut Client, m: &mut Model, n: usize) -> bool {
             };
             (args_of(&["TYPE", key]), Simple(t.into()))
         }
+        // COPY, or DUMP and RESTORE, onto another key (any type over any type).
+        34 if rng.below(3) > 0 => {
+            let dst = rng.pick(KEYS);
+            let src = m.keys.get(key).cloned();
+            if rng.below(2) == 0 {
+                let want = match src {
+                    _ if dst == key => err("ERR source and destination objects are the same"),
+                    None => Int(0),
+                    Some(v) => {
+                        m.keys.insert(dst.into(), v);
+                        Int(1)
+                    }
+                };
+                (args_of(&["COPY", key, dst, "REPLACE"]), want)
+            } else {
+                let payload = match (c.call(&[b"DUMP", key.as_bytes()]), src) {
+                    (Nil, None) => return true,
+                    (Bulk(p), Some(v)) => {
+                        m.keys.insert(dst.into(), v);
+                        p
+                    }
+                    (got, want) => panic!("op {n}: DUMP {key}: {got:?}, model {want:?}"),
+                };
+                let got = c.call(&[b"RESTORE", dst.as_bytes(), b"0", &payload, b"REPLACE"]);
+                assert_eq!(got, ok(), "op {n}: RESTORE {dst}");
+                return true;
+            }
+        }
         34 => {
             let want = Int(m.keys.contains_key(key) as i64);
             (args_of(&["EXISTS", key]), want)
@@ -1487,6 +1515,20 @@ fn random_operations_match_a_model() {
             }
         }
     }
+    // And the store is sound offline (COPY and RESTORE made collections of their own).
+    drop(c);
+    s.stop();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_memkeep"))
+        .arg("check")
+        .arg(s.data_dir())
+        .output()
+        .expect("run memkeep check");
+    assert!(
+        out.status.success(),
+        "memkeep check: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]

@@ -1927,6 +1927,21 @@ fn step(rng: &mut Rng, model: &mut BTreeMap<String, ZSet>, shape: Shape) -> (Vec
             new_z.clear();
             exp = Exp::Int(!z.is_empty() as i64);
         }
+        // Rarely with large sets, which must grow past the directory's chunks.
+        29 if rng.chance(if shape.pool > 256 { 0.05 } else { 0.3 }) && shape.keys > 1 => {
+            // COPY from another key over this one: a new set with its own rank directory.
+            let other =
+                (key[1..].parse::<u64>().unwrap() + 1 + rng.below(shape.keys - 1)) % shape.keys;
+            let src = format!("k{other}");
+            cmd = vec!["COPY".into(), src.clone(), key.clone(), "REPLACE".into()];
+            match model.get(&src) {
+                Some(from) => {
+                    new_z = from.clone();
+                    exp = Exp::Int(1);
+                }
+                None => exp = Exp::Int(0),
+            }
+        }
         _ => {
             cmd = vec!["EXISTS".into(), key.clone()];
             exp = Exp::Int(!z.is_empty() as i64);

@@ -5,13 +5,17 @@
 use std::sync::Mutex;
 
 use super::args::{
-    Args, SYNTAX, ScanOpts, expire_arg, glob_match, help, key_ok, scan_opts, sub_arity, unknown_sub,
+    Args, NOT_INTEGER, SYNTAX, ScanOpts, expire_arg, glob_match, help, key_ok, scan_opts,
+    sub_arity, unknown_sub,
 };
 use super::{Cmd, RespReply, View, failed};
 use crate::command::{ExpireCond, WriteOp};
 use crate::protocol::resp::enc;
+use crate::protocol::resp::parse_i64;
 use crate::storage::{ItemRef, Kind, StoreError};
-use crate::types;
+use crate::types::keys::{KeyOp, RestoreOp};
+use crate::types::rdb::{self, BadPayload};
+use crate::types::{self, CollOp};
 
 /// FLUSHDB / FLUSHALL [ASYNC|SYNC]: either way the store is cleared before the reply.
 pub(super) fn flush(args: Args<'_>) -> Result<(WriteOp, RespReply), String> {
@@ -91,7 +95,143 @@ pub(super) fn write_op(cmd: Cmd, args: Args<'_>, now: u64) -> Result<(WriteOp, R
                 nx: cmd == Cmd::RenameNx,
             })
         }
+        Cmd::Copy => {
+            let dst = args.get(2);
+            key_ok(dst)?;
+            let mut replace = false;
+            let mut i = 3;
+            while i < args.len() {
+                if args.is(i, "REPLACE") {
+                    replace = true;
+                    i += 1;
+                } else if args.is(i, "DB") && i + 1 < args.len() {
+                    let db = parse_i64(args.get(i + 1)).ok_or(NOT_INTEGER)?;
+                    if i32::try_from(db).is_err() {
+                        return Err(
+                            "ERR value is out of range, value must between -2147483648 and 2147483647"
+                                .into(),
+                        );
+                    }
+                    // memkeep has database 0 only (as Redis with `databases 1`).
+                    if db != 0 {
+                        return Err("ERR DB index is out of range".into());
+                    }
+                    i += 2;
+                } else {
+                    return Err(SYNTAX.into());
+                }
+            }
+            if key == dst {
+                return Err("ERR source and destination objects are the same".into());
+            }
+            plain(WriteOp::Coll(CollOp::Key(KeyOp::Copy {
+                src: key.to_vec(),
+                dst: dst.to_vec(),
+                replace,
+            })))
+        }
         _ => Err(SYNTAX.into()),
+    }
+}
+
+/// RESTORE key ttl payload [REPLACE] [ABSTTL] [IDLETIME s] [FREQ f]: the options are checked
+/// here (Redis's texts, in its order); the TTL and the payload too, but their errors go with
+/// the write, since an existing key without REPLACE answers BUSYKEY first. IDLETIME and FREQ
+/// are checked and ignored (memkeep tracks neither). The payload decodes to at most twice
+/// `max_bulk` bytes.
+pub(super) fn restore_op(
+    args: Args<'_>,
+    now: u64,
+    max_bulk: usize,
+) -> Result<(WriteOp, RespReply), String> {
+    let (mut replace, mut absttl) = (false, false);
+    let (mut idle, mut freq) = (false, false);
+    let mut j = 4;
+    while j < args.len() {
+        let more = j + 1 < args.len();
+        if args.is(j, "REPLACE") {
+            replace = true;
+        } else if args.is(j, "ABSTTL") {
+            absttl = true;
+        } else if args.is(j, "IDLETIME") && more && !freq {
+            let v = parse_i64(args.get(j + 1)).ok_or(NOT_INTEGER)?;
+            if v < 0 {
+                return Err("ERR Invalid IDLETIME value, must be >= 0".into());
+            }
+            idle = true;
+            j += 1;
+        } else if args.is(j, "FREQ") && more && !idle {
+            let v = parse_i64(args.get(j + 1)).ok_or(NOT_INTEGER)?;
+            if !(0..=255).contains(&v) {
+                return Err("ERR Invalid FREQ value, must be >= 0 and <= 255".into());
+            }
+            freq = true;
+            j += 1;
+        } else {
+            return Err(SYNTAX.into());
+        }
+        j += 1;
+    }
+    let mut expire_at = 0;
+    let value = match parse_i64(args.get(2)) {
+        None => Err(NOT_INTEGER),
+        Some(t) if t < 0 => Err("ERR Invalid TTL value, must be >= 0"),
+        Some(ttl) => {
+            expire_at = match ttl {
+                0 => 0,
+                t if absttl => t as u64,
+                t => now.saturating_add(t as u64),
+            };
+            rdb::decode(args.get(3), max_bulk.saturating_mul(2))
+                .map_err(BadPayload::message)
+                .and_then(|v| storable(v, max_bulk))
+        }
+    };
+    Ok((
+        WriteOp::Coll(CollOp::Key(KeyOp::Restore(Box::new(RestoreOp {
+            key: args.get(1).to_vec(),
+            value,
+            expire_at,
+            replace,
+        })))),
+        RespReply::Plain,
+    ))
+}
+
+/// A decoded value memkeep can store: hash fields, set and sorted-set members of at most
+/// `MAX_SUB` bytes, strings and elements of at most `max_bulk` (an LZF string may decode to
+/// more than the payload held).
+fn storable(v: rdb::Value, max_bulk: usize) -> Result<rdb::Value, &'static str> {
+    use rdb::Value as V;
+    let long = |s: &Vec<u8>| s.len() > types::MAX_SUB;
+    let huge = |s: &Vec<u8>| s.len() > max_bulk;
+    let too_big = match &v {
+        V::String(s) => huge(s),
+        V::List(items) | V::Set(items) => items.iter().any(huge),
+        V::Hash(p) => p.iter().any(|(f, v)| huge(f) || huge(v)),
+        V::ZSet(p) => p.iter().any(|(m, _)| huge(m)),
+    };
+    if too_big {
+        return Err("ERR string exceeds maximum allowed size (proto-max-bulk-len)");
+    }
+    let bad = match &v {
+        V::String(_) | V::List(_) => None,
+        V::Hash(p) => p
+            .iter()
+            .any(|(f, _)| long(f))
+            .then_some("ERR memkeep: hash field longer than 495 bytes"),
+        V::Set(m) => m
+            .iter()
+            .any(long)
+            .then_some("ERR memkeep: set member longer than 495 bytes"),
+        V::ZSet(p) => p
+            .iter()
+            .any(|(m, _)| long(m))
+            .then_some("ERR memkeep: sorted-set member longer than 495 bytes"),
+    };
+    match bad {
+        Some(msg) => Err(msg),
+        None => Ok(v),
     }
 }
 
@@ -173,6 +313,17 @@ pub(super) fn read(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, view: 
                     out,
                     "ERR An LFU maxmemory policy is not selected, access frequency not tracked. Please note that when switching between policies at runtime LRU and LFU data will take some time to adjust.",
                 ),
+            }
+        }
+        Cmd::Dump => {
+            let item = lookup1!(view, args, out);
+            view.hit(item.is_some());
+            let Some(item) = item else {
+                return enc::null(out, v3);
+            };
+            match types::keys::dump(&store.elems, txn, &item) {
+                Ok(payload) => enc::bulk(out, &payload),
+                Err(e) => failed(out, e),
             }
         }
         Cmd::Type => {
@@ -480,5 +631,29 @@ impl ScanCursors {
     /// The resume point of cursor `id`, if still remembered.
     pub fn get(&self, id: u64) -> Option<Vec<u8>> {
         self.map.get(&id).cloned()
+    }
+}
+
+#[cfg(test)]
+mod restore_tests {
+    use super::*;
+
+    #[test]
+    fn restored_values_must_fit_memkeep_s_limits() {
+        use rdb::Value as V;
+        assert!(storable(V::String(vec![1; 100]), 100).is_ok());
+        assert_eq!(
+            storable(V::String(vec![1; 101]), 100),
+            Err("ERR string exceeds maximum allowed size (proto-max-bulk-len)")
+        );
+        assert!(storable(V::List(vec![vec![1; 101]]), 100).is_err());
+        let field = vec![b'f'; types::MAX_SUB + 1];
+        assert_eq!(
+            storable(V::Hash(vec![(field.clone(), b"v".to_vec())]), 1 << 20),
+            Err("ERR memkeep: hash field longer than 495 bytes")
+        );
+        assert!(storable(V::Set(vec![field.clone()]), 1 << 20).is_err());
+        assert!(storable(V::ZSet(vec![(field, 1.0)]), 1 << 20).is_err());
+        assert!(storable(V::ZSet(vec![(vec![b'm'; types::MAX_SUB], 1.0)]), 1 << 20).is_ok());
     }
 }

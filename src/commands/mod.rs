@@ -233,7 +233,9 @@ pub fn write_op(
         | Cmd::PExpireAt
         | Cmd::Persist
         | Cmd::Rename
-        | Cmd::RenameNx => keys::write_op(cmd, args, now),
+        | Cmd::RenameNx
+        | Cmd::Copy => keys::write_op(cmd, args, now),
+        Cmd::Restore => keys::restore_op(args, now, max_bulk),
         Cmd::SetBit | Cmd::BitField => bits::write_op(cmd, args, max_bulk),
         _ => strings::write_op(cmd, args, now, max_bulk),
     }
@@ -284,7 +286,8 @@ pub fn read_view(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, view: &V
         | Cmd::DbSize
         | Cmd::Keys
         | Cmd::Scan
-        | Cmd::RandomKey => keys::read(cmd, args, out, v3, view),
+        | Cmd::RandomKey
+        | Cmd::Dump => keys::read(cmd, args, out, v3, view),
         _ => enc::error(out, "ERR command not available here"),
     }
 }

@@ -64,6 +64,9 @@ pub enum Cmd {
     Type,
     Rename,
     RenameNx,
+    Copy,
+    Dump,
+    Restore,
     Keys,
     Scan,
     RandomKey,
@@ -153,6 +156,28 @@ pub fn all_specs() -> impl Iterator<Item = &'static Spec> {
     tables().into_iter().flatten()
 }
 
+/// How many commands the tables hold.
+pub fn spec_count() -> usize {
+    tables().iter().map(|t| t.len()).sum()
+}
+
+/// The position of `spec` in `all_specs()` (for per-command counters), found from where it
+/// lies in its table: no lookup by name.
+pub fn index(spec: &Spec) -> usize {
+    let p = spec as *const Spec as usize;
+    let mut base = 0;
+    for t in tables() {
+        let start = t.as_ptr() as usize;
+        let end = start + std::mem::size_of_val(t);
+        if (start..end).contains(&p) {
+            return base + (p - start) / std::mem::size_of::<Spec>();
+        }
+        base += t.len();
+    }
+    // Not a table entry (cannot happen: every Spec handed out is one).
+    usize::MAX
+}
+
 static COMMANDS: &[Spec] = &[
     spec("get", 2, R, KEY1, Cmd::Get),
     spec("set", -3, W, KEY1, Cmd::Set),
@@ -199,6 +224,9 @@ static COMMANDS: &[Spec] = &[
     spec("type", 2, R, KEY1, Cmd::Type),
     spec("rename", 3, W, (1, 2, 1), Cmd::Rename),
     spec("renamenx", 3, W, (1, 2, 1), Cmd::RenameNx),
+    spec("copy", -3, W, (1, 2, 1), Cmd::Copy),
+    spec("dump", 2, R, KEY1, Cmd::Dump),
+    spec("restore", -4, W, KEY1, Cmd::Restore),
     spec("keys", 2, R, NOKEY, Cmd::Keys),
     spec("scan", -2, R, NOKEY, Cmd::Scan),
     spec("randomkey", 1, R, NOKEY, Cmd::RandomKey),
@@ -335,6 +363,7 @@ pub fn reads_store(cmd: Cmd) -> bool {
             | Cmd::Scan
             | Cmd::RandomKey
             | Cmd::Object
+            | Cmd::Dump
     )
 }
 
@@ -354,6 +383,15 @@ mod tests {
                 s.name
             );
         }
+    }
+
+    #[test]
+    fn index_is_the_position_in_all_specs() {
+        for (i, s) in all_specs().enumerate() {
+            assert_eq!(index(s), i, "{}", s.name);
+            assert_eq!(index(lookup(s.name.as_bytes()).expect("known")), i);
+        }
+        assert_eq!(spec_count(), all_specs().count());
     }
 
     #[test]

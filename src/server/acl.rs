@@ -120,7 +120,10 @@ pub fn categories(spec: &Spec) -> Vec<&'static str> {
         | Cmd::Scan
         | Cmd::RandomKey
         | Cmd::DbSize
-        | Cmd::Object => c.push("keyspace"),
+        | Cmd::Object
+        | Cmd::Copy
+        | Cmd::Dump => c.push("keyspace"),
+        Cmd::Restore => c.extend(["keyspace", "dangerous"]),
         Cmd::Keys | Cmd::FlushDb => c.extend(["keyspace", "dangerous"]),
         Cmd::Subscribe
         | Cmd::Unsubscribe

@@ -103,6 +103,7 @@ pub(super) fn read(
             // Redis's RESET: the connection as it was when accepted (its id stays).
             sess.multi = None;
             sess.exec_kinds.clear();
+            sess.exec_slots.clear();
             sess.watching.clear();
             sess.subs.clear();
             sess.v3 = false;
@@ -988,6 +989,9 @@ fn config(args: Args<'_>, out: &mut Vec<u8>, sess: &Session, pass: &Pass<'_>) {
         for c in pass.shared.counters.iter() {
             c.reset();
         }
+        for c in pass.shared.command_stats.iter() {
+            c.reset();
+        }
         pass.shared.cache.reset();
         enc::ok(out);
     } else if args.is(1, "SET") {
@@ -1025,7 +1029,20 @@ fn info(args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
         || wanted
             .iter()
             .any(|w| w == "all" || w == "everything" || w == "default");
-    let show = |name: &str| all || wanted.iter().any(|w| w == name);
+    // As Redis: commandstats only when asked for, or with `all` / `everything`.
+    let every = wanted.iter().any(|w| w == "all" || w == "everything");
+    let show = |name: &str| {
+        if name == "commandstats" {
+            every || wanted.iter().any(|w| w == name)
+        } else {
+            all || wanted.iter().any(|w| w == name)
+        }
+    };
+    let (cmd_totals, error_totals) = if show("commandstats") || show("errorstats") {
+        super::stats::CommandStats::merge(&shared.command_stats)
+    } else {
+        Default::default()
+    };
     let mut s = Vec::new();
     let mut section = |name: &str, title: &str, body: String| {
         if show(name) {
@@ -1103,7 +1120,7 @@ fn info(args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
         "stats",
         "Stats",
         format!(
-            "total_connections_received:{}\r\ntotal_commands_processed:{}\r\ninstantaneous_ops_per_sec:0\r\nrejected_connections:{}\r\nexpired_keys:{}\r\nevicted_keys:{}\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\npubsub_channels:{channels}\r\npubsub_patterns:{patterns}\r\npubsubshard_channels:0\r\nclient_output_buffer_limit_disconnections:{}\r\nacl_access_denied_auth:{}\r\nacl_access_denied_cmd:{}\r\nacl_access_denied_key:{}\r\nacl_access_denied_channel:{}\r\n",
+            "total_connections_received:{}\r\ntotal_commands_processed:{}\r\ninstantaneous_ops_per_sec:0\r\nrejected_connections:{}\r\nexpired_keys:{}\r\nevicted_keys:{}\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\npubsub_channels:{channels}\r\npubsub_patterns:{patterns}\r\npubsubshard_channels:0\r\nclient_output_buffer_limit_disconnections:{}\r\nacl_access_denied_auth:{}\r\nacl_access_denied_cmd:{}\r\nacl_access_denied_key:{}\r\nacl_access_denied_channel:{}\r\ntotal_error_replies:{}\r\n",
             t.total_connections,
             t.resp_commands + t.cmd_get + t.cmd_set,
             t.rejected_connections,
@@ -1116,6 +1133,7 @@ fn info(args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
             pass.shared.acl.denied_cmd.load(Ordering::Relaxed),
             pass.shared.acl.denied_key.load(Ordering::Relaxed),
             pass.shared.acl.denied_channel.load(Ordering::Relaxed),
+            super::stats::CommandStats::total_errors(&shared.command_stats),
         ),
     );
     // Monitoring (redis_exporter and the like) reads the role from here.
@@ -1129,6 +1147,31 @@ fn info(args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
         "CPU",
         format!("used_cpu_sys:{sys:.6}\r\nused_cpu_user:{user:.6}\r\n"),
     );
+    let mut cmdstats = String::new();
+    use std::fmt::Write as _;
+    if show("commandstats") {
+        for (name, t) in super::resp::stat_names().iter().zip(&cmd_totals) {
+            if t.calls + t.rejected + t.failed == 0 {
+                continue;
+            }
+            let per = if t.calls > 0 {
+                t.usec as f64 / t.calls as f64
+            } else {
+                0.0
+            };
+            let _ = write!(
+                cmdstats,
+                "cmdstat_{name}:calls={},usec={},usec_per_call={per:.2},rejected_calls={},failed_calls={}\r\n",
+                t.calls, t.usec, t.rejected, t.failed
+            );
+        }
+    }
+    section("commandstats", "Commandstats", cmdstats);
+    let mut errstats = String::new();
+    for (code, n) in &error_totals {
+        let _ = write!(errstats, "errorstat_{code}:count={n}\r\n");
+    }
+    section("errorstats", "Errorstats", errstats);
     section(
         "keyspace",
         "Keyspace",

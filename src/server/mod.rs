@@ -55,6 +55,8 @@ pub struct Shared {
     /// Checkpoint figures, and where `db_checkpoint` asks for one.
     pub checkpoints: Arc<crate::storage::durable::CheckpointStats>,
     /// One per worker.
+    /// Per worker: INFO commandstats and errorstats.
+    pub command_stats: Vec<stats::CommandStats>,
     pub counters: Vec<Counters>,
     pub gauges: Gauges,
     pub started: Instant,
@@ -406,6 +408,9 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         flush_at: Arc::new(AtomicU64::new(0)),
         checkpoints: durable.checkpointer.stats.clone(),
         counters: (0..threads).map(|_| Counters::default()).collect(),
+        command_stats: (0..threads)
+            .map(|_| stats::CommandStats::new(resp::stat_slots()))
+            .collect(),
         gauges: Gauges::default(),
         started: Instant::now(),
         shutdown: AtomicBool::new(false),

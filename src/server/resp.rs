@@ -16,15 +16,17 @@ use std::sync::atomic::Ordering;
 
 use super::admin;
 use super::conn::{Conn, WRITE_HIGH};
-use super::stats::Counters;
+use super::stats::{CallEnd, CommandStats, Counters};
 use super::worker::{Pass, Reply, Stop, Tag};
 
 use crate::command::{ExecOp, Outcome, Step, WriteOp};
 pub use crate::commands::RespReply;
 use crate::commands::args::unknown_command;
 use crate::commands::blocking;
+use crate::commands::table::{index, spec_count};
 use crate::commands::{
-    Args, Cmd, OwnedArgs, QueuedRead, Spec, complete, fixed, lookup, reads_store, write_op,
+    Args, Cmd, OwnedArgs, QueuedRead, Spec, all_specs, complete, fixed, lookup, reads_store,
+    write_op,
 };
 use crate::protocol::resp::{self, Incomplete, Parsed, enc};
 use crate::storage::watch::{WatchedKey, Watches};
@@ -43,6 +45,8 @@ pub struct Session {
     pub watching: Watching,
     /// For each EXEC in flight, how to answer each of its writes.
     pub exec_kinds: std::collections::VecDeque<Vec<RespReply>>,
+    /// For each EXEC in flight, the INFO commandstats slot of each of its commands.
+    pub exec_slots: std::collections::VecDeque<Vec<u32>>,
     pub v3: bool,
     pub authed: bool,
     /// The ACL user logged in (AUTH / HELLO AUTH); None: `default`.
@@ -66,6 +70,49 @@ pub struct Session {
     /// The last command run (CLIENT LIST's `cmd`), and the one `info` was last told of.
     pub last_cmd: Option<&'static str>,
     shown_cmd: Option<&'static str>,
+    /// The INFO commandstats slot of the request being dispatched, and whether it was refused
+    /// before running (`stat_slot`); None for an unknown command or one queued by MULTI.
+    stat: Option<(u32, bool)>,
+    /// For each write or blocking pop in flight, in order: its slot (`NO_SLOT`: none) and when
+    /// it was dispatched.
+    stat_inflight: std::collections::VecDeque<(u32, std::time::Instant)>,
+}
+
+/// A write in flight that INFO commandstats does not count (a command EXEC runs).
+const NO_SLOT: u32 = u32::MAX;
+
+/// INFO commandstats slots: one per command (`table::index`), then one per container
+/// subcommand, in `SUBCOMMANDS` order (`config|get` ...), as Redis counts them.
+pub fn stat_slots() -> usize {
+    spec_count() + SUBCOMMANDS.iter().map(|(_, _, s)| s.len()).sum::<usize>()
+}
+
+/// The slot a request counts in.
+pub fn stat_slot(spec: &Spec, args: Args<'_>) -> u32 {
+    if args.len() >= 2 {
+        let mut base = spec_count();
+        for (cmd, _, subs) in SUBCOMMANDS {
+            if *cmd == spec.cmd {
+                if let Some(j) = subs.iter().position(|(n, _)| args.is(1, n)) {
+                    return (base + j) as u32;
+                }
+                break;
+            }
+            base += subs.len();
+        }
+    }
+    index(spec) as u32
+}
+
+/// The name of each slot, as INFO commandstats shows it.
+pub fn stat_names() -> Vec<String> {
+    all_specs()
+        .map(|s| s.name.to_string())
+        .chain(SUBCOMMANDS.iter().flat_map(|(_, lower, subs)| {
+            subs.iter()
+                .map(move |(n, _)| format!("{lower}|{}", n.to_ascii_lowercase()))
+        }))
+        .collect()
 }
 
 /// Tells the connection's entry in `Shared::clients` what changed in its session (its worker,
@@ -227,7 +274,13 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
         if sess.mget_resume == 0 {
             Counters::bump(&pass.counters.resp_commands);
         }
+        let t0 = std::time::Instant::now();
+        sess.stat = None;
         let action = dispatch(args, sess, pass);
+        if matches!(action, Action::Write(..) | Action::Block(..)) {
+            let slot = sess.stat.map_or(NO_SLOT, |(slot, _)| slot);
+            sess.stat_inflight.push_back((slot, t0));
+        }
         match action {
             Action::Write(op, kind) => {
                 pass.pending.push(crate::engine::writer::WriteRequest {
@@ -277,6 +330,7 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
             Action::Immediate(_) if inflight > 0 => return Stop::Blocked,
             Action::Immediate(run) => {
                 sess.room = room;
+                let start = out.len();
                 let close = run.run(args, out, sess, pass);
                 if sess.mget_resume > 0 {
                     // Paused at the output limit, or at a value being read in: run it again,
@@ -288,6 +342,19 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
                     // counted then).
                     pass.counters.resp_commands.fetch_sub(1, Ordering::Relaxed);
                     return Stop::Blocked;
+                }
+                let stats = &pass.shared.command_stats[pass.worker];
+                let failed = out.get(start) == Some(&b'-');
+                if failed {
+                    stats.error_reply(&out[start..]);
+                }
+                if let Some((slot, rejected)) = sess.stat {
+                    let end = if rejected {
+                        CallEnd::Rejected
+                    } else {
+                        CallEnd::Ran { failed }
+                    };
+                    stats.record(slot as usize, t0.elapsed().as_micros() as u64, end);
                 }
                 conn.consume(consumed);
                 if close {
@@ -599,17 +666,41 @@ fn dispatch_in_multi(args: Args<'_>, sess: &mut Session, pass: &mut Pass<'_>) ->
     let spec = match check(args, sess, pass) {
         Ok(spec) => {
             sess.last_cmd = Some(spec.name);
+            // Queued commands are counted by EXEC's run, as a part of EXEC.
+            if matches!(
+                spec.cmd,
+                Cmd::Multi | Cmd::Watch | Cmd::Discard | Cmd::Quit | Cmd::Reset | Cmd::Exec
+            ) {
+                sess.stat = Some((stat_slot(spec, args), false));
+            }
             spec
         }
-        // A refused EXEC discards the transaction at once, naming why.
-        Err(msg) if args.is(0, "exec") => {
-            let why = msg.strip_prefix("ERR ").unwrap_or(&msg);
-            return Action::Immediate(Now::Txn(TxnNow::Abort(format!(
-                "EXECABORT Transaction discarded because of: {why}"
-            ))));
+        Err(msg) => {
+            sess.stat = lookup(args.get(0)).map(|s| (stat_slot(s, args), true));
+            return refused_in_multi(args, msg);
         }
-        Err(msg) => return Action::Immediate(Now::Txn(TxnNow::Refuse(msg))),
     };
+    multi_action(spec, failed, sess, pass)
+}
+
+/// A request refused while MULTI is open.
+fn refused_in_multi(args: Args<'_>, msg: String) -> Action {
+    if args.is(0, "exec") {
+        // A refused EXEC discards the transaction at once, naming why.
+        let why = msg.strip_prefix("ERR ").unwrap_or(&msg);
+        return Action::Immediate(Now::Txn(TxnNow::Abort(format!(
+            "EXECABORT Transaction discarded because of: {why}"
+        ))));
+    }
+    Action::Immediate(Now::Txn(TxnNow::Refuse(msg)))
+}
+
+fn multi_action(
+    spec: &'static Spec,
+    failed: bool,
+    sess: &mut Session,
+    pass: &mut Pass<'_>,
+) -> Action {
     let now = match spec.cmd {
         Cmd::Multi => Now::Error("ERR MULTI calls can not be nested".into()),
         Cmd::Watch => Now::Error("ERR WATCH inside MULTI is not allowed".into()),
@@ -634,11 +725,13 @@ fn exec(sess: &mut Session, pass: &mut Pass<'_>) -> Action {
     let mut steps = Vec::with_capacity(multi.queued.len());
     let mut kinds = Vec::with_capacity(multi.queued.len());
     sess.in_exec = Some(multi.queued.len());
+    let mut slots = Vec::with_capacity(multi.queued.len());
     for q in multi.queued {
         let args = q.args();
         let Some(spec) = lookup(args.get(0)) else {
             continue;
         };
+        slots.push(stat_slot(spec, args));
         let (step, kind) = if is_eval(spec.cmd) {
             match script_op(spec.cmd, args, sess, pass) {
                 Ok(op) => (Step::Write(op), RespReply::Plain),
@@ -687,6 +780,7 @@ fn exec(sess: &mut Session, pass: &mut Pass<'_>) -> Action {
     }
     sess.in_exec = None;
     sess.exec_kinds.push_back(kinds);
+    sess.exec_slots.push_back(slots);
     let op = ExecOp {
         watched: sess.watching.keys.clone(),
         steps,
@@ -700,8 +794,12 @@ fn dispatch(args: Args<'_>, sess: &mut Session, pass: &mut Pass<'_>) -> Action {
     }
     let spec = match check(args, sess, pass) {
         Ok(spec) => spec,
-        Err(msg) => return Action::Immediate(Now::Error(msg)),
+        Err(msg) => {
+            sess.stat = lookup(args.get(0)).map(|s| (stat_slot(s, args), true));
+            return Action::Immediate(Now::Error(msg));
+        }
     };
+    sess.stat = Some((stat_slot(spec, args), false));
     sess.last_cmd = Some(spec.name);
     match spec.cmd {
         Cmd::Multi => return Action::Immediate(Now::Txn(TxnNow::Begin)),
@@ -765,25 +863,73 @@ fn script_op(cmd: Cmd, args: Args<'_>, sess: &Session, pass: &Pass<'_>) -> Resul
     )
 }
 
-/// Encodes a write's reply once it has committed. EXEC's ends the transaction: its watches go.
-pub fn complete_write(out: &mut Vec<u8>, sess: &mut Session, kind: RespReply, outcome: Outcome) {
+/// Encodes a write's reply once it has committed, and counts it (INFO commandstats and
+/// errorstats).
+pub fn complete_write(
+    out: &mut Vec<u8>,
+    sess: &mut Session,
+    kind: RespReply,
+    outcome: Outcome,
+    stats: &CommandStats,
+) {
+    let start = out.len();
+    let exec_slots = if kind == RespReply::Exec {
+        sess.exec_slots.pop_front().unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    let steps = encode_write(out, sess, kind, outcome);
+    // The commands EXEC ran: each a call (its time is EXEC's), failed if it answered an error.
+    for (&at, &slot) in steps.iter().zip(&exec_slots) {
+        let failed = out.get(at) == Some(&b'-');
+        if failed {
+            stats.error_reply(&out[at..]);
+        }
+        stats.record(slot as usize, 0, CallEnd::Ran { failed });
+    }
+    let failed = out.get(start) == Some(&b'-');
+    if failed {
+        stats.error_reply(&out[start..]);
+    }
+    if let Some((slot, t0)) = sess.stat_inflight.pop_front()
+        && slot != NO_SLOT
+    {
+        let usec = t0.elapsed().as_micros() as u64;
+        stats.record(slot as usize, usec, CallEnd::Ran { failed });
+    }
+}
+
+/// Encodes a write's reply. EXEC's ends the transaction: its watches go; for an EXEC that
+/// ran, where each of its commands' replies starts in `out`.
+fn encode_write(
+    out: &mut Vec<u8>,
+    sess: &mut Session,
+    kind: RespReply,
+    outcome: Outcome,
+) -> Vec<usize> {
+    let mut starts = Vec::new();
     if let RespReply::Block(_) = kind {
         sess.block = None;
-        return complete(out, sess.v3, RespReply::Plain, outcome);
+        complete(out, sess.v3, RespReply::Plain, outcome);
+        return starts;
     }
     if kind != RespReply::Exec {
-        return complete(out, sess.v3, kind, outcome);
+        complete(out, sess.v3, kind, outcome);
+        return starts;
     }
     let kinds = sess.exec_kinds.pop_front().unwrap_or_default();
     sess.watching.clear();
     match outcome {
         Outcome::Array(items) => {
             enc::array(out, items.len());
+            starts.reserve(items.len());
             for (i, item) in items.into_iter().enumerate() {
                 let kind = kinds.get(i).copied().unwrap_or(RespReply::Plain);
+                starts.push(out.len());
                 complete(out, sess.v3, kind, item);
             }
         }
         other => complete(out, sess.v3, RespReply::Plain, other),
     }
+    starts
 }

@@ -279,3 +279,142 @@ mod tests {
         assert!(rss().anon > 0);
     }
 }
+
+/// How a RESP command ended, for INFO commandstats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallEnd {
+    /// It ran and answered (an error reply included: then `failed_calls` counts it too).
+    Ran { failed: bool },
+    /// Refused before it ran (arity, authentication, ACL, a bad subcommand): `rejected_calls`.
+    Rejected,
+}
+
+#[derive(Debug, Default)]
+struct CmdSlot {
+    calls: AtomicU64,
+    usec: AtomicU64,
+    rejected: AtomicU64,
+    failed: AtomicU64,
+}
+
+/// The most distinct error codes INFO errorstats tracks (Redis's limit too): later new codes
+/// are not counted.
+pub const ERRORSTATS_MAX: usize = 128;
+
+/// One worker's INFO commandstats and errorstats figures: a slot of counters per command (and
+/// per container subcommand, `resp::stat_slot`), written by that worker alone with plain
+/// loads and stores as `Counters`; error codes in a map behind a lock only this worker and
+/// INFO take (the worker only when it answers an error).
+#[derive(Debug)]
+pub struct CommandStats {
+    slots: Box<[CmdSlot]>,
+    errors: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
+    /// Every error reply (INFO stats `total_error_replies`), codes past the limit included.
+    total_errors: AtomicU64,
+}
+
+/// The figures of one command, summed over the workers.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct CmdTotals {
+    pub calls: u64,
+    pub usec: u64,
+    pub rejected: u64,
+    pub failed: u64,
+}
+
+impl CommandStats {
+    pub fn new(slots: usize) -> CommandStats {
+        CommandStats {
+            slots: (0..slots).map(|_| CmdSlot::default()).collect(),
+            errors: std::sync::Mutex::default(),
+            total_errors: AtomicU64::new(0),
+        }
+    }
+
+    /// Counts one command in `slot`.
+    #[inline]
+    pub fn record(&self, slot: usize, usec: u64, end: CallEnd) {
+        let Some(s) = self.slots.get(slot) else {
+            return;
+        };
+        match end {
+            CallEnd::Rejected => Counters::bump(&s.rejected),
+            CallEnd::Ran { failed } => {
+                Counters::bump(&s.calls);
+                Counters::add(&s.usec, usec);
+                if failed {
+                    Counters::bump(&s.failed);
+                }
+            }
+        }
+    }
+
+    /// Counts an error reply (`-CODE text\r\n`, or a reply that is not one: nothing) under its
+    /// code, the text up to the first space.
+    pub fn error_reply(&self, reply: &[u8]) {
+        let Some(rest) = reply.strip_prefix(b"-") else {
+            return;
+        };
+        Counters::bump(&self.total_errors);
+        let end = rest
+            .iter()
+            .position(|&b| b == b' ' || b == b'\r')
+            .unwrap_or(rest.len());
+        let code = String::from_utf8_lossy(&rest[..end]);
+        let mut map = self.errors.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = map.get_mut(code.as_ref()) {
+            *n += 1;
+        } else if map.len() < ERRORSTATS_MAX {
+            map.insert(code.into_owned(), 1);
+        }
+    }
+
+    pub fn reset(&self) {
+        for s in self.slots.iter() {
+            for c in [&s.calls, &s.usec, &s.rejected, &s.failed] {
+                c.store(0, Ordering::Relaxed);
+            }
+        }
+        self.errors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+        self.total_errors.store(0, Ordering::Relaxed);
+    }
+
+    /// Every worker's error replies.
+    pub fn total_errors(all: &[CommandStats]) -> u64 {
+        all.iter()
+            .map(|w| w.total_errors.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// Every worker's figures summed: per slot, and per error code (in code order).
+    pub fn merge(
+        all: &[CommandStats],
+    ) -> (Vec<CmdTotals>, std::collections::BTreeMap<String, u64>) {
+        let n = all.first().map_or(0, |w| w.slots.len());
+        let mut slots = vec![CmdTotals::default(); n];
+        let mut errors = std::collections::BTreeMap::new();
+        for w in all {
+            for (t, s) in slots.iter_mut().zip(w.slots.iter()) {
+                t.calls += s.calls.load(Ordering::Relaxed);
+                t.usec += s.usec.load(Ordering::Relaxed);
+                t.rejected += s.rejected.load(Ordering::Relaxed);
+                t.failed += s.failed.load(Ordering::Relaxed);
+            }
+            for (k, v) in w.errors.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                *errors.entry(k.clone()).or_insert(0) += v;
+            }
+        }
+        let total: usize = errors.len();
+        if total > ERRORSTATS_MAX {
+            // Workers may each have met different codes: keep the most frequent.
+            let mut by: Vec<(String, u64)> = errors.into_iter().collect();
+            by.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+            by.truncate(ERRORSTATS_MAX);
+            errors = by.into_iter().collect();
+        }
+        (slots, errors)
+    }
+}

@@ -476,9 +476,13 @@ impl Worker {
                     r,
                     outcome,
                 ),
-                Reply::Resp { kind } => {
-                    super::resp::complete_write(&mut conn.wbuf, &mut conn.resp, kind, outcome)
-                }
+                Reply::Resp { kind } => super::resp::complete_write(
+                    &mut conn.wbuf,
+                    &mut conn.resp,
+                    kind,
+                    outcome,
+                    &shared.command_stats[self.id],
+                ),
             }
             if !conn.dirty {
                 conn.dirty = true;

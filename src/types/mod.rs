@@ -20,7 +20,9 @@
 
 pub mod blocking;
 pub mod hash;
+pub mod keys;
 pub mod list;
+pub mod rdb;
 pub mod set;
 pub mod zcombine;
 pub mod zrank;
@@ -43,6 +45,8 @@ pub enum CollOp {
     ZSet(zset::ZSetOp),
     /// LMPOP, ZMPOP, and a blocking pop inside MULTI: a pop over several keys that never waits.
     Pop(blocking::PopForm),
+    /// COPY and RESTORE, which write a whole value of any type.
+    Key(keys::KeyOp),
 }
 
 impl CollOp {
@@ -81,6 +85,7 @@ impl CollOp {
             ) => f(key),
             CollOp::ZSet(Z::Store { dst, .. } | Z::RangeStore { dst, .. }) => f(dst),
             CollOp::Pop(form) => form.for_each_key(f),
+            CollOp::Key(k) => f(k.key()),
         }
     }
 }
@@ -93,6 +98,7 @@ pub fn apply(w: &mut LmdbWrite<'_, '_>, op: &CollOp, now: u64) -> Result<Outcome
         CollOp::Set(op) => set::apply(w, op, now),
         CollOp::ZSet(op) => zset::apply(w, op, now),
         CollOp::Pop(form) => blocking::apply(w, form, now),
+        CollOp::Key(op) => keys::apply(w, op, now),
     }
 }
 

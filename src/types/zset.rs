@@ -458,6 +458,27 @@ fn create(tx: &mut Tx<'_, '_, '_>) -> Result<(ItemMeta, CollMeta), StoreError> {
     Ok((meta, coll))
 }
 
+/// Fills `coll`, a new sorted set with no members yet, with these distinct members (RESTORE),
+/// and builds its rank directory once at the end.
+pub(crate) fn fill(
+    tx: &mut Tx<'_, '_, '_>,
+    coll: &mut CollMeta,
+    pairs: &[(Vec<u8>, f64)],
+) -> Result<(), StoreError> {
+    for (m, s) in pairs {
+        tx.elem_put(coll.id, m, &score_bytes(*s))?;
+        let (store, txn) = tx.store_txn();
+        store
+            .zscore
+            .put(txn, &ix_key(coll.id, score_key(*s), m), &[])?;
+    }
+    let (store, txn) = tx.store_txn();
+    zrank::build(&store.zscore, txn, coll.id)?;
+    coll.head = RANKED;
+    coll.len = pairs.len() as u64;
+    Ok(())
+}
+
 /// Up to `take` (member, score) of the index within `bounds`, after skipping `skip`.
 fn collect_ix(
     tx: &mut Tx<'_, '_, '_>,
