@@ -353,7 +353,10 @@ fn a_script_publishes_to_subscribers() {
     assert_eq!(sub.reply(), ":1");
     let script = "redis.call('RPUSH', KEYS[1], ARGV[1]) \
                   return redis.call('PUBLISH', 'jobs', ARGV[1])";
-    assert_eq!(publisher.cmd(&["EVAL", script, "1", "jobs:q", "job-1"]), ":1");
+    assert_eq!(
+        publisher.cmd(&["EVAL", script, "1", "jobs:q", "job-1"]),
+        ":1"
+    );
     assert_eq!(sub.reply(), "*3");
     assert_eq!(sub.reply(), "message");
     assert_eq!(sub.reply(), "jobs");

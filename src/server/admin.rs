@@ -1140,7 +1140,12 @@ fn info(args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
     section(
         "replication",
         "Replication",
-        "role:master\r\nconnected_slaves:0\r\n".to_string(),
+        // No replica has ever connected, so there is no backlog and the offset stays 0, as
+        // Redis reports it then.
+        format!(
+            "role:master\r\nconnected_slaves:0\r\nmaster_failover_state:no-failover\r\nmaster_replid:{}\r\nmaster_replid2:0000000000000000000000000000000000000000\r\nmaster_repl_offset:0\r\nsecond_repl_offset:-1\r\nrepl_backlog_active:0\r\nrepl_backlog_size:1048576\r\nrepl_backlog_first_byte_offset:0\r\nrepl_backlog_histlen:0\r\n",
+            shared.replid
+        ),
     );
     section(
         "cpu",

@@ -21,10 +21,15 @@ pub const MAX_INFLIGHT: usize = 128;
 /// A multi-key reply paused at `WRITE_HIGH` resumes once the unsent output is below this, so
 /// each resumption (which parses the request again) sends at least this much.
 pub const RESUME_BELOW: usize = WRITE_HIGH / 2;
-/// Write buffers larger than this are released once flushed.
+thread_local! {
+    /// The worker's buffer for `fill_tls` (made once per thread, not zeroed per read).
+    static TLS_BUF: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
 /// What `fill_tls` reads from the socket at once: a whole TLS record (16 KiB of plain text and
 /// its overhead) fits.
 const TLS_READ: usize = 17 * 1024;
+/// Write buffers larger than this are released once flushed.
 const WRITE_KEEP: usize = 256 * 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -313,9 +318,15 @@ impl Conn {
     /// is drained, as in `fill`: the read that would only say WouldBlock is skipped, one
     /// syscall of the three a request cost.
     fn fill_tls(&mut self, counters: &Counters) {
+        let mut buf = TLS_BUF.with(std::cell::Cell::take);
+        buf.resize(TLS_READ, 0);
+        self.fill_tls_with(counters, &mut buf);
+        TLS_BUF.with(|b| b.set(buf));
+    }
+
+    fn fill_tls_with(&mut self, counters: &Counters, buf: &mut [u8]) {
         let mut socket_eof = false;
         let mut drained = false;
-        let mut buf = [0u8; TLS_READ];
         loop {
             while self.may_read() {
                 self.make_room();
@@ -365,7 +376,7 @@ impl Conn {
                 self.readable = false;
                 return;
             }
-            let n = match self.stream.read(&mut buf) {
+            let n = match self.stream.read(buf) {
                 Ok(0) => {
                     socket_eof = true;
                     continue;

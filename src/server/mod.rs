@@ -58,6 +58,8 @@ pub struct Shared {
     /// Per worker: INFO commandstats and errorstats.
     pub command_stats: Vec<stats::CommandStats>,
     pub counters: Vec<Counters>,
+    /// INFO replication's `master_replid`: made at start, as Redis does.
+    pub replid: String,
     pub gauges: Gauges,
     pub started: Instant,
     pub shutdown: AtomicBool,
@@ -408,6 +410,7 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         flush_at: Arc::new(AtomicU64::new(0)),
         checkpoints: durable.checkpointer.stats.clone(),
         counters: (0..threads).map(|_| Counters::default()).collect(),
+        replid: replication_id(),
         command_stats: (0..threads)
             .map(|_| stats::CommandStats::new(resp::stat_slots()))
             .collect(),
@@ -673,4 +676,18 @@ fn reject(stream: std::net::TcpStream, proto: Proto) {
     };
     let mut s = stream;
     let _ = s.write(msg);
+}
+
+/// A random 40-hex-digit replication id (INFO replication's `master_replid`).
+fn replication_id() -> String {
+    let mut b = [0u8; 20];
+    if getrandom::fill(&mut b).is_err() {
+        // No random source: the time still makes ids differ between starts.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        b[..16].copy_from_slice(&t.to_le_bytes());
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }
