@@ -347,17 +347,7 @@ fn dump_and_restore_interoperate_with_redis_server() {
 
     drop(m);
     memkeep_server.stop();
-    let out = std::process::Command::new(BIN)
-        .arg("check")
-        .arg(memkeep_server.data_dir())
-        .output()
-        .expect("run memkeep check");
-    assert!(
-        out.status.success(),
-        "memkeep check: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    memkeep_server.assert_check_clean();
 }
 
 /// COPY and RESTORE are writes like any other: a blocked BLPOP is served by a list they

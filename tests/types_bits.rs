@@ -469,15 +469,5 @@ fn random_bit_commands_match_a_model() {
     run(&mut s, true, 0x5eed_b175_0001, 4000);
     common::programs::assert_healthy(&mut s);
     s.stop();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_memkeep"))
-        .arg("check")
-        .arg(s.data_dir())
-        .output()
-        .expect("run memkeep check");
-    assert!(
-        out.status.success(),
-        "memkeep check: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    s.assert_check_clean();
 }

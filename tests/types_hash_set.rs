@@ -1518,17 +1518,7 @@ fn random_operations_match_a_model() {
     // And the store is sound offline (COPY and RESTORE made collections of their own).
     drop(c);
     s.stop();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_memkeep"))
-        .arg("check")
-        .arg(s.data_dir())
-        .output()
-        .expect("run memkeep check");
-    assert!(
-        out.status.success(),
-        "memkeep check: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    s.assert_check_clean();
 }
 
 #[test]

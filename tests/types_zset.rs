@@ -854,21 +854,6 @@ fn data_survives_restart() {
     assert_healthy(&mut server);
 }
 
-/// `memkeep check DATA_DIR` on a stopped server finds no problem.
-fn assert_check_clean(server: &Server) {
-    let out = std::process::Command::new(BIN)
-        .arg("check")
-        .arg(server.data_dir())
-        .output()
-        .expect("run memkeep check");
-    assert!(
-        out.status.success(),
-        "memkeep check: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// FLUSHALL deletes the meta record `colls` (whether collections may exist); the next
 /// collection written must put it back, or `memkeep check` reports "collections are stored but
 /// the meta record `colls` is missing" (and a restart would not reclaim the elements of an
@@ -887,7 +872,7 @@ fn a_collection_written_after_flushall_restores_the_colls_record() {
     );
     assert_healthy(&mut server);
     server.stop();
-    assert_check_clean(&server);
+    server.assert_check_clean();
     server.restart();
     let mut c = Client::connect(&server);
     check(
@@ -902,7 +887,7 @@ fn a_collection_written_after_flushall_restores_the_colls_record() {
     );
     assert_healthy(&mut server);
     server.stop();
-    assert_check_clean(&server);
+    server.assert_check_clean();
 }
 
 /// A STORE form's destination serves a client blocked on it (whether the write comes before
@@ -2043,7 +2028,7 @@ fn model_run(shape: Shape, seed: u64, ops: usize) {
     assert_healthy(&mut server);
     // And the store is sound offline: every set's score index and rank directory agree.
     server.stop();
-    assert_check_clean(&server);
+    server.assert_check_clean();
 }
 
 #[test]

@@ -364,6 +364,21 @@ impl Server {
         self.opts.data_dir.as_deref().unwrap_or(self.dir.path())
     }
 
+    /// `memkeep check` on this (stopped) memkeep's data directory finds nothing wrong.
+    pub fn assert_check_clean(&self) {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_memkeep"))
+            .arg("check")
+            .arg(self.data_dir())
+            .output()
+            .expect("run memkeep check");
+        assert!(
+            out.status.success(),
+            "memkeep check: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// A fresh client connection to `addr` with Nagle off and 2 s read/write timeouts.
     pub fn connect_to(addr: SocketAddr) -> std::io::Result<TcpStream> {
         let s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
