@@ -264,19 +264,12 @@ pub fn decode(payload: &[u8], limit: usize) -> Result<Value, BadPayload> {
                 }
                 pairs.push((m, s));
             }
-            distinct(pairs.iter().map(|(m, _)| m.as_slice()))?;
-            nonempty(&pairs)?;
-            Ok(Value::ZSet(pairs))
+            Ok(Value::ZSet(keyed(pairs)?))
         }
         T_ZSET_LISTPACK => {
             let data = r.string()?;
-            let flat = listpack(&data, &mut r.budget)?;
-            if flat.len() % 2 != 0 {
-                return Err(BadPayload::Format);
-            }
-            let mut pairs = Vec::with_capacity(flat.len() / 2);
-            let mut it = flat.into_iter();
-            while let (Some(m), Some(s)) = (it.next(), it.next()) {
+            let mut pairs = Vec::new();
+            for (m, s) in flat_pairs(listpack(&data, &mut r.budget)?)? {
                 let s: f64 = std::str::from_utf8(&s)
                     .ok()
                     .and_then(|t| t.parse().ok())
@@ -286,9 +279,7 @@ pub fn decode(payload: &[u8], limit: usize) -> Result<Value, BadPayload> {
                 }
                 pairs.push((m, s));
             }
-            distinct(pairs.iter().map(|(m, _)| m.as_slice()))?;
-            nonempty(&pairs)?;
-            Ok(Value::ZSet(pairs))
+            Ok(Value::ZSet(keyed(pairs)?))
         }
         T_HASH => {
             let n = r.plain_len()?;
@@ -298,27 +289,35 @@ pub fn decode(payload: &[u8], limit: usize) -> Result<Value, BadPayload> {
                 let v = r.string()?;
                 pairs.push((f, v));
             }
-            distinct(pairs.iter().map(|(f, _)| f.as_slice()))?;
-            nonempty(&pairs)?;
-            Ok(Value::Hash(pairs))
+            Ok(Value::Hash(keyed(pairs)?))
         }
         T_HASH_LISTPACK => {
             let data = r.string()?;
-            let flat = listpack(&data, &mut r.budget)?;
-            if flat.len() % 2 != 0 {
-                return Err(BadPayload::Format);
-            }
-            let mut pairs = Vec::with_capacity(flat.len() / 2);
-            let mut it = flat.into_iter();
-            while let (Some(f), Some(v)) = (it.next(), it.next()) {
-                pairs.push((f, v));
-            }
-            distinct(pairs.iter().map(|(f, _)| f.as_slice()))?;
-            nonempty(&pairs)?;
-            Ok(Value::Hash(pairs))
+            let pairs = flat_pairs(listpack(&data, &mut r.budget)?)?;
+            Ok(Value::Hash(keyed(pairs)?))
         }
         _ => Err(BadPayload::Format),
     }
+}
+
+/// A listpack's entries as (field, value) pairs: an odd count is damage.
+fn flat_pairs(flat: Vec<Vec<u8>>) -> Result<Vec<(Vec<u8>, Vec<u8>)>, BadPayload> {
+    if flat.len() % 2 != 0 {
+        return Err(BadPayload::Format);
+    }
+    let mut pairs = Vec::with_capacity(flat.len() / 2);
+    let mut it = flat.into_iter();
+    while let (Some(f), Some(v)) = (it.next(), it.next()) {
+        pairs.push((f, v));
+    }
+    Ok(pairs)
+}
+
+/// A decoded hash or sorted set: its fields distinct, and not empty (Redis refuses both).
+fn keyed<T>(pairs: Vec<(Vec<u8>, T)>) -> Result<Vec<(Vec<u8>, T)>, BadPayload> {
+    distinct(pairs.iter().map(|(f, _)| f.as_slice()))?;
+    nonempty(&pairs)?;
+    Ok(pairs)
 }
 
 fn nonempty<T>(v: &[T]) -> Result<(), BadPayload> {
