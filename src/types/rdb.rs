@@ -300,9 +300,12 @@ pub fn decode(payload: &[u8], limit: usize) -> Result<Value, BadPayload> {
     }
 }
 
-/// A listpack's entries as (field, value) pairs: an odd count is damage.
-fn flat_pairs(flat: Vec<Vec<u8>>) -> Result<Vec<(Vec<u8>, Vec<u8>)>, BadPayload> {
-    if flat.len() % 2 != 0 {
+/// (field, value) pairs of a hash, or (member, score text) of a sorted set.
+type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// A listpack's entries as pairs: an odd count is damage.
+fn flat_pairs(flat: Vec<Vec<u8>>) -> Result<Pairs, BadPayload> {
+    if !flat.len().is_multiple_of(2) {
         return Err(BadPayload::Format);
     }
     let mut pairs = Vec::with_capacity(flat.len() / 2);
