@@ -668,6 +668,11 @@ impl ScriptRun {
                 Cmd::Ping if argv.len() > 1 => enc::bulk(&mut out, &argv[1]),
                 Cmd::Ping => enc::simple(&mut out, "PONG"),
                 Cmd::Echo => enc::bulk(&mut out, &argv[1]),
+                // PUBLISH may replicate: Redis refuses it in read-only scripts too.
+                Cmd::Publish if self.read_only => enc::error(
+                    &mut out,
+                    "ERR Write commands are not allowed from read-only scripts.",
+                ),
                 Cmd::Publish => match self.scripts.publisher.get() {
                     Some(publish) => enc::int(&mut out, publish(&argv[1], &argv[2]) as i64),
                     None => enc::error(
