@@ -283,7 +283,7 @@ struct RunState<'a> {
 
 /// Runs `f`, which makes Lua values from Rust, with the VM's memory limit lifted. With a limit
 /// set, `mlua` makes every string and table in protected mode (a C closure each time), which
-/// cost a third of a short script's time; what `f` makes is bounded by the arguments or by
+/// cost a fifth of a short script's time on the writer thread; what `f` makes is bounded by the arguments or by
 /// `REPLY_MAX`, and the limit is back before any Lua code allocates again (a script past it
 /// then fails at its next allocation, as before).
 fn unbounded<R>(lua: &Lua, f: impl FnOnce() -> mlua::Result<R>) -> mlua::Result<R> {
@@ -842,7 +842,9 @@ fn new_vm(scripts: Arc<Scripts>) -> mlua::Result<Vm> {
         })?,
     )?;
     // Made once per VM (making them per script, in an `mlua` scope, cost a fifth of a short
-    // script's time): they reach the running script through `Running`.
+    // script's time): they reach the running script through `Running`. Rust functions, not
+    // Lua wrappers: a `return redis.call(...)` is then no tail call, and an error's line is
+    // the script's.
     redis.raw_set(
         "call",
         lua.create_function(|lua, args: mlua::MultiValue| {

@@ -458,8 +458,8 @@ fn create(tx: &mut Tx<'_, '_, '_>) -> Result<(ItemMeta, CollMeta), StoreError> {
     Ok((meta, coll))
 }
 
-/// Fills `coll`, a new sorted set with no members yet, with these distinct members (RESTORE),
-/// and builds its rank directory once at the end.
+/// Fills `coll`, a new sorted set with no members yet, with these distinct members (RESTORE,
+/// the STORE forms), and builds its rank directory once at the end.
 pub(crate) fn fill(
     tx: &mut Tx<'_, '_, '_>,
     coll: &mut CollMeta,
@@ -641,17 +641,7 @@ pub(super) fn replace_with(
     // A new collection: whatever `dst` held goes to the collector when its metadata is
     // overwritten (a source named as the destination was read in full already).
     let (meta, mut coll) = tx.create(Kind::ZSet)?;
-    for (m, s) in members {
-        tx.elem_put(coll.id, m, &score_bytes(*s))?;
-        let (store, txn) = tx.store_txn();
-        store
-            .zscore
-            .put(txn, &ix_key(coll.id, score_key(*s), m), &[])?;
-    }
-    let (store, txn) = tx.store_txn();
-    zrank::build(&store.zscore, txn, coll.id)?;
-    coll.head = RANKED;
-    coll.len = members.len() as u64;
+    fill(tx, &mut coll, members)?;
     tx.save(dst, &meta, &coll)?;
     Ok(Outcome::Int(coll.len as i64))
 }
