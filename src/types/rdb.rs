@@ -134,7 +134,7 @@ pub fn crc64(mut crc: u64, data: &[u8]) -> u64 {
 
 /// Decompresses `input` into exactly `len` bytes; None if it is malformed or decompresses to
 /// any other length.
-fn lzf_decompress(input: &[u8], len: usize) -> Option<Vec<u8>> {
+pub fn lzf_decompress(input: &[u8], len: usize) -> Option<Vec<u8>> {
     // A back reference of 3 input bytes yields at most 264 output bytes: the output can never
     // exceed 88 times the input, whatever `len` claims.
     let mut out: Vec<u8> = Vec::with_capacity(len.min(input.len().saturating_mul(88)));
