@@ -70,7 +70,9 @@ fn ok(c: &mut Resp, cmd: &[&[u8]]) -> Reply {
 }
 
 fn words(s: &str) -> Vec<Vec<u8>> {
-    s.split_whitespace().map(|w| w.as_bytes().to_vec()).collect()
+    s.split_whitespace()
+        .map(|w| w.as_bytes().to_vec())
+        .collect()
 }
 
 fn run(c: &mut Resp, s: &str) -> Reply {

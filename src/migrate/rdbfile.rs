@@ -642,3 +642,215 @@ pub fn seal(mut value: Vec<u8>) -> Vec<u8> {
     value.extend_from_slice(&crc.to_le_bytes());
     value
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdb::Value;
+
+    /// An RDB string of plain length.
+    fn s(b: &[u8]) -> Vec<u8> {
+        assert!(b.len() < 64);
+        [&[b.len() as u8][..], b].concat()
+    }
+
+    /// A ziplist of "a", 1 and one of "f", "v", written out by hand (see `rdb::ziplist`).
+    const ZL_A1: [u8; 16] = [16, 0, 0, 0, 13, 0, 0, 0, 2, 0, 0, 1, b'a', 3, 0xf2, 0xff];
+    const ZL_FV: [u8; 17] = [17, 0, 0, 0, 13, 0, 0, 0, 2, 0, 0, 1, b'f', 3, 1, b'v', 0xff];
+
+    /// A file as Redis 6.2 would write it, with every opcode and the types this reader walks
+    /// over; `crc` picks the checksum: the right one, zero, or a wrong one.
+    fn redis6_file(version: &[u8; 4], crc: Option<u64>) -> Vec<u8> {
+        let mut f = b"REDIS".to_vec();
+        f.extend(version);
+        f.push(OP_AUX);
+        f.extend(s(b"redis-ver"));
+        f.extend(s(b"6.2.6"));
+        f.push(OP_AUX);
+        f.extend(s(b"ctime"));
+        f.extend([0xc2, 1, 2, 3, 4]); // an integer-encoded AUX value
+        f.push(OP_MODULE_AUX);
+        f.extend([0x81, 1, 2, 3, 4, 5, 6, 7, 8]); // module id (64-bit length form)
+        f.extend([2, 2]); // when_opcode (UINT), when
+        f.extend([5, 3, b'a', b'u', b'x', 4, 0, 0, 0, 0, 0, 0, 0, 0, 0]); // STRING, DOUBLE, EOF
+        f.extend([OP_SELECTDB, 0, OP_RESIZEDB, 6, 2]);
+        // A quicklist of ziplists (type 14), expiring, with LFU data.
+        f.extend([OP_EXPIRETIME_MS]);
+        f.extend(4_000_000_000_000u64.to_le_bytes());
+        f.extend([OP_FREQ, 5, 14]);
+        f.extend(s(b"ql"));
+        f.push(2);
+        f.extend(s(&ZL_A1));
+        f.extend(s(&ZL_A1));
+        // A hash ziplist (13) with LRU data, an integer key.
+        f.extend([OP_IDLE, 0x40, 200, 13, 0xc1, 0x39, 0x30]);
+        f.extend(s(&ZL_FV));
+        // A sorted set with text scores (3), expiring in seconds (an old file's way).
+        f.push(OP_EXPIRETIME);
+        f.extend(2_000_000_000u32.to_le_bytes());
+        f.extend([3]);
+        f.extend(s(b"z"));
+        f.extend([2]);
+        f.extend(s(b"m"));
+        f.extend([3, b'1', b'.', b'5']);
+        f.extend(s(b"n"));
+        f.push(254); // +inf
+        // A stream (15): one listpack, metadata, a group with a pending entry and a consumer.
+        f.push(15);
+        f.extend(s(b"st"));
+        f.extend([1]);
+        f.extend(s(&[0; 16]));
+        f.extend(s(b"not really a listpack"));
+        f.extend([1, 5, 0]); // length, last ID
+        f.extend([1]);
+        f.extend(s(b"grp"));
+        f.extend([5, 0]); // last ID
+        f.extend([1]);
+        f.extend([7; 24]);
+        f.extend([1]);
+        f.extend([1]);
+        f.extend(s(b"alice"));
+        f.extend([0; 8]);
+        f.extend([1]);
+        f.extend([7; 16]);
+        // A module value (7): its id, then opcodes to EOF.
+        f.push(7);
+        f.extend(s(b"mod"));
+        f.extend([0x81]);
+        f.extend(0x6162_6364_6566_6768u64.to_be_bytes());
+        f.extend([1, 5, 3, 0, 0, 0, 0, 0]);
+        // A key of database 2, and a zipmap hash (9) there.
+        f.extend([OP_SELECTDB, 2, 9]);
+        f.extend(s(b"zm"));
+        f.extend(s(&[1, 1, b'k', 1, 0, b'v', 0xff]));
+        f.push(OP_EOF);
+        let sum = crc64_of(&f);
+        if version >= b"0005" {
+            f.extend(crc.map_or(sum, |c| c).to_le_bytes());
+        }
+        f
+    }
+
+    fn crc64_of(b: &[u8]) -> u64 {
+        rdb::crc64(0, b)
+    }
+
+    fn read_all(f: &[u8]) -> Result<(Vec<Record>, Extras), FileError> {
+        let mut r = RdbReader::new(f, Some(f.len() as u64))?;
+        let mut out = Vec::new();
+        while let Some(rec) = r.next()? {
+            out.push(rec);
+        }
+        Ok((out, r.extras))
+    }
+
+    #[test]
+    fn a_redis_6_file_reads_key_by_key() {
+        let f = redis6_file(b"0009", None);
+        let (recs, extras) = read_all(&f).expect("the file reads");
+        let names: Vec<(&[u8], u8, u64)> = recs
+            .iter()
+            .map(|r| (r.key.as_slice(), r.ty, r.db))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                (&b"ql"[..], 14, 0),
+                (b"12345", 13, 0),
+                (b"z", 3, 0),
+                (b"st", 15, 0),
+                (b"mod", 7, 0),
+                (b"zm", 9, 2)
+            ]
+        );
+        assert_eq!(recs[0].expire_ms, Some(4_000_000_000_000));
+        assert_eq!(recs[1].expire_ms, None);
+        assert_eq!(recs[2].expire_ms, Some(2_000_000_000_000));
+        assert_eq!(recs[3].skipped.as_deref(), Some("stream"));
+        // The id's bytes "abcdefgh" read as nine 6-bit characters (base64's alphabet).
+        assert_eq!(recs[4].skipped.as_deref(), Some("module YWJjZGVmZ"));
+        let values: Vec<Value> = recs
+            .iter()
+            .filter(|r| r.skipped.is_none())
+            .map(|r| rdb::decode(&seal(r.value.clone()), usize::MAX).expect("decodes"))
+            .collect();
+        let v = |x: &str| x.as_bytes().to_vec();
+        assert_eq!(
+            values,
+            [
+                Value::List(vec![v("a"), v("1"), v("a"), v("1")]),
+                Value::Hash(vec![(v("f"), v("v"))]),
+                Value::ZSet(vec![(v("m"), 1.5), (v("n"), f64::INFINITY)]),
+                Value::Hash(vec![(v("k"), v("v"))]),
+            ]
+        );
+        assert_eq!(extras.version, 9);
+        assert_eq!(extras.module_aux, 1);
+        assert_eq!(
+            extras.aux,
+            [
+                ("redis-ver".to_string(), "6.2.6".to_string()),
+                ("ctime".to_string(), "67305985".to_string())
+            ]
+        );
+        assert_eq!(extras.checksum, Some(crc64_of(&f[..f.len() - 8])));
+
+        // Checksum 0: not computed by the writer, accepted. A version before 5 has none.
+        assert!(read_all(&redis6_file(b"0009", Some(0))).is_ok());
+        let old = redis6_file(b"0004", None);
+        assert_eq!(read_all(&old).map(|(r, _)| r.len()), Ok(6));
+    }
+
+    #[test]
+    fn damage_is_named_with_its_byte() {
+        let f = redis6_file(b"0010", None);
+        let e = read_all(&redis6_file(b"0010", Some(1))).expect_err("wrong checksum");
+        assert_eq!(e.offset, f.len() as u64 - 8);
+        assert!(e.what.starts_with("checksum mismatch"), "{e}");
+        // Every cut short of the whole file is refused at the cut.
+        for cut in 0..f.len() {
+            let e = read_all(&f[..cut]).expect_err("a cut file");
+            assert_eq!(e.offset, cut as u64, "{e}");
+            assert!(e.what.contains("truncated"), "cut at {cut}: {e}");
+        }
+        // The same without knowing the file's size.
+        let cut = &f[..f.len() - 20];
+        let mut r = RdbReader::new(cut, None).expect("header");
+        let e = loop {
+            match r.next() {
+                Ok(Some(_)) => {}
+                Ok(None) => panic!("a cut file read whole"),
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(e.offset, cut.len() as u64, "{e}");
+        // An unknown type byte; a module value of the pre-GA format; a future version.
+        let mut g = f.clone();
+        let at = g
+            .windows(3)
+            .position(|w| w == [3, 1, b'z'])
+            .expect("the zset");
+        g[at] = 30;
+        let e = read_all(&g).expect_err("type 30");
+        assert_eq!(e.offset, at as u64);
+        assert!(e.what.contains("found byte 0x1e"), "{e}");
+        g[at] = 6;
+        let e = read_all(&g).expect_err("type 6");
+        assert!(e.what.contains("pre-GA"), "{e}");
+        let mut g = f.clone();
+        g[5..9].copy_from_slice(b"0012");
+        assert_eq!(read_all(&g).expect_err("version 12").offset, 5);
+    }
+
+    #[test]
+    fn module_names_come_from_their_ids() {
+        // "ReJSON-RL" at encoding version 3 (its 54 bits of name, then 10 of version).
+        let chars = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+        let mut id = 0u64;
+        for c in b"ReJSON-RL" {
+            id = (id << 6) | chars.iter().position(|x| x == c).expect("in the set") as u64;
+        }
+        id = (id << 10) | 3;
+        assert_eq!(module_name(id), "ReJSON-RL");
+    }
+}
