@@ -534,6 +534,38 @@ fn damaged_rdb_files_are_refused_before_anything_is_loaded() {
 }
 
 #[test]
+fn keys_memkeep_cannot_hold_are_listed_and_the_rest_load() {
+    if !have_redis(
+        "keys_memkeep_cannot_hold_are_listed_and_the_rest_load",
+        false,
+    ) {
+        return;
+    }
+    let redis = Server::redis();
+    let mk = memkeep();
+    let mut r = Resp::connect(redis.resp_addr().expect("redis port"));
+    let mut m = Resp::connect(mk.resp_addr().expect("memkeep port"));
+    run(&mut r, "FLUSHALL");
+    let long_key = vec![b'K'; 600];
+    ok(&mut r, &[b"SET", &long_key, b"v"]);
+    ok(&mut r, &[b"HSET", b"h:longfield", &[b'F'; 600], b"v"]);
+    run(&mut r, "SET fine 1");
+    run(&mut r, "SAVE");
+    let out = import(&mk, &dump_file(&redis), &[]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("loaded 1 keys"), "{err}");
+    assert!(err.contains("2 keys refused by the server"), "{err}");
+    assert!(
+        err.contains("key \"h:longfield\" (byte ")
+            && err.contains("hash field longer than 495 bytes"),
+        "{err}"
+    );
+    assert!(err.contains("keys are 1 to 511 bytes"), "{err}");
+    assert_eq!(m.call(&[b"GET", b"fine"]), Reply::bulk("1"));
+}
+
+#[test]
 fn a_100k_key_mixed_dataset_round_trips() {
     if !have_redis("a_100k_key_mixed_dataset_round_trips", false) {
         return;

@@ -194,7 +194,7 @@ pub fn check(path: &Path, db: u64, progress: bool) -> Result<u64, String> {
     let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
     let mut p = Progress::new(progress, size, "checked");
     let mut keys = 0u64;
-    while let Some(rec) = r.next().map_err(|e| at(path, e))? {
+    while let Some(rec) = r.next_key().map_err(|e| at(path, e))? {
         keys += 1;
         if rec.skipped.is_none() && rec.db == db {
             let ty = rec.ty;
@@ -401,6 +401,13 @@ impl Conn {
 
 /// Loads the file into the server: `check`, then every key of `opts.db` as a RESTORE.
 pub fn import(path: &Path, opts: &Options) -> Result<Summary, String> {
+    if path.as_os_str() == "-" {
+        return Err(
+            "--rdb reads its file twice (checked whole, then loaded): give a file, not standard \
+             input"
+                .into(),
+        );
+    }
     let started = Instant::now();
     let show = opts.progress && std::io::stderr().is_terminal();
     check(path, opts.db, show)?;
@@ -414,13 +421,13 @@ pub fn import(path: &Path, opts: &Options) -> Result<Summary, String> {
     let mut p = Progress::new(show, size, "loaded");
     let mut s = Summary::default();
     let mut sent = 0u64;
-    while let Some(rec) = r.next().map_err(|e| at(path, e))? {
-        if let Some(ty) = &rec.skipped {
-            *s.skipped.entry(ty.clone()).or_default() += 1;
-            continue;
-        }
+    while let Some(rec) = r.next_key().map_err(|e| at(path, e))? {
         if rec.db != opts.db {
             *s.other_dbs.entry(rec.db).or_default() += 1;
+            continue;
+        }
+        if let Some(ty) = &rec.skipped {
+            *s.skipped.entry(ty.clone()).or_default() += 1;
             continue;
         }
         let now = crate::clock::Clock::System.now_ms();

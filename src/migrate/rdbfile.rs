@@ -126,7 +126,7 @@ enum Len {
     Special(u8),
 }
 
-/// Reads an RDB file key by key (`next`), checking its checksum at the end.
+/// Reads an RDB file key by key (`next_key`), checking its checksum at the end.
 pub struct RdbReader<R: Read> {
     r: BufReader<R>,
     /// Bytes consumed so far: the offset of the next one.
@@ -345,7 +345,7 @@ impl<R: Read> RdbReader<R> {
     }
 
     /// Reads up to the next key; None after the end marker and a matching checksum.
-    pub fn next(&mut self) -> Result<Option<Record>, FileError> {
+    pub fn next_key(&mut self) -> Result<Option<Record>, FileError> {
         if self.done {
             return Ok(None);
         }
@@ -738,7 +738,7 @@ mod tests {
     fn read_all(f: &[u8]) -> Result<(Vec<Record>, Extras), FileError> {
         let mut r = RdbReader::new(f, Some(f.len() as u64))?;
         let mut out = Vec::new();
-        while let Some(rec) = r.next()? {
+        while let Some(rec) = r.next_key()? {
             out.push(rec);
         }
         Ok((out, r.extras))
@@ -817,7 +817,7 @@ mod tests {
         let cut = &f[..f.len() - 20];
         let mut r = RdbReader::new(cut, None).expect("header");
         let e = loop {
-            match r.next() {
+            match r.next_key() {
                 Ok(Some(_)) => {}
                 Ok(None) => panic!("a cut file read whole"),
                 Err(e) => break e,
