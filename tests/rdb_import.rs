@@ -566,6 +566,55 @@ fn keys_memkeep_cannot_hold_are_listed_and_the_rest_load() {
 }
 
 #[test]
+fn a_server_with_a_password_is_authenticated_to_first() {
+    if !have_redis("a_server_with_a_password_is_authenticated_to_first", false) {
+        return;
+    }
+    let redis = Server::redis();
+    let mk = Server::start_with(
+        BIN,
+        Options {
+            resp: true,
+            args: vec!["--requirepass".into(), "sekrit".into()],
+            ..Options::default()
+        },
+    );
+    let mut r = Resp::connect(redis.resp_addr().expect("redis port"));
+    run(&mut r, "FLUSHALL");
+    run(&mut r, "SET a 1");
+    run(&mut r, "SAVE");
+    let port = mk.resp_addr().expect("RESP port").port().to_string();
+    let with = |pass: Option<&str>| {
+        let mut c = Command::new(BIN);
+        c.args(["-l", "127.0.0.1", "--resp-port", &port]);
+        if let Some(p) = pass {
+            c.args(["--requirepass", p]);
+        }
+        c.args(["import", "--rdb"]).arg(dump_file(&redis));
+        c.output().expect("run memkeep import")
+    };
+    let out = with(None);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("answered PING with `-NOAUTH"),
+        "{}",
+        stderr(&out)
+    );
+    let out = with(Some("wrong"));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("refused AUTH: -WRONGPASS"),
+        "{}",
+        stderr(&out)
+    );
+    let out = with(Some("sekrit"));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut m = Resp::connect(mk.resp_addr().expect("memkeep port"));
+    ok(&mut m, &[b"AUTH", b"sekrit"]);
+    assert_eq!(m.call(&[b"GET", b"a"]), Reply::bulk("1"));
+}
+
+#[test]
 fn a_100k_key_mixed_dataset_round_trips() {
     if !have_redis("a_100k_key_mixed_dataset_round_trips", false) {
         return;

@@ -291,6 +291,24 @@ fn read_replies(
     Ok(refused)
 }
 
+/// Sends one command and reads its one-line reply, byte by byte (nothing else is in flight,
+/// and nothing past the reply may be taken from the socket).
+fn call(stream: &TcpStream, args: &[&[u8]]) -> std::io::Result<String> {
+    let mut cmd = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        bulk(&mut cmd, a);
+    }
+    let mut s = stream;
+    s.write_all(&cmd)?;
+    let mut byte = [0u8; 1];
+    let mut line = Vec::new();
+    while byte[0] != b'\n' {
+        std::io::Read::read_exact(&mut s, &mut byte)?;
+        line.push(byte[0]);
+    }
+    Ok(String::from_utf8_lossy(&line).trim_end().to_string())
+}
+
 fn bulk(out: &mut Vec<u8>, b: &[u8]) {
     out.push(b'$');
     out.extend_from_slice(itoa::Buffer::new().format(b.len()).as_bytes());
@@ -311,26 +329,23 @@ impl Conn {
             .map_err(|e| e.to_string())?;
         let read_half = stream.try_clone().map_err(|e| e.to_string())?;
         if !password.is_empty() {
-            let mut cmd = b"*2\r\n".to_vec();
-            bulk(&mut cmd, b"AUTH");
-            bulk(&mut cmd, password.as_bytes());
-            (&stream)
-                .write_all(&cmd)
-                .map_err(|e| format!("cannot send to {addr}: {e}"))?;
-            // One reply, read without buffering past it (nothing else is in flight).
-            let mut byte = [0u8; 1];
-            let mut line = Vec::new();
-            while byte[0] != b'\n' {
-                std::io::Read::read_exact(&mut &stream, &mut byte)
-                    .map_err(|e| format!("no reply to AUTH from {addr}: {e}"))?;
-                line.push(byte[0]);
+            let line = call(&stream, &[b"AUTH", password.as_bytes()])
+                .map_err(|e| format!("no reply to AUTH from {addr}: {e}"))?;
+            if !line.starts_with('+') {
+                return Err(format!("{addr} refused AUTH: {line}"));
             }
-            if line.first() != Some(&b'+') {
-                return Err(format!(
-                    "{addr} refused AUTH: {}",
-                    String::from_utf8_lossy(&line).trim_end()
-                ));
-            }
+        }
+        // Before any key: a server that wants a password (or is no RESP server) says so here.
+        let line = call(&stream, &[b"PING"]).map_err(|e| format!("no reply from {addr}: {e}"))?;
+        if line != "+PONG" {
+            return Err(format!(
+                "{addr} answered PING with `{line}`{}",
+                if line.starts_with("-NOAUTH") {
+                    ": give the server's password with --requirepass (or its --config)"
+                } else {
+                    ""
+                }
+            ));
         }
         let (tx, rx) = sync_channel(WINDOW);
         let loaded = loaded.clone();
