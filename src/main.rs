@@ -203,7 +203,7 @@ fn run_action(action: &Action, config: &Config) -> Result<(), String> {
             let opts = memkeep::migrate::Options {
                 addr: format!("{}:{}", config.listen, config.resp_port),
                 password: config.requirepass.clone(),
-                db: *db,
+                db: db.unwrap_or(0),
                 progress: true,
             };
             let summary = memkeep::migrate::import(rdb, &opts)?;
@@ -219,7 +219,10 @@ fn run_action(action: &Action, config: &Config) -> Result<(), String> {
             }
             Ok(())
         }
-        Action::Import { file, .. } => {
+        Action::Import { file, db, .. } => {
+            if db.is_some() {
+                return Err("--db goes with --rdb (a memcached dump has no databases)".into());
+            }
             let Some(file) = file else {
                 return Err("import needs a dump file, or --rdb FILE".into());
             };
