@@ -213,7 +213,35 @@ fn run_action(action: &Action, config: &Config) -> Result<(), String> {
             );
             Ok(())
         }
-        Action::Import { file } => {
+        Action::Import {
+            rdb: Some(rdb), db, ..
+        } => {
+            let opts = memkeep::migrate::Options {
+                addr: format!("{}:{}", config.listen, config.resp_port),
+                password: config.requirepass.clone(),
+                db: db.unwrap_or(0),
+                progress: true,
+            };
+            let summary = memkeep::migrate::import(rdb, &opts)?;
+            for line in summary.lines(rdb) {
+                eprintln!("memkeep: {line}");
+            }
+            if summary.refused > 0 {
+                return Err(format!(
+                    "{} keys of {} were not loaded (the server refused them)",
+                    summary.refused,
+                    rdb.display()
+                ));
+            }
+            Ok(())
+        }
+        Action::Import { file, db, .. } => {
+            if db.is_some() {
+                return Err("--db goes with --rdb (a memcached dump has no databases)".into());
+            }
+            let Some(file) = file else {
+                return Err("import needs a dump file, or --rdb FILE".into());
+            };
             let addr = format!("{}:{}", config.listen, config.port);
             let (stored, refused) = if file.as_os_str() == "-" {
                 memkeep::backup::import(&addr, &mut std::io::stdin().lock())?
