@@ -111,16 +111,30 @@ impl Table {
         edit: &super::Edit,
     ) -> Result<(), heed::Error> {
         self.db.put(&mut txn.txn, key, &item)?;
-        let value = &item[header..];
+        let value = item.get(header..).unwrap_or_default();
+        let parts = (
+            value.get(..edit.prepend),
+            value.get(edit.at..edit.at.saturating_add(edit.len)),
+        );
+        let (Some(prepend), Some(bytes), Ok(new_len), Ok(old_len)) = (
+            parts.0,
+            parts.1,
+            u32::try_from(value.len()),
+            u32::try_from(old_len),
+        ) else {
+            // An edit that does not fit the value (a caller's mistake): logged whole.
+            txn.log.put(self.id, key, &[&item]);
+            return Ok(());
+        };
         let patch = super::wal::Patch {
             old_header: old,
-            old_len: old_len as u32,
-            new_header: &item[..header],
-            new_len: value.len() as u32,
+            old_len,
+            new_header: &item[..header.min(item.len())],
+            new_len,
             crc: crc32fast::hash(value),
-            prepend: &value[..edit.prepend],
+            prepend,
             at: edit.at as u32,
-            bytes: &value[edit.at..edit.at + edit.len],
+            bytes,
         };
         txn.log.patch(self.id, key, &patch, item.clone());
         Ok(())
