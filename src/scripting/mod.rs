@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use mlua::{Lua, LuaOptions, StdLib, Value};
+use mlua::{Lua, LuaOptions, StdLib, Value, ffi};
 use sha1::{Digest, Sha1};
 
 use crate::command::{Outcome, REPLY_MAX, ScriptOp, ScriptTxn, TxnScript, WriteOp};
@@ -58,7 +58,7 @@ const NOTBUSY: &str = "NOTBUSY No scripts in execution right now.";
 /// The script cache and the state of the running script, shared by the workers and the writer.
 #[derive(Default)]
 pub struct Scripts {
-    bodies: Mutex<HashMap<String, Arc<[u8]>>>,
+    bodies: Mutex<Cache>,
     /// Bumped by SCRIPT FLUSH: the VM drops its compiled functions.
     generation: AtomicU64,
     /// A script is running (set by the writer for each script).
@@ -75,6 +75,34 @@ pub struct Scripts {
     pub time_limit_ms: AtomicU64,
     /// PUBLISH from scripts (None: answered as not allowed).
     publisher: std::sync::OnceLock<Publish>,
+}
+
+/// The script cache: bodies by SHA-1, and the SHA-1 of each body, so that an EVAL of a cached
+/// script finds its name by one hash lookup of the body instead of a SHA-1 of it (a tenth of
+/// a one-line EVAL's time on the worker).
+#[derive(Default)]
+struct Cache {
+    by_sha: HashMap<Arc<str>, Arc<[u8]>>,
+    by_body: HashMap<Arc<[u8]>, Arc<str>>,
+}
+
+impl Cache {
+    /// The SHA-1 and the cached copy of `body`, caching it if new.
+    fn load(&mut self, body: &[u8]) -> (Arc<str>, Arc<[u8]>) {
+        if let Some((b, sha)) = self.by_body.get_key_value(body) {
+            return (sha.clone(), b.clone());
+        }
+        let sha: Arc<str> = sha1hex(body).into();
+        let b: Arc<[u8]> = body.into();
+        self.by_sha.insert(sha.clone(), b.clone());
+        self.by_body.insert(b.clone(), sha.clone());
+        (sha, b)
+    }
+
+    fn clear(&mut self) {
+        self.by_sha.clear();
+        self.by_body.clear();
+    }
 }
 
 /// The SHA-1 of a script body in lowercase hex.
@@ -118,22 +146,23 @@ impl Scripts {
     }
 
     pub fn load(&self, body: &[u8]) -> String {
-        self.load_body(body).0
+        self.load_body(body).0.to_string()
     }
 
     /// Caches `body`: its SHA-1 and the cached copy (one lock).
-    fn load_body(&self, body: &[u8]) -> (String, Arc<[u8]>) {
-        let sha = sha1hex(body);
-        let cached = match self.bodies.lock() {
-            Ok(mut m) => m.entry(sha.clone()).or_insert_with(|| body.into()).clone(),
-            Err(_) => body.into(),
-        };
-        (sha, cached)
+    fn load_body(&self, body: &[u8]) -> (Arc<str>, Arc<[u8]>) {
+        match self.bodies.lock() {
+            Ok(mut m) => m.load(body),
+            Err(_) => (sha1hex(body).into(), body.into()),
+        }
     }
 
-    fn get(&self, sha: &[u8]) -> Option<Arc<[u8]>> {
+    /// The cached script named `sha` (any case): its name in lowercase and its body.
+    fn get(&self, sha: &[u8]) -> Option<(Arc<str>, Arc<[u8]>)> {
         let sha = std::str::from_utf8(sha).ok()?.to_ascii_lowercase();
-        self.bodies.lock().ok()?.get(&sha).cloned()
+        let m = self.bodies.lock().ok()?;
+        let (k, v) = m.by_sha.get_key_value(sha.as_str())?;
+        Some((k.clone(), v.clone()))
     }
 
     /// SCRIPT LOAD|EXISTS|FLUSH|KILL|HELP (the arity is checked by the caller).
@@ -146,7 +175,9 @@ impl Scripts {
             enc::array(out, args.len() - 2);
             for i in 2..args.len() {
                 let sha = String::from_utf8_lossy(args.get(i)).to_ascii_lowercase();
-                let found = m.as_ref().is_some_and(|m| m.contains_key(&sha));
+                let found = m
+                    .as_ref()
+                    .is_some_and(|m| m.by_sha.contains_key(sha.as_str()));
                 enc::int(out, found as i64);
             }
         } else if args.is(1, "flush") {
@@ -204,24 +235,19 @@ impl Scripts {
             return Err("ERR Number of keys can't be greater than number of args".into());
         }
         let (sha, body) = if by_sha {
-            let body = self.get(args.get(1)).ok_or_else(|| NOSCRIPT.to_string())?;
-            (
-                String::from_utf8_lossy(args.get(1)).to_ascii_lowercase(),
-                body,
-            )
+            self.get(args.get(1)).ok_or_else(|| NOSCRIPT.to_string())?
         } else {
             // EVAL caches its script, as Redis does.
             self.load_body(args.get(1))
         };
-        let nk = numkeys as usize;
-        let keys = (3..3 + nk).map(|i| args.get(i).to_vec()).collect();
-        let argv = (3 + nk..args.len()).map(|i| args.get(i).to_vec()).collect();
+        // KEYS then ARGV, in one buffer (two allocations, whatever their number).
+        let words = Words::new(args, 3);
         let run = ScriptRun {
             scripts: self.clone(),
             sha,
             body,
-            keys,
-            argv,
+            nkeys: numkeys as usize,
+            words,
             read_only,
             v3,
             max_bulk,
@@ -232,13 +258,42 @@ impl Scripts {
     }
 }
 
+/// Arguments of a request from one index on, copied into one buffer.
+struct Words {
+    buf: Vec<u8>,
+    ranges: Vec<std::ops::Range<usize>>,
+}
+
+impl Words {
+    fn new(args: Args<'_>, from: usize) -> Words {
+        let n = args.len().saturating_sub(from);
+        let size = (from..args.len()).map(|i| args.get(i).len()).sum();
+        let mut w = Words {
+            buf: Vec::with_capacity(size),
+            ranges: Vec::with_capacity(n),
+        };
+        for i in from..args.len() {
+            let a = args.get(i);
+            w.ranges.push(w.buf.len()..w.buf.len() + a.len());
+            w.buf.extend_from_slice(a);
+        }
+        w
+    }
+
+    /// Words `range` (by index) as byte slices.
+    fn slices(&self, range: std::ops::Range<usize>) -> impl Iterator<Item = &[u8]> {
+        self.ranges[range].iter().map(|r| &self.buf[r.clone()])
+    }
+}
+
 /// One script call, for the writer.
 struct ScriptRun {
     scripts: Arc<Scripts>,
-    sha: String,
+    sha: Arc<str>,
     body: Arc<[u8]>,
-    keys: Vec<Vec<u8>>,
-    argv: Vec<Vec<u8>>,
+    /// How many of `words` are KEYS (the rest are ARGV).
+    nkeys: usize,
+    words: Words,
     read_only: bool,
     /// The caller's protocol: the script's reply is encoded in it.
     v3: bool,
@@ -251,8 +306,8 @@ impl std::fmt::Debug for ScriptRun {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ScriptRun")
             .field("sha", &self.sha)
-            .field("keys", &self.keys.len())
-            .field("argv", &self.argv.len())
+            .field("keys", &self.nkeys)
+            .field("argv", &(self.words.ranges.len() - self.nkeys))
             .field("read_only", &self.read_only)
             .finish()
     }
@@ -261,7 +316,9 @@ impl std::fmt::Debug for ScriptRun {
 /// The writer thread's Lua VM and the scripts compiled in it.
 struct Vm {
     lua: Lua,
-    funcs: HashMap<String, mlua::Function>,
+    funcs: HashMap<Arc<str>, mlua::Function>,
+    /// The last script run, and its function.
+    last: Option<(Arc<str>, mlua::Function)>,
     generation: u64,
     /// Runs a function under pcall (Lua-side, so error values stay Lua values).
     runner: mlua::Function,
@@ -407,34 +464,40 @@ impl ScriptRun {
         let generation = self.scripts.generation.load(Ordering::Relaxed);
         if vm.generation != generation {
             vm.funcs.clear();
+            vm.last = None;
             vm.generation = generation;
         }
         let mut out = Vec::new();
-        let func = match vm.funcs.get(&self.sha) {
-            Some(f) => f.clone(),
-            None => match vm
-                .lua
-                .load(&self.body[..])
-                .set_name("@user_script")
-                .into_function()
-            {
-                Ok(f) => {
-                    vm.funcs.insert(self.sha.clone(), f.clone());
-                    f
-                }
-                Err(e) => {
-                    let msg = match &e {
-                        mlua::Error::SyntaxError { message, .. } => message.clone(),
-                        other => other.to_string(),
-                    };
-                    enc::error(
-                        &mut out,
-                        &format!("ERR Error compiling script (new function): {msg}"),
-                    );
-                    return Ok(Outcome::Reply(out));
-                }
+        let func = match &vm.last {
+            // The script of the EVAL before (most often the same one): no lookup.
+            Some((sha, f)) if Arc::ptr_eq(sha, &self.sha) || **sha == *self.sha => f.clone(),
+            _ => match vm.funcs.get(&self.sha) {
+                Some(f) => f.clone(),
+                None => match vm
+                    .lua
+                    .load(&self.body[..])
+                    .set_name("@user_script")
+                    .into_function()
+                {
+                    Ok(f) => {
+                        vm.funcs.insert(self.sha.clone(), f.clone());
+                        f
+                    }
+                    Err(e) => {
+                        let msg = match &e {
+                            mlua::Error::SyntaxError { message, .. } => message.clone(),
+                            other => other.to_string(),
+                        };
+                        enc::error(
+                            &mut out,
+                            &format!("ERR Error compiling script (new function): {msg}"),
+                        );
+                        return Ok(Outcome::Reply(out));
+                    }
+                },
             },
         };
+        vm.last = Some((self.sha.clone(), func.clone()));
         let lua = &vm.lua;
         let state = RunState {
             txn: RefCell::new(txn),
@@ -443,17 +506,18 @@ impl ScriptRun {
             failed: RefCell::new(None),
         };
         let result = (|| -> mlua::Result<Vec<u8>> {
-            let g = lua.globals();
-            unbounded(lua, || {
-                g.raw_set("KEYS", convert::string_list(lua, &self.keys)?)?;
-                g.raw_set("ARGV", convert::string_list(lua, &self.argv)?)
-            })?;
             let current = Current {
                 run: self,
                 state: &state,
             };
             let _running = Running::enter(&current);
-            let r: (bool, Value) = vm.runner.call(func.clone())?;
+            let r = self.call_runner(lua, &vm.runner, &func);
+            // Back in place whether or not the tables were made (a memory error there skips
+            // the restore inside).
+            if let Err(e) = lua.set_memory_limit(LUA_MEMORY) {
+                log::warn!("Lua memory limit not restored: {e}");
+            }
+            let r: (bool, Value) = r?;
             let mut out = Vec::new();
             match r {
                 (true, v) => convert::encode_reply(&mut out, &v, self.v3, state.resp3.get(), 0),
@@ -477,6 +541,44 @@ impl ScriptRun {
                 );
                 Ok(Outcome::Reply(out))
             }
+        }
+    }
+
+    /// Sets KEYS and ARGV and calls `runner(func)`: its `pcall` results. One protected call
+    /// on the raw stack: made through `mlua`'s handles, the two tables, each string in them and
+    /// the call cost a fifth of a one-line script's time on the writer thread (a registry
+    /// reference for each value, a protected call for each step). The tables are made with
+    /// the VM's memory limit lifted (they are bounded by the request); the caller restores it.
+    fn call_runner(
+        &self,
+        lua: &Lua,
+        runner: &mlua::Function,
+        func: &mlua::Function,
+    ) -> mlua::Result<(bool, Value)> {
+        let n = self.words.ranges.len();
+        let nk = self.nkeys.min(n);
+        // SAFETY: `exec_raw` runs the closure in a protected call, with `runner` and `func`
+        // at stack indexes 1 and 2. A Lua error inside (out of memory) unwinds it by longjmp,
+        // so it holds nothing to drop: borrowed slices, and `Result`s of plain numbers. Each
+        // step keeps at most three values on the stack over the two arguments, within the
+        // LUA_MINSTACK (20) slots a C function is given. The results left on the stack are
+        // the call's two.
+        unsafe {
+            lua.exec_raw::<(bool, Value)>((runner, func), |state| {
+                let _ = lua.set_memory_limit(0);
+                for (name, range) in [(c"KEYS", 0..nk), (c"ARGV", nk..n)] {
+                    ffi::lua_pushstring(state, name.as_ptr());
+                    ffi::lua_createtable(state, range.len() as i32, 0);
+                    for (i, w) in self.words.slices(range).enumerate() {
+                        ffi::lua_pushlstring(state, w.as_ptr().cast(), w.len());
+                        ffi::lua_rawseti(state, -2, i as ffi::lua_Integer + 1);
+                    }
+                    // Raw: the globals' metatable refuses writes.
+                    ffi::lua_rawset(state, ffi::LUA_GLOBALSINDEX);
+                }
+                let _ = lua.set_memory_limit(LUA_MEMORY);
+                ffi::lua_call(state, 1, 2);
+            })
         }
     }
 
@@ -536,12 +638,17 @@ impl ScriptRun {
         state: &RunState<'_>,
         args: mlua::MultiValue,
     ) -> mlua::Result<Value> {
-        let mut argv: Vec<Vec<u8>> = Vec::with_capacity(args.len());
+        // The command's words in one buffer, as the command layer takes them.
+        let mut buf = Vec::new();
+        let mut ranges = Vec::with_capacity(args.len());
         for a in args.iter() {
+            let start = buf.len();
             match a {
-                Value::String(s) => argv.push(s.as_bytes().to_vec()),
-                Value::Integer(n) => argv.push(n.to_string().into_bytes()),
-                Value::Number(n) => argv.push(convert::number_text(*n).into_bytes()),
+                Value::String(s) => buf.extend_from_slice(&s.as_bytes()),
+                Value::Integer(n) => {
+                    buf.extend_from_slice(itoa::Buffer::new().format(*n).as_bytes())
+                }
+                Value::Number(n) => buf.extend_from_slice(convert::number_text(*n).as_bytes()),
                 _ => {
                     state.err_line.set(current_line(lua));
                     return convert::error_table(
@@ -550,11 +657,13 @@ impl ScriptRun {
                     );
                 }
             }
+            ranges.push(start..buf.len());
         }
+        drop(args);
         let v3 = state.resp3.get();
         let reply = {
             let mut txn = state.txn.borrow_mut();
-            self.call(&mut **txn, &argv, v3, state)
+            self.call(&mut **txn, Args::new(&buf, &ranges), v3, state)
         };
         if self.scripts.kill.load(Ordering::Relaxed) {
             return Err(mlua::Error::RuntimeError(
@@ -572,30 +681,23 @@ impl ScriptRun {
     fn call(
         &self,
         txn: &mut dyn ScriptTxn,
-        argv: &[Vec<u8>],
+        args: Args<'_>,
         v3: bool,
         state: &RunState<'_>,
     ) -> Vec<u8> {
         let mut out = Vec::new();
-        if argv.is_empty() {
+        if args.is_empty() {
             enc::error(
                 &mut out,
                 "ERR Please specify at least one argument for this redis lib call",
             );
             return out;
         }
-        let mut buf = Vec::new();
-        let mut ranges = Vec::with_capacity(argv.len());
-        for a in argv {
-            ranges.push(buf.len()..buf.len() + a.len());
-            buf.extend_from_slice(a);
-        }
-        let args = Args::new(&buf, &ranges);
         let Some(spec) = lookup(args.get(0)) else {
             enc::error(&mut out, "ERR Unknown Redis command called from script");
             return out;
         };
-        let n = argv.len() as i32;
+        let n = args.len() as i32;
         if (spec.arity > 0 && n != spec.arity) || (spec.arity < 0 && n < -spec.arity) {
             enc::error(
                 &mut out,
@@ -611,7 +713,7 @@ impl ScriptRun {
             return out;
         }
         if let Some(permit) = &self.permit {
-            let all: Vec<&[u8]> = argv.iter().map(Vec::as_slice).collect();
+            let all: Vec<&[u8]> = (0..args.len()).map(|i| args.get(i)).collect();
             if let Err(why) = permit(spec, &all) {
                 let msg = if why.contains("to run the") {
                     "ERR The user executing the script can't run this command or subcommand"
@@ -665,16 +767,16 @@ impl ScriptRun {
             }
         } else {
             match spec.cmd {
-                Cmd::Ping if argv.len() > 1 => enc::bulk(&mut out, &argv[1]),
+                Cmd::Ping if args.len() > 1 => enc::bulk(&mut out, args.get(1)),
                 Cmd::Ping => enc::simple(&mut out, "PONG"),
-                Cmd::Echo => enc::bulk(&mut out, &argv[1]),
+                Cmd::Echo => enc::bulk(&mut out, args.get(1)),
                 // PUBLISH may replicate: Redis refuses it in read-only scripts too.
                 Cmd::Publish if self.read_only => enc::error(
                     &mut out,
                     "ERR Write commands are not allowed from read-only scripts.",
                 ),
                 Cmd::Publish => match self.scripts.publisher.get() {
-                    Some(publish) => enc::int(&mut out, publish(&argv[1], &argv[2]) as i64),
+                    Some(publish) => enc::int(&mut out, publish(args.get(1), args.get(2)) as i64),
                     None => enc::error(
                         &mut out,
                         "ERR This Redis command is not allowed from script",
@@ -905,6 +1007,7 @@ fn new_vm(scripts: Arc<Scripts>) -> mlua::Result<Vm> {
     Ok(Vm {
         lua,
         funcs: HashMap::new(),
+        last: None,
         generation: 0,
         runner,
     })
