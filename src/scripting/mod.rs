@@ -320,8 +320,8 @@ struct Vm {
     /// The last script run, and its function.
     last: Option<(Arc<str>, mlua::Function)>,
     generation: u64,
-    /// Runs a function under pcall (Lua-side, so error values stay Lua values).
-    runner: mlua::Function,
+    /// The names "KEYS" and "ARGV", made once.
+    names: [mlua::LuaString; 2],
 }
 
 thread_local! {
@@ -511,7 +511,7 @@ impl ScriptRun {
                 state: &state,
             };
             let _running = Running::enter(&current);
-            let r = self.call_runner(lua, &vm.runner, &func);
+            let r = self.call_protected(lua, &vm.names, &func);
             // Back in place whether or not the tables were made (a memory error there skips
             // the restore inside).
             if let Err(e) = lua.set_memory_limit(LUA_MEMORY) {
@@ -544,30 +544,32 @@ impl ScriptRun {
         }
     }
 
-    /// Sets KEYS and ARGV and calls `runner(func)`: its `pcall` results. One protected call
-    /// on the raw stack: made through `mlua`'s handles, the two tables, each string in them and
-    /// the call cost a fifth of a one-line script's time on the writer thread (a registry
-    /// reference for each value, a protected call for each step). The tables are made with
-    /// the VM's memory limit lifted (they are bounded by the request); the caller restores it.
-    fn call_runner(
+    /// Sets KEYS and ARGV and calls `func` under `lua_pcall`: (true, its first result) or
+    /// (false, the error value), as Lua's `pcall(func)` answers (the error stays a Lua value).
+    /// One protected call on the raw stack: made through `mlua`'s handles, the two tables, each
+    /// string in them and a Lua-side `pcall` wrapper cost a fifth of a one-line script's time
+    /// on the writer thread (a registry reference for each value, a protected call for each
+    /// step). The tables are made with the VM's memory limit lifted (they are bounded by the
+    /// request); the caller restores it.
+    fn call_protected(
         &self,
         lua: &Lua,
-        runner: &mlua::Function,
+        names: &[mlua::LuaString; 2],
         func: &mlua::Function,
     ) -> mlua::Result<(bool, Value)> {
         let n = self.words.ranges.len();
         let nk = self.nkeys.min(n);
-        // SAFETY: `exec_raw` runs the closure in a protected call, with `runner` and `func`
-        // at stack indexes 1 and 2. A Lua error inside (out of memory) unwinds it by longjmp,
-        // so it holds nothing to drop: borrowed slices, and `Result`s of plain numbers. Each
-        // step keeps at most three values on the stack over the two arguments, within the
-        // LUA_MINSTACK (20) slots a C function is given. The results left on the stack are
-        // the call's two.
+        // SAFETY: `exec_raw` runs the closure in a protected call, with `func` and the two
+        // names at stack indexes 1, 2 and 3. A Lua error inside (out of memory) unwinds it by
+        // longjmp, so it holds nothing to drop: borrowed slices, and `Result`s of plain
+        // numbers. Each step keeps at most three values on the stack over the arguments,
+        // within the LUA_MINSTACK (20) slots a C function is given. What it leaves on the
+        // stack are the two results.
         unsafe {
-            lua.exec_raw::<(bool, Value)>((runner, func), |state| {
+            lua.exec_raw::<(bool, Value)>((func, &names[0], &names[1]), |state| {
                 let _ = lua.set_memory_limit(0);
-                for (name, range) in [(c"KEYS", 0..nk), (c"ARGV", nk..n)] {
-                    ffi::lua_pushstring(state, name.as_ptr());
+                for (name, range) in [(2, 0..nk), (3, nk..n)] {
+                    ffi::lua_pushvalue(state, name);
                     ffi::lua_createtable(state, range.len() as i32, 0);
                     for (i, w) in self.words.slices(range).enumerate() {
                         ffi::lua_pushlstring(state, w.as_ptr().cast(), w.len());
@@ -577,7 +579,10 @@ impl ScriptRun {
                     ffi::lua_rawset(state, ffi::LUA_GLOBALSINDEX);
                 }
                 let _ = lua.set_memory_limit(LUA_MEMORY);
-                ffi::lua_call(state, 1, 2);
+                ffi::lua_settop(state, 1);
+                let status = ffi::lua_pcall(state, 0, 1, 0);
+                ffi::lua_pushboolean(state, (status == 0) as std::ffi::c_int);
+                ffi::lua_insert(state, 1);
             })
         }
     }
@@ -639,7 +644,8 @@ impl ScriptRun {
         args: mlua::MultiValue,
     ) -> mlua::Result<Value> {
         // The command's words in one buffer, as the command layer takes them.
-        let mut buf = Vec::new();
+        // Enough for most calls' words at once (growing from empty took two reallocations).
+        let mut buf = Vec::with_capacity(128);
         let mut ranges = Vec::with_capacity(args.len());
         for a in args.iter() {
             let start = buf.len();
@@ -899,7 +905,6 @@ redis.REDIS_VERSION_NUM = 0x070000
 loadfile = nil
 dofile = nil
 print = nil
-local runner = function(f) return pcall(f) end
 local readonly = function(t, k, v) error('Attempt to modify a readonly table', 2) end
 for _, name in ipairs({'redis', 'string', 'table', 'math', 'bit', 'cjson'}) do
   local real = _G[name]
@@ -911,7 +916,6 @@ setmetatable(_G, {
     error("Script attempted to access nonexistent global variable '" .. tostring(k) .. "'", 2)
   end,
 })
-return runner, redis
 "#;
 
 fn new_vm(scripts: Arc<Scripts>) -> mlua::Result<Vm> {
@@ -984,8 +988,8 @@ fn new_vm(scripts: Arc<Scripts>) -> mlua::Result<Vm> {
     g.raw_set("redis", redis)?;
     g.raw_set("bit", convert::bit_lib(&lua)?)?;
     g.raw_set("cjson", convert::cjson_lib(&lua)?)?;
-    let (runner, _redis): (mlua::Function, mlua::Table) =
-        lua.load(PRELUDE).set_name("=prelude").eval()?;
+    lua.load(PRELUDE).set_name("=prelude").exec()?;
+    let names = [lua.create_string("KEYS")?, lua.create_string("ARGV")?];
     // The time limit and SCRIPT KILL: checked every 100k instructions.
     let s = scripts;
     lua.set_hook(
@@ -1009,6 +1013,6 @@ fn new_vm(scripts: Arc<Scripts>) -> mlua::Result<Vm> {
         funcs: HashMap::new(),
         last: None,
         generation: 0,
-        runner,
+        names,
     })
 }
