@@ -1,17 +1,25 @@
 //! Lua scripting: EVAL, EVALSHA, EVAL_RO, EVALSHA_RO and SCRIPT, as Redis 7.0 runs them.
 //!
 //! A script is a transaction whose next command depends on the previous reply, so it runs
-//! where the transaction is: on the writer thread, inside the batch's one LMDB write
-//! transaction (`WriteOp::Script`, which the writer runs through `command::TxnScript`). Each
+//! where the transaction is: inside the batch's one LMDB write transaction (`WriteOp::Script`,
+//! which the writer runs through `command::TxnScript`), on whichever thread commits the batch:
+//! the worker's own when it leads (no hand-off to the writer thread and back, which cost a
+//! one-line EVAL more than the script itself), else the writer thread. A leader never keeps a
+//! script that could not be undone or that holds its worker's clients: one that runs past
+//! `LEAD_MS`, or calls PUBLISH, stops and fails its batch with `command::MOVED`; the batch is
+//! rolled back and requeued, and the writer thread runs the script again from the start (so
+//! BUSY and SCRIPT KILL reach every long script from every client, as before). Each
 //! `redis.call` is parsed by the command layer (`commands::write_op` for writes, a
 //! `commands::QueuedRead` for reads, which sees the script's writes before it) and applied at
 //! once; its reply is encoded as RESP and converted to Lua values as Redis converts them. The
 //! script's reply goes out once the batch is durable, as any write's. Read-only scripts
-//! (EVAL_RO, EVALSHA_RO) run on the writer too, for simplicity: they only refuse writes.
+//! (EVAL_RO, EVALSHA_RO) run the same way, for simplicity: they only refuse writes.
 //!
 //! A script that errors after writing keeps its writes (Redis 7); a failure of the store
-//! fails the whole batch. The Lua VM (Lua 5.1, from `mlua`) is one per writer thread, kept
-//! across scripts as Redis keeps its one; its globals are read-only. The script cache is in
+//! fails the whole batch. The Lua VM (Lua 5.1, from `mlua`) is one per thread that runs
+//! scripts (the writer, and each worker that leads one), kept across scripts as Redis keeps
+//! its one; its globals are read-only, so which VM runs a script does not show. Only one
+//! script runs at a time (the writer's lock). The script cache is in
 //! memory only (after a restart EVALSHA answers NOSCRIPT, as Redis does).
 //!
 //! The libraries: `string`, `table`, `math`, `bit` (ours) and `cjson` (encode/decode through
@@ -31,7 +39,7 @@ use std::time::Instant;
 use mlua::{Lua, LuaOptions, StdLib, Value, ffi};
 use sha1::{Digest, Sha1};
 
-use crate::command::{Outcome, REPLY_MAX, ScriptOp, ScriptTxn, TxnScript, WriteOp};
+use crate::command::{MOVED, Outcome, REPLY_MAX, ScriptOp, ScriptTxn, TxnScript, WriteOp};
 use crate::commands::{Args, Cmd, OwnedArgs, QueuedRead, ScanCursors, lookup, reads_store};
 use crate::protocol::resp::enc;
 use crate::storage::StoreError;
@@ -48,6 +56,9 @@ pub type Publish = Arc<dyn Fn(&[u8], &[u8]) -> usize + Send + Sync>;
 
 /// How much memory the Lua VM may hold.
 const LUA_MEMORY: usize = 256 << 20;
+
+/// How long a leader runs a script before moving it to the writer thread, in ms.
+const LEAD_MS: u64 = 20;
 
 pub const NOSCRIPT: &str = "NOSCRIPT No matching script. Please use EVAL.";
 pub const BUSY: &str =
@@ -336,6 +347,10 @@ struct RunState<'a> {
     err_line: Cell<usize>,
     /// A failure of the store: the batch fails.
     failed: RefCell<Option<StoreError>>,
+    /// Run by a leader (not on the writer thread): it may be moved there.
+    leader: bool,
+    /// It is being moved: it stops, and its batch goes to the writer thread undone.
+    moved: Cell<bool>,
 }
 
 /// Runs `f`, which makes Lua values from Rust, with the VM's memory limit lifted. With a limit
@@ -504,6 +519,8 @@ impl ScriptRun {
             resp3: Cell::new(false),
             err_line: Cell::new(0),
             failed: RefCell::new(None),
+            leader: !crate::command::on_writer_thread(),
+            moved: Cell::new(false),
         };
         let result = (|| -> mlua::Result<Vec<u8>> {
             let current = Current {
@@ -525,6 +542,10 @@ impl ScriptRun {
             }
             Ok(out)
         })();
+        if state.moved.get() {
+            // Whatever it answered: nothing it did is kept, the writer thread runs it again.
+            return Err(StoreError::Backend(MOVED.into()));
+        }
         if let Some(e) = state.failed.borrow_mut().take() {
             return Err(e);
         }
@@ -643,6 +664,9 @@ impl ScriptRun {
         state: &RunState<'_>,
         args: mlua::MultiValue,
     ) -> mlua::Result<Value> {
+        if state.moved.get() {
+            return Err(mlua::Error::RuntimeError(MOVED.into()));
+        }
         // The command's words in one buffer, as the command layer takes them.
         // Enough for most calls' words at once (growing from empty took two reallocations).
         let mut buf = Vec::with_capacity(128);
@@ -675,6 +699,9 @@ impl ScriptRun {
             return Err(mlua::Error::RuntimeError(
                 "ERR Script killed by user with SCRIPT KILL...".into(),
             ));
+        }
+        if state.moved.get() {
+            return Err(mlua::Error::RuntimeError(MOVED.into()));
         }
         if reply.first() == Some(&b'-') {
             // Still inside the call: the stack shows the script's line.
@@ -781,6 +808,12 @@ impl ScriptRun {
                     &mut out,
                     "ERR Write commands are not allowed from read-only scripts.",
                 ),
+                // A message cannot be taken back: a leader leaves the script to the writer
+                // thread, which never gives a batch back.
+                Cmd::Publish if state.leader => {
+                    state.moved.set(true);
+                    enc::error(&mut out, MOVED);
+                }
                 Cmd::Publish => match self.scripts.publisher.get() {
                     Some(publish) => enc::int(&mut out, publish(args.get(1), args.get(2)) as i64),
                     None => enc::error(
@@ -1004,6 +1037,20 @@ fn new_vm(scripts: Arc<Scripts>) -> mlua::Result<Vm> {
                 return Err(mlua::Error::RuntimeError(
                     "ERR Script killed by user with SCRIPT KILL...".into(),
                 ));
+            }
+            // A leader's script that runs long moves to the writer thread, where other clients
+            // of the leader's worker get BUSY and can SCRIPT KILL it, as everyone can there.
+            let overdue = now_ms().saturating_sub(started) >= LEAD_MS;
+            let moves = overdue
+                && Running::with(|_, state| {
+                    if state.leader {
+                        state.moved.set(true);
+                    }
+                    Ok(state.moved.get())
+                })
+                .unwrap_or(false);
+            if moves {
+                return Err(mlua::Error::RuntimeError(MOVED.into()));
             }
             Ok(mlua::VmState::Continue)
         },
