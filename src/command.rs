@@ -285,6 +285,10 @@ impl PartialEq for ScriptOp {
 /// act outside the transaction (PUBLISH), so its batch goes back, undone, to the writer thread.
 pub trait TxnScript: Send + Sync + std::fmt::Debug {
     fn run(&self, txn: &mut dyn ScriptTxn) -> Result<Outcome, crate::storage::StoreError>;
+    /// Whether a leader may run it (not once it has moved: it would again).
+    fn leads(&self) -> bool {
+        true
+    }
 }
 
 /// The text of the `StoreError::Backend` a script that left its leader for the writer thread

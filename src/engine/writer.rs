@@ -1735,10 +1735,11 @@ const LEAD_TRIES: usize = 8;
 /// are a transaction that may (or reads collections inside the write transaction). A script
 /// is led like a string write: one that writes collections comes back `Held` (its reply waits
 /// for the writer thread's LMDB commit), and one that runs long or publishes fails its batch
-/// with `command::MOVED`, which comes back `Requeue` (see `scripting`).
+/// with `command::MOVED`, which comes back `Requeue` (see `scripting`), and is not led again.
 fn for_writer_thread(op: &WriteOp) -> bool {
     match op {
         WriteOp::Coll(_) | WriteOp::FlushAll { .. } | WriteOp::Block { .. } => true,
+        WriteOp::Script(x) => !x.run.leads(),
         WriteOp::Exec(x) => x.steps.iter().any(|s| match s {
             Step::Write(w) => for_writer_thread(w),
             Step::Read(_) => false,

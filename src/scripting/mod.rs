@@ -93,21 +93,40 @@ pub struct Scripts {
 /// a one-line EVAL's time on the worker).
 #[derive(Default)]
 struct Cache {
-    by_sha: HashMap<Arc<str>, Arc<[u8]>>,
-    by_body: HashMap<Arc<[u8]>, Arc<str>>,
+    by_sha: HashMap<Arc<str>, Arc<Script>>,
+    by_body: HashMap<Arc<[u8]>, Arc<Script>>,
+}
+
+/// A cached script.
+#[derive(Debug)]
+struct Script {
+    sha: Arc<str>,
+    body: Arc<[u8]>,
+    /// It has moved from a leader to the writer thread (it ran long, or publishes): it runs
+    /// there from now on, so leaders' batches are not rolled back for it again and again.
+    writer_only: AtomicBool,
+}
+
+impl Script {
+    fn new(body: &[u8]) -> Arc<Script> {
+        Arc::new(Script {
+            sha: sha1hex(body).into(),
+            body: body.into(),
+            writer_only: AtomicBool::new(false),
+        })
+    }
 }
 
 impl Cache {
-    /// The SHA-1 and the cached copy of `body`, caching it if new.
-    fn load(&mut self, body: &[u8]) -> (Arc<str>, Arc<[u8]>) {
-        if let Some((b, sha)) = self.by_body.get_key_value(body) {
-            return (sha.clone(), b.clone());
+    /// The cached script of `body`, caching it if new.
+    fn load(&mut self, body: &[u8]) -> Arc<Script> {
+        if let Some(script) = self.by_body.get(body) {
+            return script.clone();
         }
-        let sha: Arc<str> = sha1hex(body).into();
-        let b: Arc<[u8]> = body.into();
-        self.by_sha.insert(sha.clone(), b.clone());
-        self.by_body.insert(b.clone(), sha.clone());
-        (sha, b)
+        let script = Script::new(body);
+        self.by_sha.insert(script.sha.clone(), script.clone());
+        self.by_body.insert(script.body.clone(), script.clone());
+        script
     }
 
     fn clear(&mut self) {
@@ -157,23 +176,21 @@ impl Scripts {
     }
 
     pub fn load(&self, body: &[u8]) -> String {
-        self.load_body(body).0.to_string()
+        self.load_body(body).sha.to_string()
     }
 
-    /// Caches `body`: its SHA-1 and the cached copy (one lock).
-    fn load_body(&self, body: &[u8]) -> (Arc<str>, Arc<[u8]>) {
+    /// Caches `body` (one lock).
+    fn load_body(&self, body: &[u8]) -> Arc<Script> {
         match self.bodies.lock() {
             Ok(mut m) => m.load(body),
-            Err(_) => (sha1hex(body).into(), body.into()),
+            Err(_) => Script::new(body),
         }
     }
 
-    /// The cached script named `sha` (any case): its name in lowercase and its body.
-    fn get(&self, sha: &[u8]) -> Option<(Arc<str>, Arc<[u8]>)> {
+    /// The cached script named `sha` (any case).
+    fn get(&self, sha: &[u8]) -> Option<Arc<Script>> {
         let sha = std::str::from_utf8(sha).ok()?.to_ascii_lowercase();
-        let m = self.bodies.lock().ok()?;
-        let (k, v) = m.by_sha.get_key_value(sha.as_str())?;
-        Some((k.clone(), v.clone()))
+        self.bodies.lock().ok()?.by_sha.get(sha.as_str()).cloned()
     }
 
     /// SCRIPT LOAD|EXISTS|FLUSH|KILL|HELP (the arity is checked by the caller).
@@ -245,7 +262,7 @@ impl Scripts {
         if numkeys as usize > args.len() - 3 {
             return Err("ERR Number of keys can't be greater than number of args".into());
         }
-        let (sha, body) = if by_sha {
+        let script = if by_sha {
             self.get(args.get(1)).ok_or_else(|| NOSCRIPT.to_string())?
         } else {
             // EVAL caches its script, as Redis does.
@@ -255,8 +272,7 @@ impl Scripts {
         let words = Words::new(args, 3);
         let run = ScriptRun {
             scripts: self.clone(),
-            sha,
-            body,
+            script,
             nkeys: numkeys as usize,
             words,
             read_only,
@@ -300,8 +316,7 @@ impl Words {
 /// One script call, for the writer.
 struct ScriptRun {
     scripts: Arc<Scripts>,
-    sha: Arc<str>,
-    body: Arc<[u8]>,
+    script: Arc<Script>,
     /// How many of `words` are KEYS (the rest are ARGV).
     nkeys: usize,
     words: Words,
@@ -316,7 +331,7 @@ struct ScriptRun {
 impl std::fmt::Debug for ScriptRun {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ScriptRun")
-            .field("sha", &self.sha)
+            .field("sha", &self.script.sha)
             .field("keys", &self.nkeys)
             .field("argv", &(self.words.ranges.len() - self.nkeys))
             .field("read_only", &self.read_only)
@@ -421,6 +436,10 @@ impl Drop for Running {
 }
 
 impl TxnScript for ScriptRun {
+    fn leads(&self) -> bool {
+        !self.script.writer_only.load(Ordering::Relaxed)
+    }
+
     fn run(&self, txn: &mut dyn ScriptTxn) -> Result<Outcome, StoreError> {
         let s = &self.scripts;
         s.kill.store(false, Ordering::Relaxed);
@@ -485,17 +504,19 @@ impl ScriptRun {
         let mut out = Vec::new();
         let func = match &vm.last {
             // The script of the EVAL before (most often the same one): no lookup.
-            Some((sha, f)) if Arc::ptr_eq(sha, &self.sha) || **sha == *self.sha => f.clone(),
-            _ => match vm.funcs.get(&self.sha) {
+            Some((sha, f)) if Arc::ptr_eq(sha, &self.script.sha) || **sha == *self.script.sha => {
+                f.clone()
+            }
+            _ => match vm.funcs.get(&self.script.sha) {
                 Some(f) => f.clone(),
                 None => match vm
                     .lua
-                    .load(&self.body[..])
+                    .load(&self.script.body[..])
                     .set_name("@user_script")
                     .into_function()
                 {
                     Ok(f) => {
-                        vm.funcs.insert(self.sha.clone(), f.clone());
+                        vm.funcs.insert(self.script.sha.clone(), f.clone());
                         f
                     }
                     Err(e) => {
@@ -512,7 +533,7 @@ impl ScriptRun {
                 },
             },
         };
-        vm.last = Some((self.sha.clone(), func.clone()));
+        vm.last = Some((self.script.sha.clone(), func.clone()));
         let lua = &vm.lua;
         let state = RunState {
             txn: RefCell::new(txn),
@@ -544,6 +565,7 @@ impl ScriptRun {
         })();
         if state.moved.get() {
             // Whatever it answered: nothing it did is kept, the writer thread runs it again.
+            self.script.writer_only.store(true, Ordering::Relaxed);
             return Err(StoreError::Backend(MOVED.into()));
         }
         if let Some(e) = state.failed.borrow_mut().take() {
@@ -556,7 +578,7 @@ impl ScriptRun {
                     &mut out,
                     &format!(
                         "ERR Error running script {}: {}",
-                        self.sha,
+                        self.script.sha,
                         e.to_string().lines().next().unwrap_or("")
                     ),
                 );
@@ -649,9 +671,9 @@ impl ScriptRun {
         let msg = if msg.contains(" script: ") {
             msg
         } else if line > 0 {
-            format!("{msg} script: {}, on @user_script:{line}.", self.sha)
+            format!("{msg} script: {}, on @user_script:{line}.", self.script.sha)
         } else {
-            format!("{msg} script: {}, on @user_script.", self.sha)
+            format!("{msg} script: {}, on @user_script.", self.script.sha)
         };
         enc::error(out, &msg);
     }
