@@ -280,9 +280,34 @@ impl PartialEq for ScriptOp {
 }
 
 /// A script the writer runs: it calls back into `ScriptTxn` for each command. Err is a failure
-/// of the store, which fails the whole batch (the script's writes with it).
+/// of the store, which fails the whole batch (the script's writes with it), or, for a script a
+/// leader runs (any thread but the writer thread), `MOVED`: the script ran long or was about to
+/// act outside the transaction (PUBLISH), so its batch goes back, undone, to the writer thread.
 pub trait TxnScript: Send + Sync + std::fmt::Debug {
     fn run(&self, txn: &mut dyn ScriptTxn) -> Result<Outcome, crate::storage::StoreError>;
+    /// Whether a leader may run it (not once it has moved: it would again).
+    fn leads(&self) -> bool {
+        true
+    }
+}
+
+/// The text of the `StoreError::Backend` a script that left its leader for the writer thread
+/// fails its leader's batch with (the leader requeues it: see `TxnScript`).
+pub const MOVED: &str = "the script moves to the writer thread";
+
+thread_local! {
+    static WRITER_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks the calling thread as the writer thread (called once, by it).
+pub fn mark_writer_thread() {
+    WRITER_THREAD.with(|w| w.set(true));
+}
+
+/// Whether the calling thread is the writer thread (else a leader: a worker committing its own
+/// writes, which may give a batch back to the writer thread).
+pub fn on_writer_thread() -> bool {
+    WRITER_THREAD.with(std::cell::Cell::get)
 }
 
 /// The open write transaction as a script sees it: apply a write, or run a read that sees

@@ -1583,6 +1583,7 @@ fn run<T: Send + Clone>(
     rx: Receiver<Submission<T>>,
     queued: Arc<AtomicUsize>,
 ) {
+    crate::command::mark_writer_thread();
     let mut batch: Vec<Submission<T>> = Vec::new();
     let mut next_sweep = Instant::now();
     let (sync, sync_interval, max_batch) = {
@@ -1750,13 +1751,14 @@ const LEAD_TRIES: usize = 8;
 
 /// Writes a leader leaves to the writer thread: they change collections (readers may see
 /// them only once LMDB has them, and only the writer thread commits) or clear the store, or
-/// are a transaction that may (or reads collections inside the write transaction).
+/// are a transaction that may (or reads collections inside the write transaction). A script
+/// is led like a string write: one that writes collections comes back `Held` (its reply waits
+/// for the writer thread's LMDB commit), and one that runs long or publishes fails its batch
+/// with `command::MOVED`, which comes back `Requeue` (see `scripting`), and is not led again.
 fn for_writer_thread(op: &WriteOp) -> bool {
     match op {
-        WriteOp::Coll(_)
-        | WriteOp::FlushAll { .. }
-        | WriteOp::Block { .. }
-        | WriteOp::Script(_) => true,
+        WriteOp::Coll(_) | WriteOp::FlushAll { .. } | WriteOp::Block { .. } => true,
+        WriteOp::Script(x) => !x.run.leads(),
         WriteOp::Exec(x) => x.steps.iter().any(|s| match s {
             Step::Write(w) => for_writer_thread(w),
             Step::Read(_) => false,

@@ -17,14 +17,6 @@ use crate::protocol::resp::enc;
 /// Deepest table nesting a reply converts (a table holding itself stops here).
 const DEPTH_MAX: usize = 200;
 
-pub fn string_list(lua: &Lua, items: &[Vec<u8>]) -> mlua::Result<Table> {
-    let t = lua.create_table_with_capacity(items.len(), 0)?;
-    for (i, it) in items.iter().enumerate() {
-        t.raw_set(i + 1, lua.create_string(it)?)?;
-    }
-    Ok(t)
-}
-
 /// A Lua number as a command argument: integers without a fraction, else 17 digits.
 pub fn number_text(n: f64) -> String {
     if n.fract() == 0.0 && n.abs() < 1e17 {

@@ -1,17 +1,25 @@
 //! Lua scripting: EVAL, EVALSHA, EVAL_RO, EVALSHA_RO and SCRIPT, as Redis 7.0 runs them.
 //!
 //! A script is a transaction whose next command depends on the previous reply, so it runs
-//! where the transaction is: on the writer thread, inside the batch's one LMDB write
-//! transaction (`WriteOp::Script`, which the writer runs through `command::TxnScript`). Each
+//! where the transaction is: inside the batch's one LMDB write transaction (`WriteOp::Script`,
+//! which the writer runs through `command::TxnScript`), on whichever thread commits the batch:
+//! the worker's own when it leads (no hand-off to the writer thread and back, which cost a
+//! one-line EVAL more than the script itself), else the writer thread. A leader never keeps a
+//! script that could not be undone or that holds its worker's clients: one that runs past
+//! `LEAD_MS`, or calls PUBLISH, stops and fails its batch with `command::MOVED`; the batch is
+//! rolled back and requeued, and the writer thread runs the script again from the start (so
+//! BUSY and SCRIPT KILL reach every long script from every client, as before). Each
 //! `redis.call` is parsed by the command layer (`commands::write_op` for writes, a
 //! `commands::QueuedRead` for reads, which sees the script's writes before it) and applied at
 //! once; its reply is encoded as RESP and converted to Lua values as Redis converts them. The
 //! script's reply goes out once the batch is durable, as any write's. Read-only scripts
-//! (EVAL_RO, EVALSHA_RO) run on the writer too, for simplicity: they only refuse writes.
+//! (EVAL_RO, EVALSHA_RO) run the same way, for simplicity: they only refuse writes.
 //!
 //! A script that errors after writing keeps its writes (Redis 7); a failure of the store
-//! fails the whole batch. The Lua VM (Lua 5.1, from `mlua`) is one per writer thread, kept
-//! across scripts as Redis keeps its one; its globals are read-only. The script cache is in
+//! fails the whole batch. The Lua VM (Lua 5.1, from `mlua`) is one per thread that runs
+//! scripts (the writer, and each worker that leads one), kept across scripts as Redis keeps
+//! its one; its globals are read-only, so which VM runs a script does not show. Only one
+//! script runs at a time (the writer's lock). The script cache is in
 //! memory only (after a restart EVALSHA answers NOSCRIPT, as Redis does).
 //!
 //! The libraries: `string`, `table`, `math`, `bit` (ours) and `cjson` (encode/decode through
@@ -28,10 +36,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use mlua::{Lua, LuaOptions, StdLib, Value};
+use mlua::{Lua, LuaOptions, StdLib, Value, ffi};
 use sha1::{Digest, Sha1};
 
-use crate::command::{Outcome, REPLY_MAX, ScriptOp, ScriptTxn, TxnScript, WriteOp};
+use crate::command::{MOVED, Outcome, REPLY_MAX, ScriptOp, ScriptTxn, TxnScript, WriteOp};
 use crate::commands::{Args, Cmd, OwnedArgs, QueuedRead, ScanCursors, lookup, reads_store};
 use crate::protocol::resp::enc;
 use crate::storage::StoreError;
@@ -49,6 +57,9 @@ pub type Publish = Arc<dyn Fn(&[u8], &[u8]) -> usize + Send + Sync>;
 /// How much memory the Lua VM may hold.
 const LUA_MEMORY: usize = 256 << 20;
 
+/// How long a leader runs a script before moving it to the writer thread, in ms.
+const LEAD_MS: u64 = 20;
+
 pub const NOSCRIPT: &str = "NOSCRIPT No matching script. Please use EVAL.";
 pub const BUSY: &str =
     "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.";
@@ -58,7 +69,7 @@ const NOTBUSY: &str = "NOTBUSY No scripts in execution right now.";
 /// The script cache and the state of the running script, shared by the workers and the writer.
 #[derive(Default)]
 pub struct Scripts {
-    bodies: Mutex<HashMap<String, Arc<[u8]>>>,
+    bodies: Mutex<Cache>,
     /// Bumped by SCRIPT FLUSH: the VM drops its compiled functions.
     generation: AtomicU64,
     /// A script is running (set by the writer for each script).
@@ -75,6 +86,53 @@ pub struct Scripts {
     pub time_limit_ms: AtomicU64,
     /// PUBLISH from scripts (None: answered as not allowed).
     publisher: std::sync::OnceLock<Publish>,
+}
+
+/// The script cache: bodies by SHA-1, and the SHA-1 of each body, so that an EVAL of a cached
+/// script finds its name by one hash lookup of the body instead of a SHA-1 of it (a tenth of
+/// a one-line EVAL's time on the worker).
+#[derive(Default)]
+struct Cache {
+    by_sha: HashMap<Arc<str>, Arc<Script>>,
+    by_body: HashMap<Arc<[u8]>, Arc<Script>>,
+}
+
+/// A cached script.
+#[derive(Debug)]
+struct Script {
+    sha: Arc<str>,
+    body: Arc<[u8]>,
+    /// It has moved from a leader to the writer thread (it ran long, or publishes): it runs
+    /// there from now on, so leaders' batches are not rolled back for it again and again.
+    writer_only: AtomicBool,
+}
+
+impl Script {
+    fn new(body: &[u8]) -> Arc<Script> {
+        Arc::new(Script {
+            sha: sha1hex(body).into(),
+            body: body.into(),
+            writer_only: AtomicBool::new(false),
+        })
+    }
+}
+
+impl Cache {
+    /// The cached script of `body`, caching it if new.
+    fn load(&mut self, body: &[u8]) -> Arc<Script> {
+        if let Some(script) = self.by_body.get(body) {
+            return script.clone();
+        }
+        let script = Script::new(body);
+        self.by_sha.insert(script.sha.clone(), script.clone());
+        self.by_body.insert(script.body.clone(), script.clone());
+        script
+    }
+
+    fn clear(&mut self) {
+        self.by_sha.clear();
+        self.by_body.clear();
+    }
 }
 
 /// The SHA-1 of a script body in lowercase hex.
@@ -118,22 +176,21 @@ impl Scripts {
     }
 
     pub fn load(&self, body: &[u8]) -> String {
-        self.load_body(body).0
+        self.load_body(body).sha.to_string()
     }
 
-    /// Caches `body`: its SHA-1 and the cached copy (one lock).
-    fn load_body(&self, body: &[u8]) -> (String, Arc<[u8]>) {
-        let sha = sha1hex(body);
-        let cached = match self.bodies.lock() {
-            Ok(mut m) => m.entry(sha.clone()).or_insert_with(|| body.into()).clone(),
-            Err(_) => body.into(),
-        };
-        (sha, cached)
+    /// Caches `body` (one lock).
+    fn load_body(&self, body: &[u8]) -> Arc<Script> {
+        match self.bodies.lock() {
+            Ok(mut m) => m.load(body),
+            Err(_) => Script::new(body),
+        }
     }
 
-    fn get(&self, sha: &[u8]) -> Option<Arc<[u8]>> {
+    /// The cached script named `sha` (any case).
+    fn get(&self, sha: &[u8]) -> Option<Arc<Script>> {
         let sha = std::str::from_utf8(sha).ok()?.to_ascii_lowercase();
-        self.bodies.lock().ok()?.get(&sha).cloned()
+        self.bodies.lock().ok()?.by_sha.get(sha.as_str()).cloned()
     }
 
     /// SCRIPT LOAD|EXISTS|FLUSH|KILL|HELP (the arity is checked by the caller).
@@ -146,7 +203,9 @@ impl Scripts {
             enc::array(out, args.len() - 2);
             for i in 2..args.len() {
                 let sha = String::from_utf8_lossy(args.get(i)).to_ascii_lowercase();
-                let found = m.as_ref().is_some_and(|m| m.contains_key(&sha));
+                let found = m
+                    .as_ref()
+                    .is_some_and(|m| m.by_sha.contains_key(sha.as_str()));
                 enc::int(out, found as i64);
             }
         } else if args.is(1, "flush") {
@@ -203,25 +262,19 @@ impl Scripts {
         if numkeys as usize > args.len() - 3 {
             return Err("ERR Number of keys can't be greater than number of args".into());
         }
-        let (sha, body) = if by_sha {
-            let body = self.get(args.get(1)).ok_or_else(|| NOSCRIPT.to_string())?;
-            (
-                String::from_utf8_lossy(args.get(1)).to_ascii_lowercase(),
-                body,
-            )
+        let script = if by_sha {
+            self.get(args.get(1)).ok_or_else(|| NOSCRIPT.to_string())?
         } else {
             // EVAL caches its script, as Redis does.
             self.load_body(args.get(1))
         };
-        let nk = numkeys as usize;
-        let keys = (3..3 + nk).map(|i| args.get(i).to_vec()).collect();
-        let argv = (3 + nk..args.len()).map(|i| args.get(i).to_vec()).collect();
+        // KEYS then ARGV, in one buffer (two allocations, whatever their number).
+        let words = Words::new(args, 3);
         let run = ScriptRun {
             scripts: self.clone(),
-            sha,
-            body,
-            keys,
-            argv,
+            script,
+            nkeys: numkeys as usize,
+            words,
             read_only,
             v3,
             max_bulk,
@@ -232,13 +285,41 @@ impl Scripts {
     }
 }
 
+/// Arguments of a request from one index on, copied into one buffer.
+struct Words {
+    buf: Vec<u8>,
+    ranges: Vec<std::ops::Range<usize>>,
+}
+
+impl Words {
+    fn new(args: Args<'_>, from: usize) -> Words {
+        let n = args.len().saturating_sub(from);
+        let size = (from..args.len()).map(|i| args.get(i).len()).sum();
+        let mut w = Words {
+            buf: Vec::with_capacity(size),
+            ranges: Vec::with_capacity(n),
+        };
+        for i in from..args.len() {
+            let a = args.get(i);
+            w.ranges.push(w.buf.len()..w.buf.len() + a.len());
+            w.buf.extend_from_slice(a);
+        }
+        w
+    }
+
+    /// Words `range` (by index) as byte slices.
+    fn slices(&self, range: std::ops::Range<usize>) -> impl Iterator<Item = &[u8]> {
+        self.ranges[range].iter().map(|r| &self.buf[r.clone()])
+    }
+}
+
 /// One script call, for the writer.
 struct ScriptRun {
     scripts: Arc<Scripts>,
-    sha: String,
-    body: Arc<[u8]>,
-    keys: Vec<Vec<u8>>,
-    argv: Vec<Vec<u8>>,
+    script: Arc<Script>,
+    /// How many of `words` are KEYS (the rest are ARGV).
+    nkeys: usize,
+    words: Words,
     read_only: bool,
     /// The caller's protocol: the script's reply is encoded in it.
     v3: bool,
@@ -250,9 +331,9 @@ struct ScriptRun {
 impl std::fmt::Debug for ScriptRun {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ScriptRun")
-            .field("sha", &self.sha)
-            .field("keys", &self.keys.len())
-            .field("argv", &self.argv.len())
+            .field("sha", &self.script.sha)
+            .field("keys", &self.nkeys)
+            .field("argv", &(self.words.ranges.len() - self.nkeys))
             .field("read_only", &self.read_only)
             .finish()
     }
@@ -261,10 +342,12 @@ impl std::fmt::Debug for ScriptRun {
 /// The writer thread's Lua VM and the scripts compiled in it.
 struct Vm {
     lua: Lua,
-    funcs: HashMap<String, mlua::Function>,
+    funcs: HashMap<Arc<str>, mlua::Function>,
+    /// The last script run, and its function.
+    last: Option<(Arc<str>, mlua::Function)>,
     generation: u64,
-    /// Runs a function under pcall (Lua-side, so error values stay Lua values).
-    runner: mlua::Function,
+    /// The names "KEYS" and "ARGV", made once.
+    names: [mlua::LuaString; 2],
 }
 
 thread_local! {
@@ -279,6 +362,10 @@ struct RunState<'a> {
     err_line: Cell<usize>,
     /// A failure of the store: the batch fails.
     failed: RefCell<Option<StoreError>>,
+    /// Run by a leader (not on the writer thread): it may be moved there.
+    leader: bool,
+    /// It is being moved: it stops, and its batch goes to the writer thread undone.
+    moved: Cell<bool>,
 }
 
 /// Runs `f`, which makes Lua values from Rust, with the VM's memory limit lifted. With a limit
@@ -349,6 +436,10 @@ impl Drop for Running {
 }
 
 impl TxnScript for ScriptRun {
+    fn leads(&self) -> bool {
+        !self.script.writer_only.load(Ordering::Relaxed)
+    }
+
     fn run(&self, txn: &mut dyn ScriptTxn) -> Result<Outcome, StoreError> {
         let s = &self.scripts;
         s.kill.store(false, Ordering::Relaxed);
@@ -407,53 +498,64 @@ impl ScriptRun {
         let generation = self.scripts.generation.load(Ordering::Relaxed);
         if vm.generation != generation {
             vm.funcs.clear();
+            vm.last = None;
             vm.generation = generation;
         }
         let mut out = Vec::new();
-        let func = match vm.funcs.get(&self.sha) {
-            Some(f) => f.clone(),
-            None => match vm
-                .lua
-                .load(&self.body[..])
-                .set_name("@user_script")
-                .into_function()
-            {
-                Ok(f) => {
-                    vm.funcs.insert(self.sha.clone(), f.clone());
-                    f
-                }
-                Err(e) => {
-                    let msg = match &e {
-                        mlua::Error::SyntaxError { message, .. } => message.clone(),
-                        other => other.to_string(),
-                    };
-                    enc::error(
-                        &mut out,
-                        &format!("ERR Error compiling script (new function): {msg}"),
-                    );
-                    return Ok(Outcome::Reply(out));
-                }
+        let func = match &vm.last {
+            // The script of the EVAL before (most often the same one): no lookup.
+            Some((sha, f)) if Arc::ptr_eq(sha, &self.script.sha) || **sha == *self.script.sha => {
+                f.clone()
+            }
+            _ => match vm.funcs.get(&self.script.sha) {
+                Some(f) => f.clone(),
+                None => match vm
+                    .lua
+                    .load(&self.script.body[..])
+                    .set_name("@user_script")
+                    .into_function()
+                {
+                    Ok(f) => {
+                        vm.funcs.insert(self.script.sha.clone(), f.clone());
+                        f
+                    }
+                    Err(e) => {
+                        let msg = match &e {
+                            mlua::Error::SyntaxError { message, .. } => message.clone(),
+                            other => other.to_string(),
+                        };
+                        enc::error(
+                            &mut out,
+                            &format!("ERR Error compiling script (new function): {msg}"),
+                        );
+                        return Ok(Outcome::Reply(out));
+                    }
+                },
             },
         };
+        vm.last = Some((self.script.sha.clone(), func.clone()));
         let lua = &vm.lua;
         let state = RunState {
             txn: RefCell::new(txn),
             resp3: Cell::new(false),
             err_line: Cell::new(0),
             failed: RefCell::new(None),
+            leader: !crate::command::on_writer_thread(),
+            moved: Cell::new(false),
         };
         let result = (|| -> mlua::Result<Vec<u8>> {
-            let g = lua.globals();
-            unbounded(lua, || {
-                g.raw_set("KEYS", convert::string_list(lua, &self.keys)?)?;
-                g.raw_set("ARGV", convert::string_list(lua, &self.argv)?)
-            })?;
             let current = Current {
                 run: self,
                 state: &state,
             };
             let _running = Running::enter(&current);
-            let r: (bool, Value) = vm.runner.call(func.clone())?;
+            let r = self.call_protected(lua, &vm.names, &func);
+            // Back in place whether or not the tables were made (a memory error there skips
+            // the restore inside).
+            if let Err(e) = lua.set_memory_limit(LUA_MEMORY) {
+                log::warn!("Lua memory limit not restored: {e}");
+            }
+            let r: (bool, Value) = r?;
             let mut out = Vec::new();
             match r {
                 (true, v) => convert::encode_reply(&mut out, &v, self.v3, state.resp3.get(), 0),
@@ -461,6 +563,11 @@ impl ScriptRun {
             }
             Ok(out)
         })();
+        if state.moved.get() {
+            // Whatever it answered: nothing it did is kept, the writer thread runs it again.
+            self.script.writer_only.store(true, Ordering::Relaxed);
+            return Err(StoreError::Backend(MOVED.into()));
+        }
         if let Some(e) = state.failed.borrow_mut().take() {
             return Err(e);
         }
@@ -471,12 +578,55 @@ impl ScriptRun {
                     &mut out,
                     &format!(
                         "ERR Error running script {}: {}",
-                        self.sha,
+                        self.script.sha,
                         e.to_string().lines().next().unwrap_or("")
                     ),
                 );
                 Ok(Outcome::Reply(out))
             }
+        }
+    }
+
+    /// Sets KEYS and ARGV and calls `func` under `lua_pcall`: (true, its first result) or
+    /// (false, the error value), as Lua's `pcall(func)` answers (the error stays a Lua value).
+    /// One protected call on the raw stack: made through `mlua`'s handles, the two tables, each
+    /// string in them and a Lua-side `pcall` wrapper cost a fifth of a one-line script's time
+    /// on the writer thread (a registry reference for each value, a protected call for each
+    /// step). The tables are made with the VM's memory limit lifted (they are bounded by the
+    /// request); the caller restores it.
+    fn call_protected(
+        &self,
+        lua: &Lua,
+        names: &[mlua::LuaString; 2],
+        func: &mlua::Function,
+    ) -> mlua::Result<(bool, Value)> {
+        let n = self.words.ranges.len();
+        let nk = self.nkeys.min(n);
+        // SAFETY: `exec_raw` runs the closure in a protected call, with `func` and the two
+        // names at stack indexes 1, 2 and 3. A Lua error inside (out of memory) unwinds it by
+        // longjmp, so it holds nothing to drop: borrowed slices, and `Result`s of plain
+        // numbers. Each step keeps at most three values on the stack over the arguments,
+        // within the LUA_MINSTACK (20) slots a C function is given. What it leaves on the
+        // stack are the two results.
+        unsafe {
+            lua.exec_raw::<(bool, Value)>((func, &names[0], &names[1]), |state| {
+                let _ = lua.set_memory_limit(0);
+                for (name, range) in [(2, 0..nk), (3, nk..n)] {
+                    ffi::lua_pushvalue(state, name);
+                    ffi::lua_createtable(state, range.len() as i32, 0);
+                    for (i, w) in self.words.slices(range).enumerate() {
+                        ffi::lua_pushlstring(state, w.as_ptr().cast(), w.len());
+                        ffi::lua_rawseti(state, -2, i as ffi::lua_Integer + 1);
+                    }
+                    // Raw: the globals' metatable refuses writes.
+                    ffi::lua_rawset(state, ffi::LUA_GLOBALSINDEX);
+                }
+                let _ = lua.set_memory_limit(LUA_MEMORY);
+                ffi::lua_settop(state, 1);
+                let status = ffi::lua_pcall(state, 0, 1, 0);
+                ffi::lua_pushboolean(state, (status == 0) as std::ffi::c_int);
+                ffi::lua_insert(state, 1);
+            })
         }
     }
 
@@ -521,9 +671,9 @@ impl ScriptRun {
         let msg = if msg.contains(" script: ") {
             msg
         } else if line > 0 {
-            format!("{msg} script: {}, on @user_script:{line}.", self.sha)
+            format!("{msg} script: {}, on @user_script:{line}.", self.script.sha)
         } else {
-            format!("{msg} script: {}, on @user_script.", self.sha)
+            format!("{msg} script: {}, on @user_script.", self.script.sha)
         };
         enc::error(out, &msg);
     }
@@ -536,12 +686,21 @@ impl ScriptRun {
         state: &RunState<'_>,
         args: mlua::MultiValue,
     ) -> mlua::Result<Value> {
-        let mut argv: Vec<Vec<u8>> = Vec::with_capacity(args.len());
+        if state.moved.get() {
+            return Err(mlua::Error::RuntimeError(MOVED.into()));
+        }
+        // The command's words in one buffer, as the command layer takes them.
+        // Enough for most calls' words at once (growing from empty took two reallocations).
+        let mut buf = Vec::with_capacity(128);
+        let mut ranges = Vec::with_capacity(args.len());
         for a in args.iter() {
+            let start = buf.len();
             match a {
-                Value::String(s) => argv.push(s.as_bytes().to_vec()),
-                Value::Integer(n) => argv.push(n.to_string().into_bytes()),
-                Value::Number(n) => argv.push(convert::number_text(*n).into_bytes()),
+                Value::String(s) => buf.extend_from_slice(&s.as_bytes()),
+                Value::Integer(n) => {
+                    buf.extend_from_slice(itoa::Buffer::new().format(*n).as_bytes())
+                }
+                Value::Number(n) => buf.extend_from_slice(convert::number_text(*n).as_bytes()),
                 _ => {
                     state.err_line.set(current_line(lua));
                     return convert::error_table(
@@ -550,16 +709,21 @@ impl ScriptRun {
                     );
                 }
             }
+            ranges.push(start..buf.len());
         }
+        drop(args);
         let v3 = state.resp3.get();
         let reply = {
             let mut txn = state.txn.borrow_mut();
-            self.call(&mut **txn, &argv, v3, state)
+            self.call(&mut **txn, Args::new(&buf, &ranges), v3, state)
         };
         if self.scripts.kill.load(Ordering::Relaxed) {
             return Err(mlua::Error::RuntimeError(
                 "ERR Script killed by user with SCRIPT KILL...".into(),
             ));
+        }
+        if state.moved.get() {
+            return Err(mlua::Error::RuntimeError(MOVED.into()));
         }
         if reply.first() == Some(&b'-') {
             // Still inside the call: the stack shows the script's line.
@@ -572,30 +736,23 @@ impl ScriptRun {
     fn call(
         &self,
         txn: &mut dyn ScriptTxn,
-        argv: &[Vec<u8>],
+        args: Args<'_>,
         v3: bool,
         state: &RunState<'_>,
     ) -> Vec<u8> {
         let mut out = Vec::new();
-        if argv.is_empty() {
+        if args.is_empty() {
             enc::error(
                 &mut out,
                 "ERR Please specify at least one argument for this redis lib call",
             );
             return out;
         }
-        let mut buf = Vec::new();
-        let mut ranges = Vec::with_capacity(argv.len());
-        for a in argv {
-            ranges.push(buf.len()..buf.len() + a.len());
-            buf.extend_from_slice(a);
-        }
-        let args = Args::new(&buf, &ranges);
         let Some(spec) = lookup(args.get(0)) else {
             enc::error(&mut out, "ERR Unknown Redis command called from script");
             return out;
         };
-        let n = argv.len() as i32;
+        let n = args.len() as i32;
         if (spec.arity > 0 && n != spec.arity) || (spec.arity < 0 && n < -spec.arity) {
             enc::error(
                 &mut out,
@@ -611,7 +768,7 @@ impl ScriptRun {
             return out;
         }
         if let Some(permit) = &self.permit {
-            let all: Vec<&[u8]> = argv.iter().map(Vec::as_slice).collect();
+            let all: Vec<&[u8]> = (0..args.len()).map(|i| args.get(i)).collect();
             if let Err(why) = permit(spec, &all) {
                 let msg = if why.contains("to run the") {
                     "ERR The user executing the script can't run this command or subcommand"
@@ -665,16 +822,22 @@ impl ScriptRun {
             }
         } else {
             match spec.cmd {
-                Cmd::Ping if argv.len() > 1 => enc::bulk(&mut out, &argv[1]),
+                Cmd::Ping if args.len() > 1 => enc::bulk(&mut out, args.get(1)),
                 Cmd::Ping => enc::simple(&mut out, "PONG"),
-                Cmd::Echo => enc::bulk(&mut out, &argv[1]),
+                Cmd::Echo => enc::bulk(&mut out, args.get(1)),
                 // PUBLISH may replicate: Redis refuses it in read-only scripts too.
                 Cmd::Publish if self.read_only => enc::error(
                     &mut out,
                     "ERR Write commands are not allowed from read-only scripts.",
                 ),
+                // A message cannot be taken back: a leader leaves the script to the writer
+                // thread, which never gives a batch back.
+                Cmd::Publish if state.leader => {
+                    state.moved.set(true);
+                    enc::error(&mut out, MOVED);
+                }
                 Cmd::Publish => match self.scripts.publisher.get() {
-                    Some(publish) => enc::int(&mut out, publish(&argv[1], &argv[2]) as i64),
+                    Some(publish) => enc::int(&mut out, publish(args.get(1), args.get(2)) as i64),
                     None => enc::error(
                         &mut out,
                         "ERR This Redis command is not allowed from script",
@@ -797,7 +960,6 @@ redis.REDIS_VERSION_NUM = 0x070000
 loadfile = nil
 dofile = nil
 print = nil
-local runner = function(f) return pcall(f) end
 local readonly = function(t, k, v) error('Attempt to modify a readonly table', 2) end
 for _, name in ipairs({'redis', 'string', 'table', 'math', 'bit', 'cjson'}) do
   local real = _G[name]
@@ -809,7 +971,6 @@ setmetatable(_G, {
     error("Script attempted to access nonexistent global variable '" .. tostring(k) .. "'", 2)
   end,
 })
-return runner, redis
 "#;
 
 fn new_vm(scripts: Arc<Scripts>) -> mlua::Result<Vm> {
@@ -882,8 +1043,8 @@ fn new_vm(scripts: Arc<Scripts>) -> mlua::Result<Vm> {
     g.raw_set("redis", redis)?;
     g.raw_set("bit", convert::bit_lib(&lua)?)?;
     g.raw_set("cjson", convert::cjson_lib(&lua)?)?;
-    let (runner, _redis): (mlua::Function, mlua::Table) =
-        lua.load(PRELUDE).set_name("=prelude").eval()?;
+    lua.load(PRELUDE).set_name("=prelude").exec()?;
+    let names = [lua.create_string("KEYS")?, lua.create_string("ARGV")?];
     // The time limit and SCRIPT KILL: checked every 100k instructions.
     let s = scripts;
     lua.set_hook(
@@ -899,13 +1060,28 @@ fn new_vm(scripts: Arc<Scripts>) -> mlua::Result<Vm> {
                     "ERR Script killed by user with SCRIPT KILL...".into(),
                 ));
             }
+            // A leader's script that runs long moves to the writer thread, where other clients
+            // of the leader's worker get BUSY and can SCRIPT KILL it, as everyone can there.
+            let overdue = now_ms().saturating_sub(started) >= LEAD_MS;
+            let moves = overdue
+                && Running::with(|_, state| {
+                    if state.leader {
+                        state.moved.set(true);
+                    }
+                    Ok(state.moved.get())
+                })
+                .unwrap_or(false);
+            if moves {
+                return Err(mlua::Error::RuntimeError(MOVED.into()));
+            }
             Ok(mlua::VmState::Continue)
         },
     )?;
     Ok(Vm {
         lua,
         funcs: HashMap::new(),
+        last: None,
         generation: 0,
-        runner,
+        names,
     })
 }
