@@ -368,3 +368,60 @@ fn a_script_publishes_to_subscribers() {
     assert!(publisher.cmd(&["DEL", "jobs:q"]).starts_with(':'));
     assert_healthy(&mut server);
 }
+
+/// A script begun on a leader (a worker that found the writer idle) that runs long, or that
+/// publishes, is taken back and run again from the start on the writer thread: its writes
+/// happen once, its message goes out once, and the next run of the same body goes straight to
+/// the writer thread. Redis has no such path; the answers are what Redis gives.
+#[test]
+fn a_script_moved_off_a_leader_writes_and_publishes_once() {
+    // `never`: no cohort rule, so whichever worker runs the EVAL leads when the writer is idle
+    // (both moves were seen in the server's debug log with these scripts).
+    let mut server = target(&["--sync", "never"]);
+    let mut c = Conn::open(&server);
+    let mut sub = Conn::open(&server);
+    sub.send(&["SUBSCRIBE", "moved"]);
+    for want in ["*3", "subscribe", "moved", ":1"] {
+        assert_eq!(sub.reply(), want);
+    }
+    assert_eq!(
+        c.cmd(&["DEL", "moved:n", "moved:s"]).chars().next(),
+        Some(':')
+    );
+    // Past the leader's 20 ms after its INCR: a loop of a few tens of millions of additions
+    // (Lua 5.1 runs it in well over 20 ms and far under the 5 s time limit).
+    let slow = "local n = redis.call('INCR', KEYS[1]) \
+                local x = 0 for i = 1, 20000000 do x = x + i end \
+                return n";
+    for want in [":1", ":2"] {
+        let t = Instant::now();
+        assert_eq!(c.cmd(&["EVAL", slow, "1", "moved:n"]), want);
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    }
+    assert_eq!(c.cmd(&["GET", "moved:n"]), "2");
+    // A write, then a message: each happens once.
+    let publishing = "redis.call('SET', KEYS[1], ARGV[1]) \
+                      return redis.call('PUBLISH', 'moved', ARGV[1])";
+    for (i, v) in ["a", "b", "c"].into_iter().enumerate() {
+        assert_eq!(
+            c.cmd(&["EVAL", publishing, "1", "moved:s", v]),
+            ":1",
+            "run {i}"
+        );
+        for want in ["*3", "message", "moved", v] {
+            assert_eq!(sub.reply(), want, "run {i}");
+        }
+        assert_eq!(c.cmd(&["GET", "moved:s"]), v);
+    }
+    // Nothing more was published.
+    sub.input
+        .get_ref()
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .expect("timeout");
+    let mut extra = String::new();
+    assert!(
+        sub.input.read_line(&mut extra).is_err(),
+        "a message published twice: {extra:?}"
+    );
+    assert_healthy(&mut server);
+}

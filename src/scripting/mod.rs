@@ -833,6 +833,7 @@ impl ScriptRun {
                 // A message cannot be taken back: a leader leaves the script to the writer
                 // thread, which never gives a batch back.
                 Cmd::Publish if state.leader => {
+                    log::debug!("a script publishes: it moves to the writer thread");
                     state.moved.set(true);
                     enc::error(&mut out, MOVED);
                 }
@@ -1065,7 +1066,10 @@ fn new_vm(scripts: Arc<Scripts>) -> mlua::Result<Vm> {
             let overdue = now_ms().saturating_sub(started) >= LEAD_MS;
             let moves = overdue
                 && Running::with(|_, state| {
-                    if state.leader {
+                    if state.leader && !state.moved.get() {
+                        log::debug!(
+                            "a script ran {LEAD_MS} ms on a leader: it moves to the writer thread"
+                        );
                         state.moved.set(true);
                     }
                     Ok(state.moved.get())
