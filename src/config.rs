@@ -554,8 +554,19 @@ impl Config {
         Ok(c)
     }
 
+    /// `replica_of` as host and port (None: a primary).
+    pub fn replica_target(&self) -> Option<(String, u16)> {
+        let (host, port) = self.replica_of.trim().rsplit_once(':')?;
+        let port = port.parse::<u16>().ok().filter(|&p| p != 0)?;
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        (!host.is_empty()).then(|| (host.to_string(), port))
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         let err = |m: &str| Err(ConfigError(m.to_string()));
+        if !self.replica_of.trim().is_empty() && self.replica_target().is_none() {
+            return err("replica_of must be HOST:PORT");
+        }
         if self.max_connections == 0 {
             return err("max_connections must be at least 1");
         }

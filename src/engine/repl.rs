@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use crate::command::{Outcome, Replicated};
 use crate::storage::StoreError;
-use crate::storage::lmdb::{DB_ELEMS, DB_META, LmdbStore, LmdbWrite};
+use crate::storage::lmdb::{DB_ELEMS, DB_META, LmdbStore, LmdbWrite, META_CAS};
 use crate::storage::wal::{Op, ops};
 
 /// Where a replica keeps its primary's replication id and its offset, in `meta`.
@@ -310,6 +310,7 @@ fn decode_position(b: &[u8]) -> Option<(String, u64)> {
 /// Applies a primary's batches to the replica's write transaction (logging them in the
 /// replica's own log batch), then records the position they bring it to.
 pub fn apply(w: &mut LmdbWrite<'_, '_>, r: &Replicated) -> Result<Outcome, StoreError> {
+    let mut cas = 0u64;
     let (store, txn) = w.parts();
     for payload in &r.payloads {
         for op in ops(payload) {
@@ -322,6 +323,12 @@ pub fn apply(w: &mut LmdbWrite<'_, '_>, r: &Replicated) -> Result<Outcome, Store
                 Op::Put { key, value, .. } => {
                     if db == DB_ELEMS {
                         store.mark_collections(txn)?;
+                    }
+                    if db == DB_META
+                        && key == META_CAS
+                        && let Ok(v) = <[u8; 8]>::try_from(value)
+                    {
+                        cas = cas.max(u64::from_le_bytes(v));
                     }
                     table.put(txn, key, value)?
                 }
@@ -336,6 +343,7 @@ pub fn apply(w: &mut LmdbWrite<'_, '_>, r: &Replicated) -> Result<Outcome, Store
         .table(DB_META)
         .ok_or_else(|| StoreError::Backend("no meta database".into()))?;
     meta.put(txn, REPL_KEY, &encode_position(&r.replid, r.offset))?;
+    w.raise_cas(cas);
     Ok(Outcome::Done)
 }
 
