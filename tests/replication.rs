@@ -142,11 +142,7 @@ impl Mc {
         self.r.read_exact(&mut v).expect("value");
         v.truncate(len);
         assert_eq!(self.line(), "END");
-        Some((
-            f[2].parse().expect("flags"),
-            f[4].parse().expect("cas"),
-            v,
-        ))
+        Some((f[2].parse().expect("flags"), f[4].parse().expect("cas"), v))
     }
 }
 
@@ -235,18 +231,12 @@ fn write_everything(p: &Server, round: u32) {
     ok(c.cmd(&format!("ZINCRBY z{n} 5 a")).clone_or_ok());
     ok(c.cmd(&format!("INCRBY counter{n} 41")));
     ok(c.cmd(&format!("INCR counter{n}")));
-    assert_eq!(
-        mc.call(&format!("set mc{n} 7 0 5\r\nhello\r\n")),
-        "STORED"
-    );
+    assert_eq!(mc.call(&format!("set mc{n} 7 0 5\r\nhello\r\n")), "STORED");
     assert_eq!(
         mc.call(&format!("set mcttl{n} 9 3600 2\r\nhi\r\n")),
         "STORED"
     );
-    assert_eq!(
-        mc.call(&format!("append mc{n} 0 0 3\r\n!!!\r\n")),
-        "STORED"
-    );
+    assert_eq!(mc.call(&format!("append mc{n} 0 0 3\r\n!!!\r\n")), "STORED");
     let (_, cas, _) = mc.gets(&format!("mc{n}")).expect("just stored");
     assert_eq!(
         mc.call(&format!("cas mc{n} 8 0 3 {cas}\r\nnew\r\n")),
@@ -309,7 +299,10 @@ fn a_replica_converges_on_every_type_and_refuses_writes() {
     write_everything(&p, 2);
     converge(&p, &r);
     assert_same(&p, &r);
-    assert!(!contents(&r).contains_key("s0"), "FLUSHALL reached the replica");
+    assert!(
+        !contents(&r).contains_key("s0"),
+        "FLUSHALL reached the replica"
+    );
 
     // Expiry: the short-lived keys are gone on both (reads of expired keys miss at once, and
     // the primary's sweep deletes them for the replica).
@@ -388,15 +381,25 @@ fn a_replica_converges_on_every_type_and_refuses_writes() {
     assert_eq!(info(&r, "slave_read_only"), "1");
     assert_eq!(info(&r, "master_replid"), info(&p, "master_replid"));
     let cli = Command::new(common::programs::tool("redis-cli"))
-        .args(["-p", &r.resp_addr().expect("resp").port().to_string(), "ROLE"])
+        .args([
+            "-p",
+            &r.resp_addr().expect("resp").port().to_string(),
+            "ROLE",
+        ])
         .output()
         .expect("run redis-cli");
     let out = String::from_utf8_lossy(&cli.stdout);
-    assert!(out.starts_with("slave\n127.0.0.1\n"), "redis-cli ROLE: {out}");
+    assert!(
+        out.starts_with("slave\n127.0.0.1\n"),
+        "redis-cli ROLE: {out}"
+    );
 }
 
 /// Writes `k<i>` from a thread until told to stop; returns the count.
-fn background_writer(p: &Server, prefix: &'static str) -> (Arc<AtomicBool>, thread::JoinHandle<u64>) {
+fn background_writer(
+    p: &Server,
+    prefix: &'static str,
+) -> (Arc<AtomicBool>, thread::JoinHandle<u64>) {
     let stop = Arc::new(AtomicBool::new(false));
     let addr = p.resp_addr().expect("resp");
     let s = stop.clone();
@@ -476,7 +479,11 @@ fn replicaof_at_run_time_then_no_one_promotes() {
     );
     converge(&p, &r);
     assert_same(&p, &r);
-    assert_eq!(resp(&r).cmd("EXISTS own"), Reply::Int(0), "the copy replaced it");
+    assert_eq!(
+        resp(&r).cmd("EXISTS own"),
+        Reply::Int(0),
+        "the copy replaced it"
+    );
     assert!(matches!(resp(&r).cmd("SET x 1"), Reply::Error(e) if e.starts_with("READONLY")));
     let mut mc = Mc::connect(&r);
     let (_, replicated_cas, _) = mc.gets("mc0").expect("replicated");

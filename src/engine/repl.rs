@@ -316,9 +316,9 @@ pub fn apply(w: &mut LmdbWrite<'_, '_>, r: &Replicated) -> Result<Outcome, Store
         for op in ops(payload) {
             let op = op.map_err(StoreError::Backend)?;
             let (Op::Put { db, .. } | Op::Del { db, .. } | Op::Clear { db }) = op;
-            let table = store
-                .table(db)
-                .ok_or_else(|| StoreError::Backend(format!("replicated record for database {db}")))?;
+            let table = store.table(db).ok_or_else(|| {
+                StoreError::Backend(format!("replicated record for database {db}"))
+            })?;
             match op {
                 Op::Put { key, value, .. } => {
                     if db == DB_ELEMS {
@@ -369,7 +369,10 @@ mod tests {
         // Past the cap the oldest frames go.
         let mut more = vec![(10, vec![3u8; 10]), (11, vec![4u8; 10])];
         hub.release(&mut more);
-        assert_eq!(hub.frames_after(0, 1 << 20, Duration::ZERO).err(), Some(Gone::NotHeld));
+        assert_eq!(
+            hub.frames_after(0, 1 << 20, Duration::ZERO).err(),
+            Some(Gone::NotHeld)
+        );
         assert_eq!(hub.offset_of_seq(8), Err(Gone::NotHeld));
         let f = hub.frames_after(30, 1 << 20, Duration::ZERO).expect("held");
         assert_eq!(f.iter().map(|f| f.seq).collect::<Vec<_>>(), vec![10, 11]);
@@ -380,8 +383,15 @@ mod tests {
         let hub = Hub::new("x".into(), 1 << 20, 0, 1);
         hub.release(&mut vec![(1, vec![0; 3])]);
         hub.release(&mut vec![(5, vec![0; 3])]);
-        assert_eq!(hub.frames_after(0, 1 << 20, Duration::ZERO).err(), Some(Gone::NotHeld));
-        assert_eq!(hub.frames_after(8, 1 << 20, Duration::ZERO).map(|f| f.len()), Ok(1));
+        assert_eq!(
+            hub.frames_after(0, 1 << 20, Duration::ZERO).err(),
+            Some(Gone::NotHeld)
+        );
+        assert_eq!(
+            hub.frames_after(8, 1 << 20, Duration::ZERO)
+                .map(|f| f.len()),
+            Ok(1)
+        );
     }
 
     #[test]

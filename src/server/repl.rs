@@ -164,9 +164,7 @@ impl Repl {
         if let Some(l) = self.link() {
             return (l.replid, l.offset);
         }
-        self.hub
-            .get()
-            .map_or((String::new(), 0), |h| h.position())
+        self.hub.get().map_or((String::new(), 0), |h| h.position())
     }
 
     /// How many replicas have acknowledged `offset`.
@@ -299,10 +297,7 @@ fn send(
         .name("memkeep-repl-ack".into())
         .spawn(move || read_acks(acks, &p))?;
     let mut out = io::BufWriter::with_capacity(64 << 10, stream);
-    let from = if offset > 0
-        && hub.can_continue(replid, offset as u64 - 1)
-        && !hub.is_replica()
-    {
+    let from = if offset > 0 && hub.can_continue(replid, offset as u64 - 1) && !hub.is_replica() {
         let from = offset as u64 - 1;
         let (id, _) = hub.position();
         write!(out, "+CONTINUE {id}\r\n")?;
@@ -361,8 +356,7 @@ fn read_acks(stream: TcpStream, peer: &Peer) {
             peer.ack.fetch_max(n, Ordering::AcqRel);
             *lock(&peer.ack_at) = Instant::now();
         }
-        prev_ack = t.eq_ignore_ascii_case("ack")
-            || (prev_ack && t.starts_with('$'));
+        prev_ack = t.eq_ignore_ascii_case("ack") || (prev_ack && t.starts_with('$'));
     }
 }
 
@@ -381,7 +375,9 @@ fn full_copy(
         if Instant::now() > give_up {
             return Err(io::Error::other("no snapshot with a known position"));
         }
-        let txn = store.read_txn().map_err(|e| io::Error::other(e.to_string()))?;
+        let txn = store
+            .read_txn()
+            .map_err(|e| io::Error::other(e.to_string()))?;
         let id = txn.id() as u64;
         match hub.seq_of_commit(id).map(|s| hub.offset_of_seq(s)) {
             Some(Ok(Some(off))) => break (txn, off),
@@ -405,7 +401,7 @@ fn full_copy(
     let flush = |buf: &mut LogBuf, out: &mut dyn Write| -> io::Result<()> {
         if !buf.is_empty() {
             let p = buf.payload();
-            out.write_all(&[b'S'])?;
+            out.write_all(b"S")?;
             out.write_all(&(p.len() as u32).to_le_bytes())?;
             out.write_all(p)?;
             buf.reset();
@@ -823,7 +819,7 @@ pub fn run(
                 }
                 i += 2;
             }
-            if args.len() % 2 == 0 {
+            if args.len().is_multiple_of(2) {
                 return enc::error(out, "ERR syntax error");
             }
             enc::ok(out);

@@ -637,8 +637,7 @@ fn check(args: Args<'_>, sess: &Session, pass: &Pass<'_>) -> Result<&'static Spe
         return Err(msg);
     }
     // A replica's data is its primary's: writes (and scripts that may write) are refused.
-    if (spec.write || matches!(spec.cmd, Cmd::Eval | Cmd::EvalSha))
-        && pass.shared.repl.is_replica()
+    if (spec.write || matches!(spec.cmd, Cmd::Eval | Cmd::EvalSha)) && pass.shared.repl.is_replica()
     {
         return Err(super::repl::readonly_error());
     }

@@ -283,10 +283,12 @@ impl Worker {
                 )
                 .min();
             // WAIT polls the replicas' acknowledgements.
-            let wake_at = wake_at.into_iter().chain(
-                (!self.repl_wait.is_empty())
-                    .then(|| Instant::now() + Duration::from_millis(5)),
-            ).min();
+            let wake_at = wake_at
+                .into_iter()
+                .chain(
+                    (!self.repl_wait.is_empty()).then(|| Instant::now() + Duration::from_millis(5)),
+                )
+                .min();
             let timeout = match (timeout, wake_at) {
                 (t, None) => t,
                 (None, Some(d)) => Some(d.saturating_duration_since(Instant::now())),
@@ -673,8 +675,14 @@ impl Worker {
                     .settle(b.id, crate::types::blocking::TIMED_OUT);
             }
             if conn.resp.psync.is_some() && !more_output && conn.inflight == 0 && !conn.broken {
-                // PSYNC: the connection becomes a replication sender's, off this loop.
+                // PSYNC: the connection becomes a replication sender's, off this loop (plain
+                // TCP only: the sender does not speak TLS).
                 let psync = conn.resp.psync.take();
+                if conn.tls.is_some() {
+                    log::warn!("{:?}: PSYNC over TLS is not supported; closing", conn.peer);
+                    close_conn(&mut self.conns, &self.poll, shared, &mut self.timers, key);
+                    continue;
+                }
                 let port = conn.resp.repl_port;
                 if let (Some((replid, offset)), Some(conn)) = (psync, self.conns.try_remove(key)) {
                     detach(conn, &self.poll, &self.shared, replid, offset, port);
@@ -809,14 +817,7 @@ impl Worker {
 }
 
 /// Hands a replica's connection to a replication sender thread (`repl.rs`).
-fn detach(
-    conn: Conn,
-    poll: &Poll,
-    shared: &Arc<Shared>,
-    replid: String,
-    offset: i64,
-    port: u16,
-) {
+fn detach(conn: Conn, poll: &Poll, shared: &Arc<Shared>, replid: String, offset: i64, port: u16) {
     if let Some(info) = &conn.resp.info {
         shared.clients.remove(info.id);
     }

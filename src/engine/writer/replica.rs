@@ -116,10 +116,7 @@ impl<T: Send + Clone> Writer<T> {
         let r = (|| -> Result<(usize, u64), String> {
             let mut file = std::fs::File::open(&x.path)
                 .map_err(|e| format!("cannot open {}: {e}", x.path.display()))?;
-            let (mut rw, _) = store
-                .write_txn()
-                .map_err(|e| e.to_string())?
-                .into_parts();
+            let (mut rw, _) = store.write_txn().map_err(|e| e.to_string())?.into_parts();
             for db in DBS {
                 store.replay(&mut rw, Op::Clear { db })?;
             }
