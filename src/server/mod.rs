@@ -483,7 +483,7 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
     shared.repl.set_gate(gate.clone());
     shared.repl.set_shared(Arc::downgrade(&shared));
     if let Some((host, port)) = cfg.replica_target() {
-        repl::replicate_from(&shared, host, port).map_err(ServerError)?;
+        repl::replicate_from(&shared, host, port, true).map_err(ServerError)?;
     }
     // Before any worker serves: a client could otherwise connect and see the server killed by
     // a SIGTERM that arrived before the handlers were in place.

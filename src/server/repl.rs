@@ -184,17 +184,32 @@ impl Repl {
 
 /// Becomes a replica of `host:port` (REPLICAOF, `replica_of`): refuses writes from now on and
 /// starts a receiver (an earlier one stops).
-pub fn replicate_from(shared: &Arc<Shared>, host: String, port: u16) -> Result<(), String> {
+/// `starting`: the server is starting with `replica_of` (the stored position is trusted).
+pub fn replicate_from(
+    shared: &Arc<Shared>,
+    host: String,
+    port: u16,
+    starting: bool,
+) -> Result<(), String> {
     let repl = &shared.repl;
     let hub = repl.hub().ok_or("replication is not set up")?;
+    let was_replica = hub.is_replica();
     hub.set_replica(true);
-    let (replid, offset) = match stored_position(&shared.store) {
-        Ok(Some(p)) => p,
-        Ok(None) => (String::new(), 0),
-        Err(e) => {
-            warn!("cannot read the stored replication position: {e}");
-            (String::new(), 0)
-        }
+    // Where to ask the primary to go on from: the position applied (a replica changing
+    // primaries), the one stored with the data (a replica starting), or none (a primary
+    // becoming a replica: its data may have diverged, so it takes a full copy).
+    let known = repl.link().map(|l| (l.replid, l.offset));
+    let (replid, offset) = match (was_replica, known) {
+        (true, Some(p)) => p,
+        (false, _) if !starting => (String::new(), 0),
+        _ => match stored_position(&shared.store) {
+            Ok(Some(p)) => p,
+            Ok(None) => (String::new(), 0),
+            Err(e) => {
+                warn!("cannot read the stored replication position: {e}");
+                (String::new(), 0)
+            }
+        },
     };
     let now = Instant::now();
     *lock(&repl.link) = Some(Link {
@@ -231,6 +246,39 @@ pub fn promote(shared: &Arc<Shared>) {
         hub.set_replica(false);
         hub.restart_stream(super::replication_id(), offset);
         info!("promoted to primary at offset {offset}");
+    }
+    // The stored position no longer describes the data once it takes writes of its own: it
+    // is cleared (through the writer, off this thread), so a restart as a replica takes a
+    // full copy instead of continuing on top of them.
+    let s = shared.clone();
+    let generation = repl.generation.load(Ordering::Acquire);
+    let spawned = std::thread::Builder::new()
+        .name("memkeep-repl-forget".into())
+        .spawn(move || {
+            let repl = &s.repl;
+            let Some(poll) = lock(&repl.poll).take() else {
+                // A new receiver holds it: it stores its own position soon enough.
+                return;
+            };
+            let mut r = Receiving {
+                shared: &s,
+                generation,
+                poll,
+                events: Events::with_capacity(4),
+            };
+            let cleared = r.write(WriteOp::Replicate(Box::new(Replicated {
+                payloads: Vec::new(),
+                replid: String::new(),
+                offset: 0,
+            })));
+            if let Err(e) = cleared {
+                warn!("cannot clear the stored replication position: {e}");
+            }
+            let Receiving { poll, .. } = r;
+            *lock(&repl.poll) = Some(poll);
+        });
+    if let Err(e) = spawned {
+        warn!("cannot clear the stored replication position: {e}");
     }
 }
 
@@ -292,10 +340,25 @@ fn send(
     // A replica that takes more than this to accept bytes is dropped (it reconnects).
     stream.set_write_timeout(Some(Duration::from_secs(30)))?;
     let acks = stream.try_clone()?;
+    let ctl = stream.try_clone()?;
     let p = peer.clone();
     std::thread::Builder::new()
         .name("memkeep-repl-ack".into())
         .spawn(move || read_acks(acks, &p))?;
+    let result = stream_to(shared, &hub, stream, replid, offset, peer);
+    // Ends the acknowledgement reader too, and tells the replica at once.
+    let _ = ctl.shutdown(std::net::Shutdown::Both);
+    result
+}
+
+fn stream_to(
+    shared: &Arc<Shared>,
+    hub: &Arc<Hub>,
+    stream: TcpStream,
+    replid: &str,
+    offset: i64,
+    peer: &Arc<Peer>,
+) -> io::Result<()> {
     let mut out = io::BufWriter::with_capacity(64 << 10, stream);
     let from = if offset > 0 && hub.can_continue(replid, offset as u64 - 1) && !hub.is_replica() {
         let from = offset as u64 - 1;
@@ -312,7 +375,7 @@ fn send(
             return Err(io::Error::other("this server is a replica itself"));
         }
         shared.repl.sync_full.fetch_add(1, Ordering::Relaxed);
-        full_copy(shared, &hub, &mut out, peer)?
+        full_copy(shared, hub, &mut out, peer)?
     };
     *lock(&peer.state) = "online";
     out.flush()?;
@@ -869,7 +932,7 @@ pub fn run(
             let Some(s) = repl.shared() else {
                 return enc::error(out, "ERR replication is not set up");
             };
-            match replicate_from(&s, host, port) {
+            match replicate_from(&s, host, port, false) {
                 Ok(()) => enc::ok(out),
                 Err(e) => enc::error(out, &format!("ERR {e}")),
             }
