@@ -393,6 +393,16 @@ fn a_replica_converges_on_every_type_and_refuses_writes() {
         out.starts_with("slave\n127.0.0.1\n"),
         "redis-cli ROLE: {out}"
     );
+
+    // Both stop on SIGTERM: the primary with a replica connected, the replica while it
+    // retries its link; both stores check clean.
+    let (mut p, mut r) = (p, r);
+    let st = p.terminate();
+    assert!(st.is_some_and(|s| s.success()), "primary stop: {st:?}");
+    let st = r.terminate();
+    assert!(st.is_some_and(|s| s.success()), "replica stop: {st:?}");
+    p.assert_check_clean();
+    r.assert_check_clean();
 }
 
 /// Writes `k<i>` from a thread until told to stop; returns the count.

@@ -593,6 +593,7 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
     drop(resp_listener);
     drop(tls_listener);
     shared.shutdown.store(true, Ordering::Release);
+    shared.repl.close();
     for h in &handles {
         h.mailbox.wake();
     }

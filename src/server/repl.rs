@@ -81,7 +81,8 @@ pub struct Link {
 /// Replication state shared by the workers, the sender threads and the receiver.
 pub struct Repl {
     hub: OnceLock<Arc<Hub>>,
-    gate: OnceLock<Gate<Tag>>,
+    /// Taken at shutdown: the writer stops only once every gate is gone.
+    gate: Mutex<Option<Gate<Tag>>>,
     /// Where the receiver's writes are answered (the writer's mailbox past the workers').
     pub mailbox: Arc<Mailbox<Tag>>,
     pub mailbox_index: usize,
@@ -99,6 +100,8 @@ pub struct Repl {
     pub resumes: AtomicU64,
     receivers: AtomicUsize,
     me: OnceLock<std::sync::Weak<Shared>>,
+    /// The receiver's socket, shut down to end its link at once (REPLICAOF).
+    sock: Mutex<Option<TcpStream>>,
 }
 
 impl Repl {
@@ -108,7 +111,7 @@ impl Repl {
         let waker = Waker::new(poll.registry(), RECEIVER_WAKER)?;
         Ok(Repl {
             hub: OnceLock::new(),
-            gate: OnceLock::new(),
+            gate: Mutex::new(None),
             mailbox: Arc::new(Mailbox::new(waker)),
             mailbox_index: workers,
             poll: Mutex::new(Some(poll)),
@@ -122,6 +125,7 @@ impl Repl {
             resumes: AtomicU64::new(0),
             receivers: AtomicUsize::new(0),
             me: OnceLock::new(),
+            sock: Mutex::new(None),
         })
     }
 
@@ -139,7 +143,15 @@ impl Repl {
     }
 
     pub fn set_gate(&self, gate: Gate<Tag>) {
-        let _ = self.gate.set(gate);
+        *lock(&self.gate) = Some(gate);
+    }
+
+    /// Shutdown: the receiver stops (its link is cut) and the writer's gate is let go, so the
+    /// writer can stop; senders see the shutdown flag and end.
+    pub fn close(&self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        self.cut_link();
+        lock(&self.gate).take();
     }
 
     pub fn hub(&self) -> Option<&Arc<Hub>> {
@@ -173,6 +185,13 @@ impl Repl {
             .iter()
             .filter(|p| p.ack.load(Ordering::Acquire) >= offset)
             .count()
+    }
+
+    /// Ends the current receiver's connection (it notices its generation changed).
+    fn cut_link(&self) {
+        if let Some(s) = lock(&self.sock).take() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
     }
 
     fn set_link(&self, f: impl FnOnce(&mut Link)) {
@@ -222,6 +241,7 @@ pub fn replicate_from(
         offset,
     });
     let generation = repl.generation.fetch_add(1, Ordering::AcqRel) + 1;
+    repl.cut_link();
     let s = shared.clone();
     std::thread::Builder::new()
         .name("memkeep-repl-in".into())
@@ -235,6 +255,7 @@ pub fn replicate_from(
 pub fn promote(shared: &Arc<Shared>) {
     let repl = &shared.repl;
     repl.generation.fetch_add(1, Ordering::AcqRel);
+    repl.cut_link();
     let link = lock(&repl.link).take();
     // The receiver may be applying a group: wait for it to notice (it checks between groups).
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -545,10 +566,9 @@ impl Receiving<'_> {
             return Err(LinkError::Superseded);
         }
         let repl = &self.shared.repl;
-        let gate = repl
-            .gate
-            .get()
-            .ok_or_else(|| LinkError::Proto("no writer".into()))?;
+        let gate = lock(&repl.gate)
+            .clone()
+            .ok_or_else(|| LinkError::Proto("the writer has stopped".into()))?;
         let tag = Tag {
             slot: u32::MAX,
             epoch: 0,
@@ -678,6 +698,10 @@ fn link_once(r: &mut Receiving<'_>, host: &str, port: u16) -> Result<(), LinkErr
     stream.set_nodelay(true)?;
     stream.set_read_timeout(Some(LINK_TIMEOUT))?;
     stream.set_write_timeout(Some(LINK_TIMEOUT))?;
+    *lock(&repl.sock) = Some(stream.try_clone()?);
+    if !r.current() {
+        return Err(LinkError::Superseded);
+    }
     let mut out = stream.try_clone()?;
     let mut input = BufReader::with_capacity(256 << 10, stream);
     let touch = |repl: &Repl| repl.set_link(|l| l.last_io = Instant::now());
