@@ -394,6 +394,37 @@ fn a_replica_converges_on_every_type_and_refuses_writes() {
         "redis-cli ROLE: {out}"
     );
 
+    // redis-py parses both as it parses Redis's.
+    let script = r#"
+import sys, redis
+rep = redis.Redis(port=int(sys.argv[1]))
+pri = redis.Redis(port=int(sys.argv[2]))
+role = rep.role()
+assert role[0] in (b"slave", "slave") and role[3] in (b"connected", "connected"), role
+i = rep.info("replication")
+assert i["role"] == "slave" and i["master_link_status"] == "up", i
+assert i["slave_read_only"] == 1 and i["master_port"] == int(sys.argv[2]), i
+j = pri.info("replication")
+assert j["role"] == "master" and j["connected_slaves"] == 1, j
+assert j["slave0"]["state"] == "online" and j["slave0"]["port"] == int(sys.argv[1]), j
+assert j["master_repl_offset"] == i["slave_repl_offset"], (i, j)
+try:
+    rep.set("x", 1)
+    raise SystemExit("a write on the replica succeeded")
+except redis.exceptions.ReadOnlyError:
+    pass
+print("ok")
+"#;
+    let run = common::programs::python(
+        script,
+        &[
+            r.resp_addr().expect("resp").port().to_string(),
+            p.resp_addr().expect("resp").port().to_string(),
+        ],
+    )
+    .success(&[&p, &r]);
+    assert!(run.stdout.contains("ok"), "{}", run.describe());
+
     // Both stop on SIGTERM: the primary with a replica connected, the replica while it
     // retries its link; both stores check clean.
     let (mut p, mut r) = (p, r);
