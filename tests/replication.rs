@@ -349,6 +349,15 @@ fn a_replica_converges_on_every_type_and_refuses_writes() {
     assert_eq!(c.cmd("WAIT 1 10000"), Reply::Int(1));
     assert_eq!(c.cmd("WAIT 2 100"), Reply::Int(1), "only one replica");
     assert_eq!(resp(&r).cmd("GET waited"), Reply::bulk("1"));
+    // In a transaction it answers at once.
+    assert_eq!(c.cmd("MULTI"), Reply::Simple("OK".into()));
+    assert_eq!(c.cmd("SET inmulti 1"), Reply::Simple("QUEUED".into()));
+    assert_eq!(c.cmd("WAIT 5 0"), Reply::Simple("QUEUED".into()));
+    match c.cmd("EXEC") {
+        Reply::Array(Some(v)) => assert_eq!(v[1], Reply::Int(1), "{v:?}"),
+        other => panic!("EXEC: {other:?}"),
+    }
+    assert!(matches!(resp(&r).cmd("WAIT 1 10"), Reply::Error(e) if e.contains("replica")));
 
     // ROLE and INFO as Redis's replica and primary show them.
     let rport = p.resp_addr().expect("resp").port() as i64;
@@ -543,6 +552,10 @@ fn replicaof_at_run_time_then_no_one_promotes() {
     thread::sleep(Duration::from_millis(300));
     assert_eq!(resp(&r).cmd("EXISTS after"), Reply::Int(0));
     assert_eq!(resp(&r).cmd("GET promoted"), Reply::bulk("yes"));
+    // With no replica, WAIT answers 0 once its timeout has passed.
+    let t = Instant::now();
+    assert_eq!(resp(&r).cmd("WAIT 1 300"), Reply::Int(0));
+    assert!(t.elapsed() >= Duration::from_millis(300));
 }
 
 #[test]

@@ -996,7 +996,10 @@ fn wait(args: Args<'_>, out: &mut Vec<u8>, sess: &mut super::resp::Session, repl
         )
     });
     let acked = repl.acked(target);
-    if n <= 0 || acked >= n as usize || deadline.is_some_and(|d| Instant::now() >= d) {
+    // Inside EXEC it cannot wait (the transaction's replies go out together): it answers how
+    // many have acknowledged now, as Redis does for a blocking command in MULTI.
+    let in_exec = sess.in_exec.is_some();
+    if in_exec || n <= 0 || acked >= n as usize || deadline.is_some_and(|d| Instant::now() >= d) {
         sess.wait = None;
         enc::int(out, acked as i64);
     }
