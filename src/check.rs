@@ -284,7 +284,10 @@ fn check_log(
                 let bad = wal::ops(&buf).find_map(|op| match op {
                     Err(e) => Some(e),
                     Ok(
-                        wal::Op::Put { db, .. } | wal::Op::Del { db, .. } | wal::Op::Clear { db },
+                        wal::Op::Put { db, .. }
+                        | wal::Op::Del { db, .. }
+                        | wal::Op::Clear { db }
+                        | wal::Op::Patch { db, .. },
                     ) if db > DB_GC => Some(format!("a record names unknown database {db}")),
                     Ok(_) => None,
                 });

@@ -403,7 +403,9 @@ impl WriteOp {
                 for p in &r.payloads {
                     for op in ops(p).flatten() {
                         match op {
-                            Op::Put { db, key, .. } | Op::Del { db, key }
+                            Op::Put { db, key, .. }
+                            | Op::Del { db, key }
+                            | Op::Patch { db, key, .. }
                                 if db == crate::storage::lmdb::DB_ITEMS =>
                             {
                                 f(key)

@@ -352,10 +352,20 @@ pub enum Action {
         output: Option<PathBuf>,
     },
     /// Send a dump of `set` commands (an export, or memcdump+memccat output turned into `set`s)
-    /// to the server at --listen/--port, counting what it stored.
+    /// to the server at --listen/--port, counting what it stored; or, with --rdb, load a Redis
+    /// RDB file into the server at --listen/--resp-port.
     Import {
         /// The dump; standard input when `-`.
-        file: PathBuf,
+        #[arg(required_unless_present = "rdb", conflicts_with = "rdb")]
+        file: Option<PathBuf>,
+        /// A Redis RDB file (dump.rdb, `redis-cli --rdb`; RDB versions up to 11, Redis 7.2) to load through
+        /// the RESP port: checked whole first, then sent as RESTORE commands.
+        #[arg(long, value_name = "FILE")]
+        rdb: Option<PathBuf>,
+        /// With --rdb: the Redis database whose keys are loaded (memkeep has one); keys of
+        /// the others are counted and skipped [default: 0]
+        #[arg(long, value_name = "N", requires = "rdb")]
+        db: Option<u64>,
     },
     /// Verify a stopped store without changing it: the checkpoint, the log, every record.
     /// Exits 0 when healthy, 1 when damaged (one line per problem), 2 when it cannot check.

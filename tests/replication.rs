@@ -248,6 +248,19 @@ fn write_everything(p: &Server, round: u32) {
     ok(c.cmd(&format!("SET gone2{n} x")));
     ok(c.cmd(&format!("DEL gone2{n} l{n}x")));
     ok(c.cmd(&format!("SET short{n} x PX 200")));
+    // Small edits of large values: the primary logs them as patches.
+    let big = "b".repeat(9000);
+    ok(c.cmd(&format!("SET big{n} {big}")));
+    ok(c.cmd(&format!("APPEND big{n} tail")));
+    ok(c.cmd(&format!("SETRANGE big{n} 100 XYZ")));
+    assert_eq!(
+        mc.call(&format!("set mcbig{n} 3 0 9000\r\n{big}\r\n")),
+        "STORED"
+    );
+    assert_eq!(
+        mc.call(&format!("prepend mcbig{n} 0 0 4\r\nhead\r\n")),
+        "STORED"
+    );
 }
 
 trait OrOk {

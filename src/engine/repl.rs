@@ -28,8 +28,9 @@ use std::time::Duration;
 
 use crate::command::{Outcome, Replicated};
 use crate::storage::StoreError;
-use crate::storage::lmdb::{DB_ELEMS, DB_META, LmdbStore, LmdbWrite, META_CAS};
-use crate::storage::wal::{Op, ops};
+use crate::storage::item;
+use crate::storage::lmdb::{DB_ELEMS, DB_META, LmdbStore, LmdbWrite, LogTxn, META_CAS, Table};
+use crate::storage::wal::{Op, Patch, ops};
 
 /// Where a replica keeps its primary's replication id and its offset, in `meta`.
 pub const REPL_KEY: &[u8] = b"repl_primary";
@@ -307,6 +308,44 @@ fn decode_position(b: &[u8]) -> Option<(String, u64)> {
     Some((id.to_string(), u64::from_le_bytes(*off)))
 }
 
+/// The item a primary's `PATCH` record makes of the one the replica holds (None: it holds
+/// the new item already). The replica is exactly where the record was made, so any other
+/// item is damage, as in recovery (`lmdb::replay_patch`).
+fn patched(
+    table: &Table,
+    txn: &LogTxn<'_>,
+    key: &[u8],
+    p: &Patch<'_>,
+) -> Result<Option<Vec<u8>>, StoreError> {
+    let bad = |why: &str| {
+        StoreError::damaged(&format!(
+            "a replicated patch of key {:?} {why}",
+            String::from_utf8_lossy(&key[..key.len().min(64)])
+        ))
+    };
+    let old = item::decode(p.old_header).map_err(|_| bad("has a bad old header"))?;
+    let new = item::decode(p.new_header).map_err(|_| bad("has a bad new header"))?;
+    let stored = table.get(txn, key)?.ok_or_else(|| bad("meets no item"))?;
+    let i = item::decode(stored).map_err(|_| bad("meets an undecodable item"))?;
+    if i.meta == new.meta
+        && i.value.len() == p.new_len as usize
+        && crc32fast::hash(i.value) == p.crc
+    {
+        return Ok(None);
+    }
+    if i.meta != old.meta || i.value.len() != p.old_len as usize {
+        return Err(bad("does not match the item stored before it"));
+    }
+    let value = p.apply(i.value).map_err(|e| bad(&e))?;
+    if crc32fast::hash(&value) != p.crc {
+        return Err(bad("does not make the value it recorded"));
+    }
+    let mut bytes = Vec::with_capacity(p.new_header.len() + value.len());
+    bytes.extend_from_slice(p.new_header);
+    bytes.extend_from_slice(&value);
+    Ok(Some(bytes))
+}
+
 /// Applies a primary's batches to the replica's write transaction (logging them in the
 /// replica's own log batch), then records the position they bring it to.
 pub fn apply(w: &mut LmdbWrite<'_, '_>, r: &Replicated) -> Result<Outcome, StoreError> {
@@ -315,7 +354,8 @@ pub fn apply(w: &mut LmdbWrite<'_, '_>, r: &Replicated) -> Result<Outcome, Store
     for payload in &r.payloads {
         for op in ops(payload) {
             let op = op.map_err(StoreError::Backend)?;
-            let (Op::Put { db, .. } | Op::Del { db, .. } | Op::Clear { db }) = op;
+            let (Op::Put { db, .. } | Op::Del { db, .. } | Op::Clear { db } | Op::Patch { db, .. }) =
+                op;
             let table = store.table(db).ok_or_else(|| {
                 StoreError::Backend(format!("replicated record for database {db}"))
             })?;
@@ -336,6 +376,12 @@ pub fn apply(w: &mut LmdbWrite<'_, '_>, r: &Replicated) -> Result<Outcome, Store
                     table.delete(txn, key)?;
                 }
                 Op::Clear { .. } => table.clear(txn)?,
+                // Logged here as the whole new item: the replica's log stands on its own.
+                Op::Patch { key, patch, .. } => {
+                    if let Some(item) = patched(&table, txn, key, &patch)? {
+                        table.put(txn, key, &item)?;
+                    }
+                }
             }
         }
     }

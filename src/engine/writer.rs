@@ -545,6 +545,9 @@ pub struct Writer<T> {
     /// The log payloads of every batch in the open transaction, in order: replayed into a
     /// fresh transaction when this one must be aborted (a write failed half-way).
     uncommitted: Vec<u8>,
+    /// Value bytes the `PATCH` records in `uncommitted` stand for: LMDB holds that much
+    /// dirty, though the records are small, so it counts toward the commit.
+    uncommitted_patched: u64,
     /// When the open transaction got its first batch.
     since: Option<Instant>,
     /// A write failed inside the open transaction, which LMDB then refuses to commit (or a
@@ -713,6 +716,7 @@ impl<T: Send + Clone> Writer<T> {
             open: None,
             map: Map::new_sync(),
             uncommitted: Vec::new(),
+            uncommitted_patched: 0,
             since: None,
             poisoned: false,
             held: Vec::new(),
@@ -938,6 +942,14 @@ impl<T: Send + Clone> Writer<T> {
         Ok(())
     }
 
+    /// Counts a batch just appended to the log (`stats` `log_bytes`).
+    fn count_log_bytes(&self, log: &LogBuf) {
+        if let Some(c) = &self.counters {
+            let bytes = (crate::storage::wal::HEADER + log.payload_len()) as u64;
+            c.log_bytes.fetch_add(bytes, Ordering::Relaxed);
+        }
+    }
+
     /// Whether the open transaction should be committed now.
     fn commit_due(&self) -> bool {
         if self.full_until.is_some_and(|t| Instant::now() < t) {
@@ -945,7 +957,8 @@ impl<T: Send + Clone> Writer<T> {
         }
         !self.held.is_empty()
             || (!self.uncommitted.is_empty()
-                && (self.uncommitted.len() >= COMMIT_BYTES
+                && (self.uncommitted.len() as u64 + self.uncommitted_patched
+                    >= COMMIT_BYTES as u64
                     || self.since.is_some_and(|t| t.elapsed() >= COMMIT_EVERY)
                     || self.store.overlay().commit_asked.load(Ordering::Acquire)))
     }
@@ -1000,6 +1013,7 @@ impl<T: Send + Clone> Writer<T> {
                 self.store.overlay().publish(id, Map::new_sync());
                 self.map = Map::new_sync();
                 self.uncommitted.clear();
+                self.uncommitted_patched = 0;
                 if self.uncommitted.capacity() > 2 * COMMIT_BYTES {
                     self.uncommitted.shrink_to(COMMIT_BYTES);
                 }
@@ -1050,8 +1064,10 @@ impl<T: Send + Clone> Writer<T> {
             self.poisoned = true;
             return Err(StoreError::Backend(why));
         }
-        let before = self.uncommitted.len();
+        self.count_log_bytes(log);
+        let before = (self.uncommitted.len(), self.uncommitted_patched);
         self.uncommitted.extend_from_slice(log.payload());
+        self.uncommitted_patched += log.patched_bytes();
         self.since.get_or_insert_with(Instant::now);
         match self.commit_lmdb() {
             Ok(()) => Ok(()),
@@ -1062,7 +1078,8 @@ impl<T: Send + Clone> Writer<T> {
                             "cannot take back a log batch whose commit failed: {u}"
                         ));
                     }
-                    self.uncommitted.truncate(before);
+                    self.uncommitted.truncate(before.0);
+                    self.uncommitted_patched = before.1;
                     self.poisoned = true;
                     self.rebuild();
                 }
@@ -1079,7 +1096,7 @@ impl<T: Send + Clone> Writer<T> {
     /// into the transaction (pages, branch pages, the free list's own pages), and a margin.
     fn near_full(&self, extra: usize) -> bool {
         let used = (self.store.env().info().last_page_number as u64 + 1) * self.page_size;
-        let pending = 2 * (self.uncommitted.len() + extra) as u64;
+        let pending = 2 * (self.uncommitted.len() as u64 + self.uncommitted_patched + extra as u64);
         let margin = (4 * COMMIT_BYTES as u64).min(self.map_size / 4);
         used + pending + margin > self.map_size
     }
@@ -1293,8 +1310,8 @@ impl<T: Send + Clone> Writer<T> {
         }
         if !log.is_empty() {
             let mut map = self.map.clone();
-            let visible_now = match overlay::absorb(&mut map, log.payload()) {
-                Ok(v) => v && !self.near_full(log.payload_len()),
+            let visible_now = match overlay::absorb(&mut map, log.payload(), log.patched()) {
+                Ok(v) => v && !self.near_full(log.payload_len() + log.patched_bytes() as usize),
                 Err(e) => {
                     error!("cannot read back a batch's records: {e}");
                     false
@@ -1308,7 +1325,9 @@ impl<T: Send + Clone> Writer<T> {
                         failed = true;
                     }
                     Ok(_) => {
+                        self.count_log_bytes(&log);
                         self.uncommitted.extend_from_slice(log.payload());
+                        self.uncommitted_patched += log.patched_bytes();
                         self.since.get_or_insert_with(Instant::now);
                         if visible_now {
                             let base = self.open.as_ref().map_or(0, |o| o.id().saturating_sub(1));

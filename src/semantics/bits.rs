@@ -10,7 +10,7 @@
 
 use super::{Ctx, live};
 use crate::command::{BitOpKind, Field, FieldOp, Outcome, Overflow};
-use crate::storage::{ItemMeta, Kind, StoreError, WriteView};
+use crate::storage::{Edit, ItemMeta, Kind, StoreError, WriteView};
 
 /// SETRANGE's refusal of a result longer than `proto_max_bulk_len`.
 pub const TOO_LARGE: &str = "ERR string exceeds maximum allowed size (proto-max-bulk-len)";
@@ -177,8 +177,19 @@ pub(super) fn set_bit_op<S: WriteView>(
     let old = get_bit(&value, offset);
     if old != on || value.len() != old_len || !existed {
         set_bit(&mut value, offset, on);
+        let old_meta = meta;
         meta.cas = s.next_cas();
-        s.put(key, &meta, &[&value])?;
+        // `reach` made the byte exist, so the offset fits a usize.
+        let byte = usize::try_from(offset >> 3).unwrap_or(usize::MAX);
+        store_edited(
+            s,
+            key,
+            existed.then_some((&old_meta, old_len)),
+            &meta,
+            &value,
+            byte,
+            1,
+        )?;
     }
     Ok(Outcome::Int(i64::from(old)))
 }
@@ -249,10 +260,50 @@ pub(super) fn bit_field<S: WriteView>(
         }
     }
     if last.is_some() && (changed || value.len() != old_len || !existed) {
+        let old_meta = meta;
         meta.cas = s.next_cas();
-        s.put(key, &meta, &[&value])?;
+        // The bytes the writing operations cover (all inside `value` after `reach`).
+        let (lo, hi) = ops
+            .iter()
+            .filter(|op| !matches!(op, FieldOp::Get(_)))
+            .map(|op| {
+                let f = op.field();
+                (f.offset >> 3, (f.offset + u64::from(f.bits) - 1) >> 3)
+            })
+            .fold((u64::MAX, 0), |(lo, hi), (a, b)| (lo.min(a), hi.max(b)));
+        let at = usize::try_from(lo).unwrap_or(usize::MAX);
+        let len = usize::try_from(hi.saturating_sub(lo) + 1).unwrap_or(usize::MAX);
+        store_edited(
+            s,
+            key,
+            existed.then_some((&old_meta, old_len)),
+            &meta,
+            &value,
+            at,
+            len,
+        )?;
     }
     Ok(Outcome::Array(replies))
+}
+
+/// Stores `value`, which differs from the item it was made from (`old`: its meta and value
+/// length; None if there was none) only in bytes `at..at + len` and in its length: as a patch
+/// of that item when there was one (the log then carries only those bytes).
+fn store_edited<S: WriteView>(
+    s: &mut S,
+    key: &[u8],
+    old: Option<(&ItemMeta, usize)>,
+    meta: &ItemMeta,
+    value: &[u8],
+    at: usize,
+    len: usize,
+) -> Result<(), StoreError> {
+    match old {
+        Some((old, old_len)) if at <= value.len() && len <= value.len() - at => {
+            s.patch(key, old, old_len, meta, &[value], &Edit::write(at, len))
+        }
+        _ => s.put(key, meta, &[value]),
+    }
 }
 
 /// BITOP: combines the sources into `dest` (missing ones and the bytes past a shorter one

@@ -8,7 +8,7 @@
 
 use super::{Ctx, expire_at, live, parse_counter};
 use crate::command::{MetaCode, MetaItem, MetaOp, MetaOut, MetaStore, Outcome, StoreMode};
-use crate::storage::{ItemMeta, Kind, StoreError, WriteView};
+use crate::storage::{Edit, ItemMeta, Kind, StoreError, WriteView};
 
 pub(super) fn apply<S: WriteView>(s: &mut S, op: &MetaOp, ctx: Ctx) -> Result<Outcome, StoreError> {
     match op {
@@ -234,16 +234,21 @@ fn store<S: WriteView>(s: &mut S, a: &MetaStore, ctx: Ctx) -> Result<Outcome, St
         return Ok(Outcome::TooLarge);
     }
     let old_value = item.value.to_vec();
+    let item_meta = item.meta;
     let mut meta = old;
     meta.cas = a.new_cas.unwrap_or_else(|| s.next_cas());
     meta.stale = stale;
     meta.win_sent = stale && old.win_sent;
-    let parts: [&[u8]; 2] = if a.mode == StoreMode::Append {
-        [&old_value, a.kv.value()]
+    let data = a.kv.value();
+    let (parts, edit): ([&[u8]; 2], _) = if a.mode == StoreMode::Append {
+        (
+            [&old_value, data],
+            Edit::append(old_value.len(), data.len()),
+        )
     } else {
-        [a.kv.value(), &old_value]
+        ([data, &old_value], Edit::prepend(data.len()))
     };
-    s.put(key, &meta, &parts)?;
+    s.patch(key, &item_meta, old_value.len(), &meta, &parts, &edit)?;
     Ok(hit(&meta, meta.expire_at, Vec::new()))
 }
 

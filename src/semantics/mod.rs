@@ -8,7 +8,7 @@
 use crate::command::{
     ExpireCond, Expiry, KeyValue, Outcome, SetCond, StoreMode, ValueOut, WriteOp,
 };
-use crate::storage::{ItemMeta, Kind, StoreError, WriteView};
+use crate::storage::{Edit, ItemMeta, Kind, StoreError, WriteView};
 
 pub mod bits;
 pub mod meta;
@@ -302,14 +302,16 @@ fn store<S: WriteView>(
                 return Ok(Outcome::TooLarge);
             }
             let old = item.value.to_vec();
+            let old_meta = item.meta;
             let mut meta = item.meta;
             meta.cas = s.next_cas();
-            let parts: [&[u8]; 2] = if mode == StoreMode::Append {
-                [&old, kv.value()]
+            let data = kv.value();
+            let (parts, edit): ([&[u8]; 2], _) = if mode == StoreMode::Append {
+                ([&old, data], Edit::append(old.len(), data.len()))
             } else {
-                [kv.value(), &old]
+                ([data, &old], Edit::prepend(data.len()))
             };
-            s.put(key, &meta, &parts)?;
+            s.patch(key, &old_meta, old.len(), &meta, &parts, &edit)?;
             return Ok(Outcome::Stored);
         }
     }
@@ -459,16 +461,40 @@ fn set_range<S: WriteView>(
             "ERR string exceeds maximum allowed size (proto-max-bulk-len)",
         ));
     }
+    let existed = existing.is_some();
     let (mut meta, mut value) = existing.unwrap_or((ItemMeta::string(0), Vec::new()));
+    let old_meta = meta;
+    meta.cas = s.next_cas();
     if offset.is_none() {
-        meta.cas = s.next_cas();
-        s.put(key, &meta, &[&value, data])?;
+        let parts: [&[u8]; 2] = [&value, data];
+        if existed {
+            s.patch(
+                key,
+                &old_meta,
+                old_len,
+                &meta,
+                &parts,
+                &Edit::append(old_len, data.len()),
+            )?;
+        } else {
+            s.put(key, &meta, &parts)?;
+        }
         return Ok(Outcome::Int(new_len as i64));
     }
     value.resize(new_len, 0);
     value[at..at + data.len()].copy_from_slice(data);
-    meta.cas = s.next_cas();
-    s.put(key, &meta, &[&value])?;
+    if existed {
+        s.patch(
+            key,
+            &old_meta,
+            old_len,
+            &meta,
+            &[&value],
+            &Edit::write(at, data.len()),
+        )?;
+    } else {
+        s.put(key, &meta, &[&value])?;
+    }
     Ok(Outcome::Int(new_len as i64))
 }
 

@@ -1105,8 +1105,8 @@ fn info(args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
         "persistence",
         "Persistence",
         format!(
-            "loading:0\r\nrdb_changes_since_last_save:0\r\nrdb_bgsave_in_progress:0\r\naof_enabled:0\r\nmemkeep_sync:{}\r\nmemkeep_log_fsyncs:{}\r\nmemkeep_log_fsync_writes:{}\r\n",
-            cfg.sync, cache.log_fsyncs, cache.log_fsync_writes
+            "loading:0\r\nrdb_changes_since_last_save:0\r\nrdb_bgsave_in_progress:0\r\naof_enabled:0\r\nmemkeep_sync:{}\r\nmemkeep_log_fsyncs:{}\r\nmemkeep_log_fsync_writes:{}\r\nmemkeep_log_bytes:{}\r\n",
+            cfg.sync, cache.log_fsyncs, cache.log_fsync_writes, cache.log_bytes
         ),
     );
     section(

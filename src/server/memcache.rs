@@ -902,6 +902,7 @@ pub(super) fn stats(args: &[u8], out: &mut Vec<u8>, pass: &mut Pass<'_>) {
             // Group commit (`always`): the log's fdatasyncs and the writes they acknowledged.
             stat(out, "log_fsyncs", cache.log_fsyncs);
             stat(out, "log_fsync_writes", cache.log_fsync_writes);
+            stat(out, "log_bytes", cache.log_bytes);
             if cfg.max_disk > 0 {
                 stat(out, "max_disk", cfg.max_disk);
                 stat(out, "disk_used", cache.data_bytes);

@@ -299,6 +299,15 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
             );
         }
     }
+    // Before the ports are bound: a client can connect as soon as they are (the kernel
+    // queues it), and must never see the server killed by a SIGTERM that arrived before the
+    // handlers were in place.
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+    ])
+    .map_err(|e| ServerError(format!("cannot install signal handlers: {e}")))?;
     let mut mc_listener = if config.port != 0 {
         Some(bind(&config.listen, config.port)?)
     } else {
@@ -485,14 +494,6 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
     if let Some((host, port)) = cfg.replica_target() {
         repl::replicate_from(&shared, host, port, true).map_err(ServerError)?;
     }
-    // Before any worker serves: a client could otherwise connect and see the server killed by
-    // a SIGTERM that arrived before the handlers were in place.
-    let mut signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGHUP,
-    ])
-    .map_err(|e| ServerError(format!("cannot install signal handlers: {e}")))?;
     let mut worker_threads = Vec::new();
     for (id, poll) in polls.into_iter().enumerate() {
         let w = Worker::new(id, poll, shared.clone(), handles[id].clone(), gate.clone());

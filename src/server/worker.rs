@@ -245,6 +245,7 @@ impl Worker {
         let mut events = Events::with_capacity(1024);
         let store = self.shared.store.clone();
         let mut give_up: Option<Instant> = None;
+        let mut skipped_poll = false;
         loop {
             let stopping = self.shared.shutdown.load(Ordering::Acquire);
             if stopping {
@@ -294,7 +295,15 @@ impl Worker {
                 (None, Some(d)) => Some(d.saturating_duration_since(Instant::now())),
                 (Some(t), Some(d)) => Some(t.min(d.saturating_duration_since(Instant::now()))),
             };
-            if let Err(e) = self.poll.poll(&mut events, timeout)
+            // Writes this worker committed itself (leader): their replies are in the mailbox
+            // now, so the next pass can run at once, without asking the kernel first (a poll
+            // that would return nothing new costs a system call per write at low load). Only
+            // once in a row, so sockets are still polled at least every other pass.
+            let skip_poll = self.completed_here && !skipped_poll && !stopping;
+            skipped_poll = skip_poll;
+            if skip_poll {
+                events.clear();
+            } else if let Err(e) = self.poll.poll(&mut events, timeout)
                 && e.kind() != io::ErrorKind::Interrupted
             {
                 error!("worker {}: poll failed: {e}", self.id);

@@ -229,6 +229,9 @@ pub struct CacheStats {
     /// `log_fsync_writes`).
     pub log_fsyncs: AtomicU64,
     pub log_fsync_writes: AtomicU64,
+    /// Bytes appended to the log (`stats` `log_bytes`): with the values written, the write
+    /// amplification (a large value's APPEND or SETBIT logs only what changed).
+    pub log_bytes: AtomicU64,
 }
 
 /// `CacheStats` as read at one moment.
@@ -241,6 +244,7 @@ pub struct CacheFigures {
     pub expired: u64,
     pub log_fsyncs: u64,
     pub log_fsync_writes: u64,
+    pub log_bytes: u64,
 }
 
 impl CacheStats {
@@ -256,6 +260,7 @@ impl CacheStats {
                 + self.expired_reclaimed.load(Ordering::Acquire),
             log_fsyncs: self.log_fsyncs.load(Ordering::Relaxed),
             log_fsync_writes: self.log_fsync_writes.load(Ordering::Relaxed),
+            log_bytes: self.log_bytes.load(Ordering::Relaxed),
         }
     }
 
@@ -267,6 +272,7 @@ impl CacheStats {
         self.expired_swept.store(0, Ordering::Relaxed);
         self.log_fsyncs.store(0, Ordering::Relaxed);
         self.log_fsync_writes.store(0, Ordering::Relaxed);
+        self.log_bytes.store(0, Ordering::Relaxed);
     }
 }
 

@@ -33,7 +33,7 @@ use std::time::Instant;
 use heed::{RoTxn, WithoutTls};
 use log::{error, info, warn};
 
-use super::lmdb::{LmdbStore, OpenError, Persisted};
+use super::lmdb::{LmdbStore, OpenError, Persisted, Replay};
 use super::wal::{self, Checkpoint, Format, SegmentReader, Stop, Wal};
 
 /// A read transaction held only to keep a snapshot's pages from being reused.
@@ -303,8 +303,12 @@ fn replay(
         {
             for op in wal::ops(&buf) {
                 let op = op.map_err(|e| OpenError(format!("storage corrupted: {e}")))?;
+                if let wal::Op::Patch { patch, .. } = &op {
+                    // Rewrites its whole value: that is what dirties the transaction.
+                    in_txn += patch.new_len as usize;
+                }
                 store
-                    .replay(&mut txn, op)
+                    .replay(&mut txn, op, Replay::Exact)
                     .map_err(|e| OpenError(format!("{e} in {}", dir.display())))?;
             }
             found += 1;
@@ -393,7 +397,7 @@ pub fn replay_live(dir: &Path, copy: &LmdbStore, c: &Checkpoint) -> Result<u64, 
             .is_some()
         {
             for op in wal::ops(&buf) {
-                copy.replay(&mut txn, op?)?;
+                copy.replay(&mut txn, op?, Replay::CatchUp)?;
             }
             next_seq += 1;
             applied += 1;

@@ -97,6 +97,35 @@ impl Table {
         Ok(())
     }
 
+    /// Stores `item` (header and value, `header` bytes of header) under `key`, logging only
+    /// the change `edit` says was made to the old item (`old` is its header as `item`
+    /// encodes it, `old_len` its value's length). The caller has checked that the change is
+    /// worth a patch (`Edit::worth_it`).
+    pub fn patch(
+        &self,
+        txn: &mut LogTxn,
+        key: &[u8],
+        (old, old_len): (&[u8], usize),
+        item: std::sync::Arc<[u8]>,
+        header: usize,
+        edit: &super::Edit,
+    ) -> Result<(), heed::Error> {
+        self.db.put(&mut txn.txn, key, &item)?;
+        let value = &item[header..];
+        let patch = super::wal::Patch {
+            old_header: old,
+            old_len: old_len as u32,
+            new_header: &item[..header],
+            new_len: value.len() as u32,
+            crc: crc32fast::hash(value),
+            prepend: &value[..edit.prepend],
+            at: edit.at as u32,
+            bytes: &value[edit.at..edit.at + edit.len],
+        };
+        txn.log.patch(self.id, key, &patch, item.clone());
+        Ok(())
+    }
+
     /// Stores `value` only if `key` is absent; true if it did.
     pub fn put_new(&self, txn: &mut LogTxn, key: &[u8], value: &[u8]) -> Result<bool, heed::Error> {
         match self
@@ -260,7 +289,7 @@ impl OpenTxn {
     pub fn replay(&mut self, store: &LmdbStore, payload: &[u8]) -> Result<(), String> {
         let t = self.txn.as_mut().ok_or("no transaction")?;
         for op in super::wal::ops(payload) {
-            store.replay(&mut t.txn, op?)?;
+            store.replay(&mut t.txn, op?, Replay::Exact)?;
         }
         Ok(())
     }
@@ -579,9 +608,10 @@ impl LmdbStore {
     }
 
     /// Applies one logged record in a plain transaction (recovery: the log already has it).
-    pub fn replay(&self, txn: &mut RwTxn, op: super::wal::Op) -> Result<(), String> {
+    pub fn replay(&self, txn: &mut RwTxn, op: super::wal::Op, mode: Replay) -> Result<(), String> {
         use super::wal::Op;
-        let (Op::Put { db, .. } | Op::Del { db, .. } | Op::Clear { db }) = op;
+        let (Op::Put { db, .. } | Op::Del { db, .. } | Op::Clear { db } | Op::Patch { db, .. }) =
+            op;
         let table = self
             .table(db)
             .ok_or_else(|| format!("log record for unknown database {db}"))?;
@@ -589,6 +619,7 @@ impl LmdbStore {
             Op::Put { key, value, .. } => table.db.put(txn, key, value),
             Op::Del { key, .. } => table.db.delete(txn, key).map(|_| ()),
             Op::Clear { .. } => table.db.clear(txn),
+            Op::Patch { key, patch, .. } => return replay_patch(table, txn, key, &patch, mode),
         };
         r.map_err(|e| format!("cannot replay a log record: {e}"))
     }
@@ -811,6 +842,88 @@ fn id_of(parts: &[&[u8]]) -> Option<u64> {
     None
 }
 
+/// `parts` concatenated into one shared buffer, copied once (`Arc::from` a `Vec` would copy
+/// a large value a second time).
+fn concat_shared(parts: &[&[u8]]) -> std::sync::Arc<[u8]> {
+    let len = parts.iter().map(|p| p.len()).sum::<usize>();
+    let mut buf = std::sync::Arc::<[u8]>::new_uninit_slice(len);
+    if let Some(dst) = std::sync::Arc::get_mut(&mut buf) {
+        let mut at = 0;
+        for p in parts {
+            for (d, s) in dst[at..at + p.len()].iter_mut().zip(p.iter()) {
+                d.write(*s);
+            }
+            at += p.len();
+        }
+        // SAFETY: `buf` was just made, so `get_mut` gave the only reference, and the loop
+        // wrote every one of its `len` bytes.
+        return unsafe { buf.assume_init() };
+    }
+    // Unreachable (a new Arc has no other owner); the plain way stays correct all the same.
+    parts.concat().into()
+}
+
+/// How a replay treats a `PATCH` record whose old item is not what the store holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replay {
+    /// The store is exactly as the log left it before this record (recovery from a
+    /// checkpoint, a rebuilt transaction): a mismatch is damage.
+    Exact,
+    /// The store may be ahead of the record (a copy taken while the server ran, caught up
+    /// from an earlier position): a mismatch is a later state, and the record is skipped.
+    CatchUp,
+}
+
+/// Applies a `PATCH` record (see `wal.rs`): onto the item it was made against; not at all
+/// where the new item is already stored.
+fn replay_patch(
+    table: Table,
+    txn: &mut RwTxn,
+    key: &[u8],
+    p: &super::wal::Patch,
+    mode: Replay,
+) -> Result<(), String> {
+    let name = String::from_utf8_lossy(&key[..key.len().min(64)]).into_owned();
+    let corrupt = |why: &str| format!("storage corrupted: the log's patch of key {name:?} {why}");
+    let old = item::decode(p.old_header).map_err(|_| corrupt("has a bad old header"))?;
+    let new = item::decode(p.new_header).map_err(|_| corrupt("has a bad new header"))?;
+    let stored = table
+        .db
+        .get(txn, key)
+        .map_err(|e| format!("cannot replay a log record: {e}"))?;
+    let value = match stored.map(item::decode) {
+        Some(Ok(i)) => {
+            let same = |m: ItemMeta, len: u32| i.meta == m && i.value.len() == len as usize;
+            if same(new.meta, p.new_len) && crc32fast::hash(i.value) == p.crc {
+                return Ok(());
+            }
+            if same(old.meta, p.old_len) {
+                Some(p.apply(i.value).map_err(|e| corrupt(&e))?)
+            } else {
+                None
+            }
+        }
+        Some(Err(_)) if mode == Replay::Exact => return Err(corrupt("meets an undecodable item")),
+        _ => None,
+    };
+    let Some(value) = value else {
+        return match mode {
+            Replay::Exact => Err(corrupt("does not match the item stored before it")),
+            Replay::CatchUp => Ok(()),
+        };
+    };
+    if crc32fast::hash(&value) != p.crc {
+        return Err(corrupt("does not make the value it recorded"));
+    }
+    let mut bytes = Vec::with_capacity(p.new_header.len() + value.len());
+    bytes.extend_from_slice(p.new_header);
+    bytes.extend_from_slice(&value);
+    table
+        .db
+        .put(txn, key, &bytes)
+        .map_err(|e| format!("cannot replay a log record: {e}"))
+}
+
 /// A write transaction seen through `WriteView`.
 pub struct LmdbWrite<'t, 'e> {
     store: &'t LmdbStore,
@@ -873,6 +986,52 @@ impl WriteView for LmdbWrite<'_, '_> {
         if meta.expire_at != 0 {
             // A key longer than INDEX_KEY_MAX is filed under its prefix (see `sweep_expired`):
             // the whole key would not fit LMDB's key limit, and the item is already written.
+            let key = &key[..key.len().min(INDEX_KEY_MAX)];
+            let mut ix = Vec::with_capacity(8 + key.len());
+            ix.extend_from_slice(&meta.expire_at.to_be_bytes());
+            ix.extend_from_slice(key);
+            self.store.expiry.put(self.txn, &ix, &[])?;
+        }
+        Ok(())
+    }
+
+    fn patch(
+        &mut self,
+        key: &[u8],
+        old: &ItemMeta,
+        old_len: usize,
+        meta: &ItemMeta,
+        parts: &[&[u8]],
+        edit: &super::Edit,
+    ) -> Result<(), StoreError> {
+        let len = parts.iter().map(|p| p.len()).sum::<usize>();
+        if old.kind != Kind::String
+            || meta.kind != Kind::String
+            || !edit.worth_it(len)
+            || len > u32::MAX as usize
+            || old_len > u32::MAX as usize
+            || key.is_empty()
+            || key.len() > super::MAX_KEY
+        {
+            return self.put(key, meta, parts);
+        }
+        let (hdr, n) = meta.header();
+        let (old_hdr, old_n) = old.header();
+        // The whole new item, made once: LMDB takes a copy, readers share this one.
+        let mut all: Vec<&[u8]> = Vec::with_capacity(parts.len() + 1);
+        all.push(&hdr[..n]);
+        all.extend_from_slice(parts);
+        let item = concat_shared(&all);
+        self.store
+            .items
+            .patch(self.txn, key, (&old_hdr[..old_n], old_len), item, n, edit)?;
+        if let Some(a) = self.store.access() {
+            a.note_write(key, *self.cas);
+        }
+        if let Some(h) = self.store.hits() {
+            h.written(key, meta.cas);
+        }
+        if meta.expire_at != 0 && meta.expire_at != old.expire_at {
             let key = &key[..key.len().min(INDEX_KEY_MAX)];
             let mut ix = Vec::with_capacity(8 + key.len());
             ix.extend_from_slice(&meta.expire_at.to_be_bytes());
@@ -1024,5 +1183,161 @@ mod tests {
             .expect("must fail");
         assert!(err.0.contains("cannot create data directory"), "{}", err.0);
         assert!(!err.0.contains('\n'));
+    }
+
+    /// A store holding `value` under `k` (a string with flags and an expiry), its item meta.
+    fn store_with(dir: &Path, value: &[u8], cas: u64) -> (LmdbStore, ItemMeta) {
+        let (store, _) = LmdbStore::open(dir, 1 << 26, 16).expect("open");
+        let meta = ItemMeta::new(Kind::String, 9, 1 << 50, cas);
+        let mut txn = store.write_txn().expect("txn");
+        let mut c = cas;
+        store
+            .writer(&mut txn, &mut c)
+            .put(b"k", &meta, &[value])
+            .expect("put");
+        txn.commit_unlogged().expect("commit");
+        (store, meta)
+    }
+
+    fn value_of(store: &LmdbStore) -> Option<(ItemMeta, Vec<u8>)> {
+        let txn = store.read_txn().expect("txn");
+        store
+            .get(&txn, b"k")
+            .expect("get")
+            .map(|i| (i.meta, i.value.to_vec()))
+    }
+
+    /// Replays `payload` onto `store` in one transaction; the transaction is kept only if it
+    /// replayed.
+    fn replay_all(store: &LmdbStore, payload: &[u8], mode: Replay) -> Result<(), String> {
+        let mut txn = store.env().write_txn().expect("txn");
+        for op in crate::storage::wal::ops(payload) {
+            store.replay(&mut txn, op?, mode)?;
+        }
+        txn.commit().map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_large_append_is_logged_as_a_patch_that_replays_only_onto_its_own_old_item() {
+        let old: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+        let data = b"tail bytes";
+        let src = tempfile::tempdir().expect("tempdir");
+        let (store, meta) = store_with(src.path(), &old, 5);
+        let mut new_meta = meta;
+        new_meta.cas = 6;
+        let mut txn = store.write_txn().expect("txn");
+        let mut cas = 6;
+        let edit = crate::storage::Edit::append(old.len(), data.len());
+        store
+            .writer(&mut txn, &mut cas)
+            .patch(b"k", &meta, old.len(), &new_meta, &[&old, data], &edit)
+            .expect("patch");
+        let log = txn.take_log(LogBuf::default());
+        // The record holds the change, not the value; readers get the whole new item.
+        assert!(
+            log.payload_len() < 200,
+            "{} bytes logged",
+            log.payload_len()
+        );
+        assert_eq!(log.patched().len(), 1);
+        assert_eq!(log.patched_bytes(), (old.len() + data.len()) as u64);
+        let mut expect = old.clone();
+        expect.extend_from_slice(data);
+        let item = item::decode(&log.patched()[0]).expect("decode");
+        assert_eq!((item.meta, item.value), (new_meta, &expect[..]));
+        let payload = log.payload().to_vec();
+        drop(txn);
+
+        // Onto the old item: applied, in either mode.
+        for mode in [Replay::Exact, Replay::CatchUp] {
+            let d = tempfile::tempdir().expect("tempdir");
+            let (s, _) = store_with(d.path(), &old, 5);
+            replay_all(&s, &payload, mode).expect("replay");
+            assert_eq!(value_of(&s), Some((new_meta, expect.clone())));
+            // Again, onto its own result: nothing changes.
+            replay_all(&s, &payload, mode).expect("replay again");
+            assert_eq!(value_of(&s), Some((new_meta, expect.clone())));
+        }
+        // Onto another item (another CAS, or the same header with other bytes, or none):
+        // damage when the store should be exactly as the log left it, skipped when it may be
+        // ahead of the log.
+        let other_cas = tempfile::tempdir().expect("tempdir");
+        let (s1, _) = store_with(other_cas.path(), &old, 4);
+        let other_len = tempfile::tempdir().expect("tempdir");
+        let (s2, _) = store_with(other_len.path(), &old[1..], 5);
+        let missing = tempfile::tempdir().expect("tempdir");
+        let (s3, _) = LmdbStore::open(missing.path(), 1 << 26, 16).expect("open");
+        for s in [&s1, &s2, &s3] {
+            let before = value_of(s);
+            let err = replay_all(s, &payload, Replay::Exact).expect_err("must refuse");
+            assert!(err.contains("storage corrupted"), "{err}");
+            replay_all(s, &payload, Replay::CatchUp).expect("skipped");
+            assert_eq!(value_of(s), before);
+        }
+        // A new item with the right header and length but other bytes is not taken for the
+        // result (the CRC tells), and is not the old item either.
+        let same_shape = tempfile::tempdir().expect("tempdir");
+        let (s4, _) = store_with(same_shape.path(), &vec![7u8; expect.len()], 6);
+        assert!(replay_all(&s4, &payload, Replay::Exact).is_err());
+    }
+
+    #[test]
+    fn a_patch_whose_bytes_do_not_make_the_recorded_value_is_refused() {
+        let old = vec![1u8; 8192];
+        let src = tempfile::tempdir().expect("tempdir");
+        let (store, meta) = store_with(src.path(), &old, 5);
+        let mut new_meta = meta;
+        new_meta.cas = 6;
+        let mut new = old.clone();
+        new[100] = 2;
+        let mut txn = store.write_txn().expect("txn");
+        let mut cas = 6;
+        store
+            .writer(&mut txn, &mut cas)
+            .patch(
+                b"k",
+                &meta,
+                old.len(),
+                &new_meta,
+                &[&new],
+                &crate::storage::Edit::write(100, 1),
+            )
+            .expect("patch");
+        let mut payload = txn.take_log(LogBuf::default()).payload().to_vec();
+        drop(txn);
+        // The written byte is the record's last; change it.
+        let last = payload.len() - 1;
+        assert_eq!(payload[last], 2);
+        payload[last] = 3;
+        let d = tempfile::tempdir().expect("tempdir");
+        let (s, _) = store_with(d.path(), &old, 5);
+        let err = replay_all(&s, &payload, Replay::CatchUp).expect_err("must refuse");
+        assert!(err.contains("does not make the value"), "{err}");
+    }
+
+    #[test]
+    fn small_values_and_large_rewrites_are_logged_whole() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (store, meta) = store_with(dir.path(), b"short", 5);
+        let mut new_meta = meta;
+        new_meta.cas = 6;
+        let mut txn = store.write_txn().expect("txn");
+        let mut cas = 6;
+        let edit = crate::storage::Edit::append(5, 3);
+        store
+            .writer(&mut txn, &mut cas)
+            .patch(b"k", &meta, 5, &new_meta, &[b"short", b"abc"], &edit)
+            .expect("patch");
+        let log = txn.take_log(LogBuf::default());
+        assert!(log.patched().is_empty());
+        assert!(matches!(
+            crate::storage::wal::ops(log.payload()).next(),
+            Some(Ok(crate::storage::wal::Op::Put { .. }))
+        ));
+        // More new bytes than old ones: the whole value.
+        let edit = crate::storage::Edit::append(5, 9000);
+        assert!(!edit.worth_it(9005));
+        assert!(crate::storage::Edit::append(9000, 5).worth_it(9005));
+        assert!(!crate::storage::Edit::write(9000, 10).worth_it(9005));
     }
 }

@@ -157,6 +157,58 @@ pub fn is_damage(e: &heed::MdbError) -> bool {
     )
 }
 
+/// How a string's new value was made from its old one: `prepend` new bytes in front of the
+/// old value, then (after the length changed, zero-filled) `len` bytes written from offset
+/// `at`; both in the new value's coordinates. What a `PATCH` log record carries instead of
+/// the whole value (APPEND, SETRANGE, SETBIT and the like on large values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Edit {
+    pub prepend: usize,
+    pub at: usize,
+    pub len: usize,
+}
+
+/// Values below this are logged whole: a patch record saves little there, and costs a CRC.
+pub const PATCH_MIN: usize = 4096;
+
+impl Edit {
+    /// `data` appended to a value of `old_len` bytes.
+    pub fn append(old_len: usize, data: usize) -> Edit {
+        Edit {
+            prepend: 0,
+            at: old_len,
+            len: data,
+        }
+    }
+
+    /// `data` bytes put in front of the value.
+    pub fn prepend(data: usize) -> Edit {
+        Edit {
+            prepend: data,
+            at: 0,
+            len: 0,
+        }
+    }
+
+    /// `len` bytes written from `at` (the value zero-filled up to there if it was shorter).
+    pub fn write(at: usize, len: usize) -> Edit {
+        Edit {
+            prepend: 0,
+            at,
+            len,
+        }
+    }
+
+    /// Whether logging this change of a value that ends `new_len` bytes long beats logging
+    /// the whole value: a large value, at most half of it new.
+    pub fn worth_it(&self, new_len: usize) -> bool {
+        new_len >= PATCH_MIN
+            && self.at.saturating_add(self.len) <= new_len
+            && self.prepend <= new_len
+            && self.prepend.saturating_add(self.len) <= new_len / 2
+    }
+}
+
 /// Read access to items, as the semantics see it.
 pub trait ReadView {
     /// The stored item under `key`, expired or not.
@@ -167,6 +219,21 @@ pub trait ReadView {
 pub trait WriteView: ReadView {
     /// Stores `parts` concatenated as the value of `key`, replacing any old item.
     fn put(&mut self, key: &[u8], meta: &ItemMeta, parts: &[&[u8]]) -> Result<(), StoreError>;
+    /// Stores `parts` concatenated as `key`'s new string value (with `meta`), made from the
+    /// string item `old` of `old_len` value bytes as `edit` says. The same as `put` to
+    /// readers; a store with a log may log only the change.
+    fn patch(
+        &mut self,
+        key: &[u8],
+        old: &ItemMeta,
+        old_len: usize,
+        meta: &ItemMeta,
+        parts: &[&[u8]],
+        edit: &Edit,
+    ) -> Result<(), StoreError> {
+        let _ = (old, old_len, edit);
+        self.put(key, meta, parts)
+    }
     /// Removes `key` (and, for a collection, its elements); true if it was there.
     fn delete(&mut self, key: &[u8]) -> Result<bool, StoreError>;
     /// Removes `key`'s record but keeps a collection's elements, whose metadata the caller is

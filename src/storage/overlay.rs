@@ -104,9 +104,13 @@ impl Overlay {
 /// Applies the `items` records of a batch's log payload to `map`. Returns false (and leaves
 /// `map` as it may be, partly updated: the caller discards it) when the batch did something a
 /// reader must not see through the overlay: collection records, or a clear.
-pub fn absorb(map: &mut Map, payload: &[u8]) -> Result<bool, String> {
+///
+/// `patched` holds the whole new items of the payload's `PATCH` records, in order (the log's
+/// records carry only the change): `LogBuf::patched`.
+pub fn absorb(map: &mut Map, payload: &[u8], patched: &[Arc<[u8]>]) -> Result<bool, String> {
     use super::lmdb::{DB_ELEMS, DB_ITEMS, DB_ZSCORE};
     use super::wal::Op;
+    let mut patched = patched.iter();
     for op in super::wal::ops(payload) {
         match op? {
             Op::Put { db, key, value } if db == DB_ITEMS => {
@@ -119,6 +123,13 @@ pub fn absorb(map: &mut Map, payload: &[u8]) -> Result<bool, String> {
                 map.insert_mut(key.into(), Some(Arc::from(value)));
             }
             Op::Del { db, key } if db == DB_ITEMS => map.insert_mut(key.into(), None),
+            Op::Patch { db, key, .. } if db == DB_ITEMS => {
+                // Only strings are patched; without the whole item, readers wait for LMDB.
+                let Some(item) = patched.next() else {
+                    return Ok(false);
+                };
+                map.insert_mut(key.into(), Some(item.clone()));
+            }
             Op::Put { db, .. } if db == DB_ELEMS || db == DB_ZSCORE => return Ok(false),
             Op::Clear { .. } => return Ok(false),
             // The expiry index, the CAS counter and reclaimed elements of deleted collections
@@ -404,7 +415,7 @@ mod tests {
         );
         log.del(crate::storage::lmdb::DB_ITEMS, b"b");
         log.put(crate::storage::lmdb::DB_EXPIRY, b"x", &[b""]);
-        assert_eq!(absorb(&mut map, log.payload()), Ok(true));
+        assert_eq!(absorb(&mut map, log.payload(), log.patched()), Ok(true));
         assert!(map.get(&b"a"[..]).is_some_and(|v| v.is_some()));
         assert!(map.get(&b"b"[..]).is_some_and(|v| v.is_none()));
         assert!(map.get(&b"x"[..]).is_none());
@@ -429,7 +440,10 @@ mod tests {
                 l
             },
         ] {
-            assert_eq!(absorb(&mut map.clone(), log.payload()), Ok(false));
+            assert_eq!(
+                absorb(&mut map.clone(), log.payload(), log.patched()),
+                Ok(false)
+            );
         }
     }
 

@@ -6,10 +6,17 @@
 //!   version, a random 64-bit salt, the segment's number, CRC-32 of those), then batches in
 //!   commit order. A batch is a 20-byte header (magic `MKWB`, payload length u32 LE, sequence
 //!   number u64 LE, CRC-32 of the salt, the length, the sequence number and the payload) and a
-//!   payload of physical records, each `PUT db key value`, `DEL db key` or `CLEAR db`. Records
-//!   say what the bytes became, not what command made them, so replaying a batch twice, or onto
-//!   a store that already holds part of it, gives the same store. Segments written before the
-//!   header existed (batches from byte 0, CRC without a salt) are still read, never written.
+//!   payload of physical records, each `PUT db key value`, `DEL db key`, `CLEAR db` or
+//!   `PATCH db key old new change`. Records say what the bytes became, not what command made
+//!   them, so replaying a batch twice, or onto a store that already holds part of it, gives the
+//!   same store. A `PATCH` (an APPEND, SETRANGE, SETBIT... on a large value) carries only the
+//!   bytes that changed, with the item it was made against (header and value length) and the
+//!   new item (header, length, CRC-32 of the whole value): replay applies it only onto that
+//!   old item, skips it where the new item is already stored, and anything else is damage
+//!   (recovery, which starts from the checkpoint's exact snapshot) or a later state
+//!   (`durable::replay_live`, onto a copy that may be ahead of the log position it starts at:
+//!   skipped, a later record of the key makes it right). Segments written before the header
+//!   existed (batches from byte 0, CRC without a salt) are still read, never written.
 //! - `wal-spare-<16 hex digits>`: segments a checkpoint no longer needs, kept (at most
 //!   `MAX_SPARES`) to become later segments, and extended with written zeros beforehand. An
 //!   fdatasync after an append must commit the file's new size to the journal; one after an
@@ -72,6 +79,7 @@ pub const CHECKPOINT_FILE: &str = "checkpoint";
 const OP_PUT: u8 = 1;
 const OP_DEL: u8 = 2;
 const OP_CLEAR: u8 = 3;
+const OP_PATCH: u8 = 4;
 
 /// Offsets in an LMDB meta page (64-bit build: a 16-byte page header, then `MDB_meta`).
 const META_MAGIC_AT: usize = 16;
@@ -87,13 +95,56 @@ const LMDB_MAGIC: u32 = 0xBEEF_C0DE;
 #[derive(Debug)]
 pub struct LogBuf {
     buf: Vec<u8>,
+    /// The whole new items (header and value) of the batch's `PATCH` records, in record
+    /// order: the writer publishes them to readers (`overlay::absorb`), which cannot rebuild
+    /// them from the record alone. Never written to the log.
+    patched: Vec<std::sync::Arc<[u8]>>,
+    /// Value bytes the `PATCH` records stand for: what replaying them rewrites, and what LMDB
+    /// holds dirty for them, though the log holds only the change.
+    patched_bytes: u64,
 }
 
 impl Default for LogBuf {
     fn default() -> Self {
         LogBuf {
             buf: vec![0; HEADER],
+            patched: Vec::new(),
+            patched_bytes: 0,
         }
+    }
+}
+
+/// What a `PATCH` record says: the item `key` held `old` (its header, as `item` encodes
+/// it, and its value's length) and now holds `new`: the old value with `prepend` in front,
+/// zero-filled or cut to `new_len`, then `bytes` laid over it from offset `at`. `crc` is the
+/// CRC-32 of the whole new value, so a replay can tell a patch it already applied from one
+/// still to apply, and never makes a value other than the one that was acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Patch<'a> {
+    pub old_header: &'a [u8],
+    pub old_len: u32,
+    pub new_header: &'a [u8],
+    pub new_len: u32,
+    pub crc: u32,
+    pub prepend: &'a [u8],
+    pub at: u32,
+    pub bytes: &'a [u8],
+}
+
+impl Patch<'_> {
+    /// The new value, from the old one this patch was made against.
+    pub fn apply(&self, old: &[u8]) -> Result<Vec<u8>, String> {
+        let new_len = self.new_len as usize;
+        let at = self.at as usize;
+        if at + self.bytes.len() > new_len || self.prepend.len() > new_len {
+            return Err("a log patch writes past the value it makes".into());
+        }
+        let mut v = Vec::with_capacity(new_len.max(self.prepend.len() + old.len()));
+        v.extend_from_slice(self.prepend);
+        v.extend_from_slice(old);
+        v.resize(new_len, 0);
+        v[at..at + self.bytes.len()].copy_from_slice(self.bytes);
+        Ok(v)
     }
 }
 
@@ -127,6 +178,18 @@ impl LogBuf {
         if self.buf.capacity() > KEEP_CAPACITY {
             self.buf.shrink_to(KEEP_CAPACITY);
         }
+        self.patched.clear();
+        self.patched_bytes = 0;
+    }
+
+    /// The whole new items of the batch's `PATCH` records, in record order.
+    pub fn patched(&self) -> &[std::sync::Arc<[u8]>] {
+        &self.patched
+    }
+
+    /// Value bytes the batch's `PATCH` records stand for (see the field).
+    pub fn patched_bytes(&self) -> u64 {
+        self.patched_bytes
     }
 
     /// Whether the records fit in one batch record (`batch_max`).
@@ -169,6 +232,31 @@ impl LogBuf {
     pub fn clear(&mut self, db: u8) {
         self.buf.push(OP_CLEAR);
         self.buf.push(db);
+    }
+
+    /// Records that `key` in `db` was changed as `p` says; `item` is the whole new item
+    /// (header and value), kept for readers (see `patched`).
+    pub fn patch(&mut self, db: u8, key: &[u8], p: &Patch, item: std::sync::Arc<[u8]>) {
+        let b = &mut self.buf;
+        b.reserve(32 + key.len() + p.old_header.len() + p.new_header.len() + p.bytes.len());
+        b.push(OP_PATCH);
+        b.push(db);
+        b.extend_from_slice(&(key.len() as u16).to_le_bytes());
+        b.extend_from_slice(key);
+        b.push(p.old_header.len() as u8);
+        b.extend_from_slice(p.old_header);
+        b.extend_from_slice(&p.old_len.to_le_bytes());
+        b.push(p.new_header.len() as u8);
+        b.extend_from_slice(p.new_header);
+        b.extend_from_slice(&p.new_len.to_le_bytes());
+        b.extend_from_slice(&p.crc.to_le_bytes());
+        b.extend_from_slice(&(p.prepend.len() as u32).to_le_bytes());
+        b.extend_from_slice(p.prepend);
+        b.extend_from_slice(&p.at.to_le_bytes());
+        b.extend_from_slice(&(p.bytes.len() as u32).to_le_bytes());
+        b.extend_from_slice(p.bytes);
+        self.patched_bytes += u64::from(p.new_len);
+        self.patched.push(item);
     }
 
     /// Fills in the header for sequence number `seq` in a segment salted `salt`; the whole
@@ -215,6 +303,48 @@ pub enum Op<'a> {
     Clear {
         db: u8,
     },
+    /// The item under `key` changed as the patch says (the log holds only the change).
+    Patch {
+        db: u8,
+        key: &'a [u8],
+        patch: Patch<'a>,
+    },
+}
+
+/// Reads a patch record's fields after its key (`rest`); the patch and the bytes it took.
+fn parse_patch(rest: &[u8]) -> Option<(Patch<'_>, usize)> {
+    let mut at = 0usize;
+    let mut take = |n: usize| -> Option<&[u8]> {
+        let s = rest.get(at..at.checked_add(n)?)?;
+        at += n;
+        Some(s)
+    };
+    let u32_of = |s: &[u8]| -> Option<u32> { Some(u32::from_le_bytes(s.try_into().ok()?)) };
+    let old_hlen = *take(1)?.first()? as usize;
+    let old_header = take(old_hlen)?;
+    let old_len = u32_of(take(4)?)?;
+    let new_hlen = *take(1)?.first()? as usize;
+    let new_header = take(new_hlen)?;
+    let new_len = u32_of(take(4)?)?;
+    let crc = u32_of(take(4)?)?;
+    let plen = u32_of(take(4)?)? as usize;
+    let prepend = take(plen)?;
+    let pat = u32_of(take(4)?)?;
+    let blen = u32_of(take(4)?)? as usize;
+    let bytes = take(blen)?;
+    Some((
+        Patch {
+            old_header,
+            old_len,
+            new_header,
+            new_len,
+            crc,
+            prepend,
+            at: pat,
+            bytes,
+        },
+        at,
+    ))
 }
 
 /// The records of a batch's payload, in order; an error if the payload does not parse (which,
@@ -257,6 +387,23 @@ pub fn ops(payload: &[u8]) -> impl Iterator<Item = Result<Op<'_>, String>> {
                 )
             }
             [OP_CLEAR, db, ..] => (Op::Clear { db: *db }, 2),
+            [OP_PATCH, db, k0, k1, tail @ ..] => {
+                let klen = u16::from_le_bytes([*k0, *k1]) as usize;
+                let Some(key) = tail.get(..klen) else {
+                    return bad();
+                };
+                let Some((patch, used)) = parse_patch(&tail[klen..]) else {
+                    return bad();
+                };
+                (
+                    Op::Patch {
+                        db: *db,
+                        key,
+                        patch,
+                    },
+                    4 + klen + used,
+                )
+            }
             _ => return bad(),
         };
         at += used;
@@ -717,6 +864,9 @@ pub struct Wal {
     /// When replication is on: the batches appended and not yet taken (`take_tapped`), as
     /// (sequence number, payload); an undone append leaves it too.
     tap: Option<Vec<(u64, Vec<u8>)>>,
+    /// What the last append added to `since_checkpoint` beyond its bytes (its patches'
+    /// values), for `undo`.
+    last_patched: u64,
 }
 
 impl Wal {
@@ -756,6 +906,7 @@ impl Wal {
             since_checkpoint: len.saturating_sub(format.start()),
             unsynced: false,
             tap: None,
+            last_patched: 0,
         };
         if format == Format::Legacy {
             // Its checksums carry no salt, so what `undo` leaves in it would not be safe.
@@ -781,10 +932,14 @@ impl Wal {
     /// Appends `batch` (page cache only; see `sync`) and returns its sequence number.
     pub fn append(&mut self, batch: &mut LogBuf) -> io::Result<u64> {
         let seq = self.next_seq;
+        let patched = batch.patched_bytes();
         let bytes = batch.seal(seq, self.salt)?;
         self.file.write_all_at(bytes, self.len)?;
         self.len += bytes.len() as u64;
-        self.since_checkpoint += bytes.len() as u64;
+        // A patch replays as a rewrite of its whole value: that is what the log's length
+        // since the checkpoint stands for (the recovery's work), so it counts too.
+        self.since_checkpoint += bytes.len() as u64 + patched;
+        self.last_patched = patched;
         self.next_seq += 1;
         self.unsynced = true;
         if let Some(tap) = self.tap.as_mut() {
@@ -816,7 +971,10 @@ impl Wal {
         self.file.write_all_at(&[0u8; HEADER], position)?;
         fdatasync(&self.file)?;
         self.unsynced = false;
-        self.since_checkpoint -= self.len - position;
+        self.since_checkpoint = self
+            .since_checkpoint
+            .saturating_sub(self.len - position + self.last_patched);
+        self.last_patched = 0;
         self.len = position;
         self.next_seq = seq;
         if let Some(tap) = self.tap.as_mut() {

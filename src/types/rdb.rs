@@ -11,14 +11,15 @@
 //!   entries (encoding, data, back-length), `0xFF`; intsets: encoding width (u32 LE: 2, 4 or
 //!   8), count (u32 LE), the integers little-endian in ascending order.
 //!
-//! `decode` reads what redis-server 7.0 writes, and a little more: strings (types 0), lists
-//! (1: plain, 18: quicklist 2 with plain or listpack nodes), sets (2: plain, 11: intset,
-//! 20: listpack, as Redis 7.2 writes), sorted sets (3: text scores, 5: binary scores, 17:
-//! listpack) and hashes (4: plain, 16: listpack). Older encodings (ziplists, zipmaps, the first
-//! quicklist), streams and modules are refused as a bad format, as are empty collections and
-//! duplicate members, fields or NaN scores (Redis refuses those too). Every length is checked
-//! against the bytes left before anything is allocated for it, and what a payload decodes to
-//! is bounded (`decode`'s `limit`): an LZF string can grow about 88-fold.
+//! `decode` reads what redis-server 7.0 writes, and what older ones wrote: strings (types 0),
+//! lists (1: plain, 10: ziplist, 14: quicklist of ziplists (Redis 3.2 to 6.2), 18: quicklist 2
+//! with plain or listpack nodes), sets (2: plain, 11: intset, 20: listpack, as Redis 7.2
+//! writes), sorted sets (3: text scores, 5: binary scores, 12: ziplist, 17: listpack) and
+//! hashes (4: plain, 9: zipmap, 13: ziplist, 16: listpack). Streams and modules are refused as
+//! a bad format, as are empty collections and duplicate members, fields or NaN scores (Redis
+//! refuses those too). Every length is checked against the bytes left before anything is
+//! allocated for it, and what a payload decodes to is bounded (`decode`'s `limit`): an LZF
+//! string can grow about 88-fold.
 //!
 //! `encode` writes plain forms that any Redis 7.0 restores: strings as Redis writes them without
 //! compression (a canonical integer that fits 32 bits in its integer encoding, else raw), lists
@@ -36,7 +37,12 @@ const T_SET: u8 = 2;
 const T_ZSET: u8 = 3;
 const T_HASH: u8 = 4;
 const T_ZSET_2: u8 = 5;
+const T_HASH_ZIPMAP: u8 = 9;
+const T_LIST_ZIPLIST: u8 = 10;
 const T_SET_INTSET: u8 = 11;
+const T_ZSET_ZIPLIST: u8 = 12;
+const T_HASH_ZIPLIST: u8 = 13;
+const T_LIST_QUICKLIST: u8 = 14;
 const T_HASH_LISTPACK: u8 = 16;
 const T_ZSET_LISTPACK: u8 = 17;
 const T_LIST_QUICKLIST_2: u8 = 18;
@@ -128,7 +134,7 @@ pub fn crc64(mut crc: u64, data: &[u8]) -> u64 {
 
 /// Decompresses `input` into exactly `len` bytes; None if it is malformed or decompresses to
 /// any other length.
-fn lzf_decompress(input: &[u8], len: usize) -> Option<Vec<u8>> {
+pub fn lzf_decompress(input: &[u8], len: usize) -> Option<Vec<u8>> {
     // A back reference of 3 input bytes yields at most 264 output bytes: the output can never
     // exceed 88 times the input, whatever `len` claims.
     let mut out: Vec<u8> = Vec::with_capacity(len.min(input.len().saturating_mul(88)));
@@ -211,6 +217,24 @@ pub fn decode(payload: &[u8], limit: usize) -> Result<Value, BadPayload> {
             nonempty(&items)?;
             Ok(Value::List(items))
         }
+        T_LIST_ZIPLIST => {
+            let data = r.string()?;
+            let items = ziplist(&data, &mut r.budget)?;
+            nonempty(&items)?;
+            Ok(Value::List(items))
+        }
+        T_LIST_QUICKLIST => {
+            // Redis 3.2 to 6.2: every node a ziplist (an empty one is passed over, as Redis
+            // does).
+            let nodes = r.plain_len()?;
+            let mut items = Vec::new();
+            for _ in 0..nodes {
+                let data = r.string()?;
+                items.extend(ziplist(&data, &mut r.budget)?);
+            }
+            nonempty(&items)?;
+            Ok(Value::List(items))
+        }
         T_LIST_QUICKLIST_2 => {
             let nodes = r.plain_len()?;
             let mut items = Vec::new();
@@ -266,10 +290,15 @@ pub fn decode(payload: &[u8], limit: usize) -> Result<Value, BadPayload> {
             }
             Ok(Value::ZSet(keyed(pairs)?))
         }
-        T_ZSET_LISTPACK => {
+        T_ZSET_LISTPACK | T_ZSET_ZIPLIST => {
             let data = r.string()?;
+            let flat = if ty == T_ZSET_LISTPACK {
+                listpack(&data, &mut r.budget)?
+            } else {
+                ziplist(&data, &mut r.budget)?
+            };
             let mut pairs = Vec::new();
-            for (m, s) in flat_pairs(listpack(&data, &mut r.budget)?)? {
+            for (m, s) in flat_pairs(flat)? {
                 let s: f64 = std::str::from_utf8(&s)
                     .ok()
                     .and_then(|t| t.parse().ok())
@@ -294,6 +323,16 @@ pub fn decode(payload: &[u8], limit: usize) -> Result<Value, BadPayload> {
         T_HASH_LISTPACK => {
             let data = r.string()?;
             let pairs = flat_pairs(listpack(&data, &mut r.budget)?)?;
+            Ok(Value::Hash(keyed(pairs)?))
+        }
+        T_HASH_ZIPLIST => {
+            let data = r.string()?;
+            let pairs = flat_pairs(ziplist(&data, &mut r.budget)?)?;
+            Ok(Value::Hash(keyed(pairs)?))
+        }
+        T_HASH_ZIPMAP => {
+            let data = r.string()?;
+            let pairs = zipmap(&data, &mut r.budget)?;
             Ok(Value::Hash(keyed(pairs)?))
         }
         _ => Err(BadPayload::Format),
@@ -573,6 +612,163 @@ fn listpack(lp: &[u8], budget: &mut usize) -> Result<Vec<Vec<u8>>, BadPayload> {
         return Err(bad);
     }
     Ok(out)
+}
+
+/// The entries of a ziplist (Redis 2.6 to 6.2's compact list; integers as their decimal text).
+///
+/// Layout: total bytes (u32 LE), offset of the last entry (u32 LE), entry count (u16 LE, 65535
+/// = unknown), the entries, `0xFF`. An entry is the previous entry's size (one byte below 254,
+/// else `0xFE` and a u32 LE), an encoding and its data: `00` + 6-bit, `01` + 14-bit
+/// (big-endian) or `0x80` + 32-bit (big-endian) string lengths; `0xC0`, `0xD0`, `0xE0`,
+/// `0xF0`, `0xFE`: a 16, 32, 64, 24 or 8-bit integer (little-endian); `0xF1` to `0xFD`: the
+/// integers 0 to 12 in the encoding byte itself. The chain of previous sizes, the last-entry
+/// offset and the count are all checked.
+fn ziplist(zl: &[u8], budget: &mut usize) -> Result<Vec<Vec<u8>>, BadPayload> {
+    let bad = BadPayload::Format;
+    const HEADER: usize = 10;
+    if zl.len() < HEADER + 1 {
+        return Err(bad);
+    }
+    let total = u32::from_le_bytes([zl[0], zl[1], zl[2], zl[3]]) as usize;
+    let tail = u32::from_le_bytes([zl[4], zl[5], zl[6], zl[7]]) as usize;
+    let count = u16::from_le_bytes([zl[8], zl[9]]);
+    if total != zl.len() || zl[zl.len() - 1] != 0xff {
+        return Err(bad);
+    }
+    let end = zl.len() - 1;
+    let mut pos = HEADER;
+    let mut prev_size = 0usize;
+    let mut last = HEADER;
+    let mut out = Vec::new();
+    while pos < end {
+        let start = pos;
+        let take = |from: usize, n: usize| -> Result<&[u8], BadPayload> {
+            let to = from.checked_add(n).ok_or(bad)?;
+            if to > end {
+                return Err(bad);
+            }
+            Ok(&zl[from..to])
+        };
+        // The previous entry's size.
+        let prev = match zl[pos] {
+            0xfe => {
+                let b = take(pos + 1, 4)?;
+                pos += 5;
+                u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize
+            }
+            0xff => return Err(bad),
+            n => {
+                pos += 1;
+                n as usize
+            }
+        };
+        if prev != prev_size {
+            return Err(bad);
+        }
+        let enc = *take(pos, 1)?.first().ok_or(bad)?;
+        let int = |from: usize, n: usize| -> Result<Vec<u8>, BadPayload> {
+            let b = take(from, n)?;
+            let mut v: u64 = 0;
+            for (i, byte) in b.iter().enumerate() {
+                v |= (*byte as u64) << (8 * i);
+            }
+            let shift = 64 - 8 * n as u32;
+            Ok((((v << shift) as i64) >> shift).to_string().into_bytes())
+        };
+        let (size, value) = match enc >> 6 {
+            0 => {
+                let n = (enc & 0x3f) as usize;
+                (1 + n, take(pos + 1, n)?.to_vec())
+            }
+            1 => {
+                let b = take(pos + 1, 1)?;
+                let n = (((enc & 0x3f) as usize) << 8) | b[0] as usize;
+                (2 + n, take(pos + 2, n)?.to_vec())
+            }
+            2 => {
+                if enc != 0x80 {
+                    return Err(bad);
+                }
+                let b = take(pos + 1, 4)?;
+                let n = u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize;
+                (
+                    5usize.checked_add(n).ok_or(bad)?,
+                    take(pos + 5, n)?.to_vec(),
+                )
+            }
+            _ => match enc {
+                0xc0 => (3, int(pos + 1, 2)?),
+                0xd0 => (5, int(pos + 1, 4)?),
+                0xe0 => (9, int(pos + 1, 8)?),
+                0xf0 => (4, int(pos + 1, 3)?),
+                0xfe => (2, int(pos + 1, 1)?),
+                0xf1..=0xfd => (1, ((enc & 0x0f) - 1).to_string().into_bytes()),
+                _ => return Err(bad),
+            },
+        };
+        pos += size;
+        prev_size = pos - start;
+        last = start;
+        charge(budget, value.len())?;
+        out.push(value);
+    }
+    if tail != last || (count != u16::MAX && count as usize != out.len()) {
+        return Err(bad);
+    }
+    Ok(out)
+}
+
+/// The pairs of a zipmap (the hash encoding of Redis before 2.6).
+///
+/// Layout: a count byte (254 and up: unknown), then per pair the key's length, the key, the
+/// value's length, a count of unused bytes after the value (one byte), the value and those
+/// unused bytes; `0xFF` ends it. A length is one byte below 254, else `0xFE` and a u32 LE.
+fn zipmap(zm: &[u8], budget: &mut usize) -> Result<Pairs, BadPayload> {
+    let bad = BadPayload::Format;
+    let count = *zm.first().ok_or(bad)?;
+    let mut pos = 1;
+    let len = |pos: &mut usize| -> Result<usize, BadPayload> {
+        match *zm.get(*pos).ok_or(bad)? {
+            0xfe => {
+                let b = zm.get(*pos + 1..*pos + 5).ok_or(bad)?;
+                *pos += 5;
+                Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+            }
+            0xff => Err(bad),
+            n => {
+                *pos += 1;
+                Ok(n as usize)
+            }
+        }
+    };
+    let bytes = |pos: &mut usize, n: usize| -> Result<Vec<u8>, BadPayload> {
+        let to = pos.checked_add(n).ok_or(bad)?;
+        let b = zm.get(*pos..to).ok_or(bad)?.to_vec();
+        *pos = to;
+        Ok(b)
+    };
+    let mut pairs = Vec::new();
+    loop {
+        match zm.get(pos) {
+            None => return Err(bad),
+            Some(0xff) => break,
+            Some(_) => {}
+        }
+        let kl = len(&mut pos)?;
+        let key = bytes(&mut pos, kl)?;
+        let vl = len(&mut pos)?;
+        let free = *zm.get(pos).ok_or(bad)? as usize;
+        pos += 1;
+        let value = bytes(&mut pos, vl)?;
+        bytes(&mut pos, free)?;
+        charge(budget, key.len())?;
+        charge(budget, value.len())?;
+        pairs.push((key, value));
+    }
+    if pos + 1 != zm.len() || (count < 254 && count as usize != pairs.len()) {
+        return Err(bad);
+    }
+    Ok(pairs)
 }
 
 /// The members of an intset (as decimal text).
@@ -1037,6 +1233,232 @@ mod tests {
         // Within the format, past the limit.
         let big = encode(&Value::String(vec![1; 1000]));
         assert_eq!(decode(&big, 500), Err(BadPayload::TooLarge));
+    }
+
+    /// A DUMP payload around `body` (type byte and value).
+    fn seal(body: &[u8]) -> Vec<u8> {
+        let mut p = body.to_vec();
+        p.extend_from_slice(&RDB_VERSION.to_le_bytes());
+        let crc = crc64(0, &p);
+        p.extend_from_slice(&crc.to_le_bytes());
+        p
+    }
+
+    /// `body` as an RDB string (a plain length and the bytes).
+    fn rdb_str(body: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        put_len(&mut out, body.len() as u64);
+        out.extend_from_slice(body);
+        out
+    }
+
+    /// A ziplist of these entries, built from the format's description (prevlen, the smallest
+    /// encoding for integers, string lengths of 6, 14 or 32 bits), as Redis 6 lays them out.
+    fn zl_build(entries: &[&[u8]]) -> Vec<u8> {
+        let mut body = Vec::new();
+        let (mut prev, mut last) = (0usize, 10usize);
+        for e in entries {
+            let start = body.len();
+            last = 10 + start;
+            if prev < 254 {
+                body.push(prev as u8);
+            } else {
+                body.push(0xfe);
+                body.extend_from_slice(&(prev as u32).to_le_bytes());
+            }
+            match canonical_int(e) {
+                Some(n @ 0..=12) => body.push(0xf1 + n as u8),
+                Some(n) if i8::try_from(n).is_ok() => body.extend_from_slice(&[0xfe, n as u8]),
+                Some(n) if i16::try_from(n).is_ok() => {
+                    body.push(0xc0);
+                    body.extend_from_slice(&(n as i16).to_le_bytes());
+                }
+                Some(n) if (-(1 << 23)..(1 << 23)).contains(&n) => {
+                    body.push(0xf0);
+                    body.extend_from_slice(&(n as i32).to_le_bytes()[..3]);
+                }
+                Some(n) if i32::try_from(n).is_ok() => {
+                    body.push(0xd0);
+                    body.extend_from_slice(&(n as i32).to_le_bytes());
+                }
+                Some(n) => {
+                    body.push(0xe0);
+                    body.extend_from_slice(&n.to_le_bytes());
+                }
+                None if e.len() < 64 => body.push(e.len() as u8),
+                None if e.len() < 16384 => {
+                    body.extend_from_slice(&[0x40 | (e.len() >> 8) as u8, e.len() as u8])
+                }
+                None => {
+                    body.push(0x80);
+                    body.extend_from_slice(&(e.len() as u32).to_be_bytes());
+                }
+            }
+            if canonical_int(e).is_none() {
+                body.extend_from_slice(e);
+            }
+            prev = body.len() - start;
+        }
+        let mut zl = Vec::new();
+        zl.extend_from_slice(&((body.len() + 11) as u32).to_le_bytes());
+        zl.extend_from_slice(&(last as u32).to_le_bytes());
+        zl.extend_from_slice(&(entries.len().min(65535) as u16).to_le_bytes());
+        zl.extend_from_slice(&body);
+        zl.push(0xff);
+        zl
+    }
+
+    /// A ziplist written out byte by byte: "ab", 7, -2, 300, 70000, -10000000, 5000000000 (every
+    /// encoding but the long strings).
+    const ZIPLIST: [u8; 45] = [
+        45, 0, 0, 0, // total bytes
+        34, 0, 0, 0, // offset of the last entry
+        7, 0, // count
+        0x00, 0x02, b'a', b'b', // "ab"
+        0x04, 0xf8, // 7, in the encoding byte
+        0x02, 0xfe, 0xfe, // -2, 8 bits
+        0x03, 0xc0, 0x2c, 0x01, // 300, 16 bits
+        0x04, 0xf0, 0x70, 0x11, 0x01, // 70000, 24 bits
+        0x05, 0xd0, 0x80, 0x69, 0x67, 0xff, // -10000000, 32 bits
+        0x06, 0xe0, 0x00, 0xf2, 0x05, 0x2a, 0x01, 0x00, 0x00, 0x00, // 5000000000, 64 bits
+        0xff,
+    ];
+
+    #[test]
+    fn ziplists_of_redis_6_decode() {
+        let want = strs(&["ab", "7", "-2", "300", "70000", "-10000000", "5000000000"]);
+        assert_eq!(
+            zl_build(&want.iter().map(Vec::as_slice).collect::<Vec<_>>()),
+            ZIPLIST
+        );
+        // A list as Redis before 3.2 wrote it (type 10).
+        let p = seal(&[&[T_LIST_ZIPLIST][..], &rdb_str(&ZIPLIST)].concat());
+        assert_eq!(decode(&p, BIG), Ok(Value::List(want.clone())));
+
+        // A quicklist of Redis 3.2 to 6.2 (type 14): two ziplist nodes, the second an
+        // LZF-compressed string (one literal run), and an empty node, which is passed over.
+        let small = zl_build(&[b"x", b"-1"]);
+        let mut body = vec![T_LIST_QUICKLIST, 3];
+        body.extend(rdb_str(&ZIPLIST));
+        body.extend([
+            0xc3,
+            small.len() as u8 + 1,
+            small.len() as u8,
+            small.len() as u8 - 1,
+        ]);
+        body.extend(&small);
+        body.extend(rdb_str(&zl_build(&[])));
+        let mut all = want.clone();
+        all.extend(strs(&["x", "-1"]));
+        assert_eq!(decode(&seal(&body), BIG), Ok(Value::List(all)));
+
+        // Long entries: 14 and 32-bit string lengths, previous sizes of 254 and more.
+        let long: Vec<Vec<u8>> = vec![
+            vec![b'a'; 63],
+            vec![b'b'; 64],
+            vec![b'c'; 300],
+            b"-9223372036854775808".to_vec(),
+            vec![b'd'; 16384],
+            b"12".to_vec(),
+            b"13".to_vec(),
+        ];
+        let zl = zl_build(&long.iter().map(Vec::as_slice).collect::<Vec<_>>());
+        let p = seal(&[&[T_LIST_QUICKLIST, 1][..], &rdb_str(&zl)].concat());
+        assert_eq!(decode(&p, BIG), Ok(Value::List(long)));
+
+        // Sorted sets (type 12: member, score as text or integer) and hashes (type 13).
+        let zl = zl_build(&[b"a", b"1.5", b"b", b"2", b"c", b"-inf"]);
+        let p = seal(&[&[T_ZSET_ZIPLIST][..], &rdb_str(&zl)].concat());
+        assert_eq!(
+            decode(&p, BIG),
+            Ok(Value::ZSet(vec![
+                (b"a".to_vec(), 1.5),
+                (b"b".to_vec(), 2.0),
+                (b"c".to_vec(), f64::NEG_INFINITY)
+            ]))
+        );
+        let zl = zl_build(&[b"f", b"v", b"n", b"12"]);
+        let p = seal(&[&[T_HASH_ZIPLIST][..], &rdb_str(&zl)].concat());
+        assert_eq!(
+            decode(&p, BIG),
+            Ok(Value::Hash(vec![
+                (b"f".to_vec(), b"v".to_vec()),
+                (b"n".to_vec(), b"12".to_vec())
+            ]))
+        );
+    }
+
+    #[test]
+    fn damaged_ziplists_are_refused() {
+        let list = |zl: &[u8]| seal(&[&[T_LIST_ZIPLIST][..], &rdb_str(zl)].concat());
+        let mut cases: Vec<(&str, Vec<u8>)> = Vec::new();
+        let mut z = ZIPLIST.to_vec();
+        z[14] = 5;
+        cases.push(("a wrong previous size", z));
+        let mut z = ZIPLIST.to_vec();
+        z[4] = 28;
+        cases.push(("a wrong last-entry offset", z));
+        let mut z = ZIPLIST.to_vec();
+        z[8] = 6;
+        cases.push(("a wrong count", z));
+        let mut z = ZIPLIST.to_vec();
+        z[0] = 44;
+        cases.push(("a wrong total", z));
+        let mut z = ZIPLIST.to_vec();
+        z[11] = 0x30;
+        cases.push(("a string running past the end", z));
+        let mut z = ZIPLIST.to_vec();
+        z[15] = 0xff;
+        cases.push(("the end marker as an encoding", z));
+        let mut z = ZIPLIST.to_vec();
+        z[44] = 0;
+        cases.push(("no end marker", z));
+        cases.push(("nothing", Vec::new()));
+        for (what, z) in cases {
+            assert_eq!(decode(&list(&z), BIG), Err(BadPayload::Format), "{what}");
+        }
+        // Empty, as a whole list; odd, as pairs; duplicate fields.
+        assert_eq!(decode(&list(&zl_build(&[])), BIG), Err(BadPayload::Format));
+        let odd = seal(&[&[T_HASH_ZIPLIST][..], &rdb_str(&zl_build(&[b"f"]))].concat());
+        assert_eq!(decode(&odd, BIG), Err(BadPayload::Format));
+        let dup = zl_build(&[b"f", b"1", b"f", b"2"]);
+        let dup = seal(&[&[T_HASH_ZIPLIST][..], &rdb_str(&dup)].concat());
+        assert_eq!(decode(&dup, BIG), Err(BadPayload::Format));
+        let nan = seal(&[&[T_ZSET_ZIPLIST][..], &rdb_str(&zl_build(&[b"a", b"nan"]))].concat());
+        assert_eq!(decode(&nan, BIG), Err(BadPayload::Format));
+        // Within the format, past the limit.
+        assert_eq!(decode(&list(&ZIPLIST), 60), Err(BadPayload::TooLarge));
+    }
+
+    #[test]
+    fn zipmaps_decode() {
+        // Two pairs, the second value followed by two unused bytes, then a long key (its
+        // length in the 5-byte form).
+        let mut zm = vec![
+            3, 1, b'f', 1, 0, b'v', 1, b'k', 3, 2, b'v', b'a', b'l', 0, 0,
+        ];
+        zm.extend([0xfe, 44, 1, 0, 0]);
+        zm.extend([b'K'; 300]);
+        zm.extend([0, 0, 0xff]);
+        let p = seal(&[&[T_HASH_ZIPMAP][..], &rdb_str(&zm)].concat());
+        assert_eq!(
+            decode(&p, BIG),
+            Ok(Value::Hash(vec![
+                (b"f".to_vec(), b"v".to_vec()),
+                (b"k".to_vec(), b"val".to_vec()),
+                (vec![b'K'; 300], Vec::new()),
+            ]))
+        );
+        for bad in [
+            &[1, 1, b'f', 1, 0, b'v'][..],                        // no end marker
+            &[2, 1, b'f', 1, 0, b'v', 0xff],                      // a wrong count
+            &[1, 1, b'f', 1, 5, b'v', 0xff],                      // unused bytes past the end
+            &[1, 1, b'f', 1, 0, b'v', 0xff, 0],                   // bytes after the end marker
+            &[2, 1, b'f', 1, 0, b'v', 1, b'f', 1, 0, b'w', 0xff], // a duplicate field
+        ] {
+            let p = seal(&[&[T_HASH_ZIPMAP][..], &rdb_str(bad)].concat());
+            assert_eq!(decode(&p, BIG), Err(BadPayload::Format), "{bad:?}");
+        }
     }
 
     #[test]

@@ -21,7 +21,7 @@ use super::{Submission, Writer};
 use crate::command::{Outcome, ReplInstall, WriteOp};
 use crate::config::SyncMode;
 use crate::engine::repl::{Hub, REPL_KEY, encode_position};
-use crate::storage::lmdb::DB_META;
+use crate::storage::lmdb::{DB_META, Replay};
 use crate::storage::overlay::Map;
 use crate::storage::wal::{Op, ops};
 
@@ -118,7 +118,7 @@ impl<T: Send + Clone> Writer<T> {
                 .map_err(|e| format!("cannot open {}: {e}", x.path.display()))?;
             let (mut rw, _) = store.write_txn().map_err(|e| e.to_string())?.into_parts();
             for db in DBS {
-                store.replay(&mut rw, Op::Clear { db })?;
+                store.replay(&mut rw, Op::Clear { db }, Replay::Exact)?;
             }
             let mut records = 0u64;
             let mut chunk = Vec::new();
@@ -133,7 +133,7 @@ impl<T: Send + Clone> Writer<T> {
                 file.read_exact(&mut chunk)
                     .map_err(|e| format!("cannot read the copy: {e}"))?;
                 for op in ops(&chunk) {
-                    store.replay(&mut rw, op?)?;
+                    store.replay(&mut rw, op?, Replay::Exact)?;
                     records += 1;
                 }
             }
@@ -145,6 +145,7 @@ impl<T: Send + Clone> Writer<T> {
                     key: REPL_KEY,
                     value: &pos,
                 },
+                Replay::Exact,
             )?;
             let id = rw.id();
             rw.commit()
