@@ -318,7 +318,7 @@ fn patched(
     p: &Patch<'_>,
 ) -> Result<Option<Vec<u8>>, StoreError> {
     let bad = |why: &str| {
-        StoreError::damaged(&format!(
+        StoreError::damaged(format!(
             "a replicated patch of key {:?} {why}",
             String::from_utf8_lossy(&key[..key.len().min(64)])
         ))
