@@ -615,3 +615,35 @@ fn a_full_copy_of_100k_keys_while_the_primary_takes_writes_converges() {
         );
     }
 }
+
+#[test]
+fn a_replica_behind_more_than_the_backlog_takes_a_full_copy() {
+    let p = Server::start_with(
+        env!("CARGO_BIN_EXE_memkeep"),
+        Options {
+            resp: true,
+            args: vec!["--repl-backlog-size".into(), "4k".into()],
+            ..Options::default()
+        },
+    );
+    write_everything(&p, 0);
+    let mut r = replica_of(&p);
+    converge(&p, &r);
+    r.kill9();
+    let mut c = resp(&p);
+    for i in 0..200 {
+        ok(c.cmd(&format!("SET behind{i} {}", "v".repeat(100))));
+    }
+    assert!(
+        info(&p, "repl_backlog_histlen")
+            .parse::<u64>()
+            .expect("number")
+            <= 4096 + 200,
+        "the backlog stays within its size"
+    );
+    r.relaunch();
+    converge(&p, &r);
+    assert_eq!(info(&r, "memkeep_full_copies_taken"), "1");
+    assert_eq!(info(&r, "memkeep_continues_taken"), "0");
+    assert_same(&p, &r);
+}
