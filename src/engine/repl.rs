@@ -69,6 +69,9 @@ struct Backlog {
     /// The position just before the oldest frame (or, with none, `last_seq`/`offset`).
     first_seq: u64,
     first_offset: u64,
+    /// Frames are kept only once a replica has asked for the stream (as Redis creates its
+    /// backlog with the first replica): until then only the position moves.
+    active: bool,
 }
 
 /// Why frames could not be served from a position.
@@ -109,6 +112,7 @@ impl Hub {
                 offset: 0,
                 first_seq: last_seq,
                 first_offset: 0,
+                active: false,
             }),
             grew: Condvar::new(),
             commits: Mutex::new(commits),
@@ -182,6 +186,13 @@ impl Hub {
                 b.first_seq = seq - 1;
                 b.first_offset = b.offset;
             }
+            if !b.active {
+                b.offset += (FRAME_HEADER + payload.len()) as u64;
+                b.last_seq = seq;
+                b.first_seq = seq;
+                b.first_offset = b.offset;
+                continue;
+            }
             let data: Arc<[u8]> = frame(&payload).into();
             b.offset += data.len() as u64;
             b.bytes += data.len();
@@ -198,6 +209,16 @@ impl Hub {
         }
         drop(b);
         self.grew.notify_all();
+    }
+
+    /// A replica asked for the stream: keep frames from now on.
+    pub fn activate(&self) {
+        lock(&self.backlog).active = true;
+    }
+
+    /// Whether frames are kept (INFO's `repl_backlog_active`).
+    pub fn active(&self) -> bool {
+        lock(&self.backlog).active
     }
 
     /// The replication id and the offset past the last batch released.
@@ -400,6 +421,7 @@ mod tests {
     #[test]
     fn the_backlog_serves_from_any_batch_boundary_it_still_holds() {
         let hub = Hub::new("a".repeat(40), 40, 7, 3);
+        hub.activate();
         let mut batches = vec![(8, vec![1u8; 10]), (9, vec![2u8; 10])];
         hub.release(&mut batches);
         assert_eq!(hub.offset(), 30);
@@ -427,6 +449,7 @@ mod tests {
     #[test]
     fn a_gap_resets_the_backlog() {
         let hub = Hub::new("x".into(), 1 << 20, 0, 1);
+        hub.activate();
         hub.release(&mut vec![(1, vec![0; 3])]);
         hub.release(&mut vec![(5, vec![0; 3])]);
         assert_eq!(
@@ -438,6 +461,21 @@ mod tests {
                 .map(|f| f.len()),
             Ok(1)
         );
+    }
+
+    #[test]
+    fn until_a_replica_asks_only_the_position_moves() {
+        let hub = Hub::new("x".into(), 1 << 20, 4, 1);
+        hub.release(&mut vec![(5, vec![0; 3]), (6, vec![0; 5])]);
+        assert_eq!(hub.offset(), 18);
+        assert_eq!(hub.backlog_span(), (18, 0));
+        assert_eq!(hub.offset_of_seq(6), Ok(Some(18)));
+        assert_eq!(hub.offset_of_seq(5), Err(Gone::NotHeld));
+        hub.activate();
+        hub.release(&mut vec![(7, vec![0; 1])]);
+        assert_eq!(hub.offset_of_seq(6), Ok(Some(18)));
+        let f = hub.frames_after(18, 1 << 20, Duration::ZERO).expect("held");
+        assert_eq!(f.iter().map(|f| f.seq).collect::<Vec<_>>(), vec![7]);
     }
 
     #[test]

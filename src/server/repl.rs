@@ -380,6 +380,7 @@ fn stream_to(
     offset: i64,
     peer: &Arc<Peer>,
 ) -> io::Result<()> {
+    hub.activate();
     let mut out = io::BufWriter::with_capacity(64 << 10, stream);
     let from = if offset > 0 && hub.can_continue(replid, offset as u64 - 1) && !hub.is_replica() {
         let from = offset as u64 - 1;
@@ -1081,7 +1082,7 @@ pub fn info(repl: &Repl, backlog_size: u64) -> String {
     let _ = write!(
         s,
         "master_failover_state:no-failover\r\nmaster_replid:{replid}\r\nmaster_replid2:0000000000000000000000000000000000000000\r\nmaster_repl_offset:{offset}\r\nsecond_repl_offset:-1\r\nrepl_backlog_active:{}\r\nrepl_backlog_size:{backlog_size}\r\nrepl_backlog_first_byte_offset:{}\r\nrepl_backlog_histlen:{histlen}\r\n",
-        u8::from(link.is_none()),
+        u8::from(link.is_none() && repl.hub().is_some_and(|h| h.active())),
         first + 1,
     );
     let _ = write!(
