@@ -3,7 +3,7 @@
 
 Usage (from the repo root; `make bench` / `make bench-quick` run it through ./.venv/bin/python):
 
-    bench/run.py [--only W1,W2,W3,W3b,W3z,W4,restart,scaling,multi,queue,eval] [--scale 0.1] [--out BENCHMARKS.md]
+    bench/run.py [--only W1,W2,W3,W3b,W3z,W4,restart,scaling,multi,queue,eval,edits] [--scale 0.1] [--out BENCHMARKS.md]
                  [--chart bench/throughput.svg] [--keep-json PATH] [--servers a,b,...]
     bench/run.py --from-json results.jsonl --out BENCHMARKS.md   # re-render a finished run
 
@@ -39,6 +39,9 @@ Workloads (N is multiplied by --scale):
            redis-always, each point a fresh server, at most --durable-secs seconds of SETs
   eval     redis-benchmark -n 50000 EVAL "return redis.call('INCR', KEYS[1])" 1 counter (50
            clients): memkeep-always vs redis-always, memkeep-never vs redis-nopersist
+  edits    small edits of large values: redis-benchmark -c 16 APPEND of 16 bytes to a 1 MiB
+           string, SETRANGE of 16 bytes inside it, BITFIELD INCRBY of a byte of a 1 MiB bitmap:
+           memkeep-always vs redis-always, memkeep-never vs redis-nopersist
   queue    memkeep-bench's queue phase: P producers LPUSH 100-byte messages, C consumers BRPOP
            them, every message checked delivered exactly once; (P, C) = (1, 1) and (8, 8);
            memkeep-always vs redis-always, messages per second, at most --durable-secs seconds
@@ -77,7 +80,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-ALL_WORKLOADS = ["W1", "W2", "W3", "W3b", "W3z", "W4", "restart", "scaling", "multi", "queue", "tls", "eval"]
+ALL_WORKLOADS = ["W1", "W2", "W3", "W3b", "W3z", "W4", "restart", "scaling", "multi", "queue", "tls", "eval",
+                 "edits"]
 
 MEMKEEP_MODES = {
     "memkeep-always": ["--sync", "always"],
@@ -138,6 +142,15 @@ TLS_SERVERS = ["memkeep-never", "redis-nopersist"]
 EVAL_SERVERS = ["memkeep-always", "memkeep-never", "redis-nopersist", "redis-always"]
 EVAL_SCRIPT = "return redis.call('INCR', KEYS[1])"
 EVAL_TESTS = ["eval"]
+# edits: a 1 MiB string and a 1 MiB bitmap, each request changing a few bytes of one of them (a
+# whole-value write per request in a store that logs whole values; memkeep logs the change).
+EDITS_SERVERS = EVAL_SERVERS
+EDITS_SIZE = 1 << 20
+EDITS_COMMANDS = [
+    "APPEND big 0123456789abcdef",
+    "SETRANGE big 500000 0123456789abcdef",
+    "BITFIELD bits INCRBY u8 #70000 1",
+]
 TLS_TESTS = ["set", "get"]
 
 # Every live server process, so that `finally` can stop whatever is left.
@@ -766,6 +779,28 @@ class Runner:
         self.run_rb_series("eval", [s for s in self.resp_servers() if s in EVAL_SERVERS], n, EVAL_TESTS,
                            lambda srv, t: ["-n", str(n), "--csv", "EVAL", EVAL_SCRIPT, "1", "counter"])
 
+    def fill_edits(self, srv: Server) -> None:
+        """`big`: EDITS_SIZE bytes of `x`; `bits`: a bitmap of EDITS_SIZE bytes."""
+        with socket.create_connection(("127.0.0.1", srv.resp_port), timeout=60) as sock:
+            big = b"x" * EDITS_SIZE
+            sock.sendall(b"*3\r\n$3\r\nSET\r\n$3\r\nbig\r\n$%d\r\n%s\r\n" % (len(big), big))
+            last = str(EDITS_SIZE * 8 - 1).encode()
+            sock.sendall(b"*4\r\n$6\r\nSETBIT\r\n$4\r\nbits\r\n$%d\r\n%s\r\n$1\r\n1\r\n" % (len(last), last))
+            buf = b""
+            while buf.count(b"\r\n") < 2:
+                chunk = sock.recv(100)
+                if not chunk:
+                    raise BenchError("edits fill: connection closed")
+                buf += chunk
+            if buf != b"+OK\r\n:0\r\n":
+                raise BenchError(f"edits fill: {buf[:100]!r}")
+
+    def run_edits(self) -> None:
+        n = self.n(self.args.n_edits)
+        self.run_rb_series("edits", [s for s in self.resp_servers() if s in EDITS_SERVERS], n, EDITS_COMMANDS,
+                           lambda srv, c: ["-c", "16", "-n", str(n), "--csv"] + c.split(),
+                           setup=self.fill_edits)
+
     def tls_cert(self) -> tuple[Path, Path]:
         """A self-signed certificate for 127.0.0.1 (the run's only CA): (cert, key)."""
         d = self.tmp / "tls"
@@ -961,6 +996,11 @@ class Runner:
             log(f"eval: redis-benchmark -n {self.n(self.args.n_eval)} EVAL \"{EVAL_SCRIPT}\" 1 counter, "
                 f"{', '.join(s for s in self.resp_servers() if s in EVAL_SERVERS)}")
             self.run_eval()
+        if "edits" in only:
+            self.probe("before edits")
+            log(f"edits: redis-benchmark -c 16 -n {self.n(self.args.n_edits)}, "
+                f"{'; '.join(EDITS_COMMANDS)}, {', '.join(s for s in self.resp_servers() if s in EDITS_SERVERS)}")
+            self.run_edits()
         if "queue" in only:
             self.probe("before queue")
             log(f"queue: LPUSH / BRPOP for {self.durable_secs():g} s, (producers, consumers) "
@@ -1229,6 +1269,7 @@ class Report:
         self.md_rb(w, "W3z", f"W3z: ranks in a sorted set of {W3Z_MEMBERS:,} members (requests/s, 50 clients)")
         self.md_rb(w, "tls", "TLS: redis-benchmark --tls (requests/s, 16 clients) and full handshakes/s (openssl s_time)")
         self.md_rb(w, "eval", "eval: one Lua script per request, `EVAL \"return redis.call('INCR', KEYS[1])\" 1 counter` (requests/s, 50 clients)")
+        self.md_rb(w, "edits", "edits: a few bytes of a 1 MiB string or bitmap changed per request (requests/s, 16 clients)")
         self.md_restart(w)
         self.md_scaling(w)
         self.md_durable(w)
@@ -1292,7 +1333,7 @@ class Report:
         w("| test | " + " | ".join(servers) + " |")
         w("|---|" + "---|" * len(servers))
         labels = {"W3b": W3B_COMMANDS, "W3z": W3Z_COMMANDS, "tls": TLS_TESTS + ["handshakes"],
-                  "eval": EVAL_TESTS}.get(workload)
+                  "eval": EVAL_TESTS, "edits": EDITS_COMMANDS}.get(workload)
         tests = self.rb_tests(workload)
         if labels:
             tests = labels
@@ -1487,10 +1528,11 @@ class Report:
             kv(wl, "memkeep-always", "memcache", "memcached", "memcache", "get")
         for wl, title in (("W3", "W3 redis-benchmark"), ("W3b", "W3b hashes and sorted sets"),
                           ("W3z", "W3z ranks in a 100,000-member sorted set"),
-                          ("tls", "TLS (redis-benchmark --tls, openssl s_time)")):
+                          ("tls", "TLS (redis-benchmark --tls, openssl s_time)"),
+                          ("edits", "Small edits of 1 MiB values (APPEND, SETRANGE, BITFIELD)")):
             group = title
             for mk, ref in (("memkeep-always", "redis-always"), ("memkeep-never", "redis-nopersist")):
-                tests = {"W3b": W3B_COMMANDS, "W3z": W3Z_COMMANDS,
+                tests = {"W3b": W3B_COMMANDS, "W3z": W3Z_COMMANDS, "edits": EDITS_COMMANDS,
                          "tls": TLS_TESTS + ["handshakes"]}.get(wl) or self.rb_tests(wl)
                 for t in tests:
                     a, ea = self.rb_cell(wl, mk, t)
@@ -1778,6 +1820,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--n-w3", type=int, default=50_000, help="W3 redis-benchmark -n (default 50000)")
     p.add_argument("--n-w3b", type=int, default=30_000, help="W3b redis-benchmark -n (default 30000)")
     p.add_argument("--n-eval", type=int, default=50_000, help="eval redis-benchmark -n (default 50000)")
+    p.add_argument("--n-edits", type=int, default=20_000, help="edits redis-benchmark -n per command (default 20000)")
     p.add_argument("--n-w4a", type=int, default=300_000, help="W4a keys (default 300000)")
     p.add_argument("--n-w4b", type=int, default=1_000_000, help="W4b keys (default 1000000)")
     p.add_argument("--n-scaling", type=int, default=2_000_000,

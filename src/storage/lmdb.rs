@@ -850,9 +850,7 @@ fn concat_shared(parts: &[&[u8]]) -> std::sync::Arc<[u8]> {
     if let Some(dst) = std::sync::Arc::get_mut(&mut buf) {
         let mut at = 0;
         for p in parts {
-            for (d, s) in dst[at..at + p.len()].iter_mut().zip(p.iter()) {
-                d.write(*s);
-            }
+            dst[at..at + p.len()].write_copy_of_slice(p);
             at += p.len();
         }
         // SAFETY: `buf` was just made, so `get_mut` gave the only reference, and the loop

@@ -6,7 +6,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::model::{History, Read, Rng, value};
+use crate::model::{History, OpKind, Read, Rng, chunk, value};
 
 /// Read and write timeout of every socket: a server that stops answering fails the read.
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -14,6 +14,9 @@ const IO_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_OPS: usize = 200_000;
 /// Share of the load's operations that are deletes, in percent.
 const DELETE_PCT: u64 = 8;
+/// Of the operations on a key whose value is surely there and under `APPEND_MAX` bytes.
+const APPEND_PCT: u64 = 40;
+const APPEND_MAX: usize = 64 * 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Proto {
@@ -94,6 +97,25 @@ impl Conn {
                 self.resp_send(&[b"SET", key.as_bytes(), val])?;
                 let l = self.line()?;
                 Ok(if l == "+OK" { Ok(()) } else { Err(l) })
+            }
+        }
+    }
+
+    /// An append to a value that is there.
+    pub fn append(&mut self, key: &str, val: &[u8]) -> io::Result<Result<(), String>> {
+        match self.proto {
+            Proto::Mc => {
+                let mut req = format!("append {key} 0 0 {}\r\n", val.len()).into_bytes();
+                req.extend_from_slice(val);
+                req.extend_from_slice(b"\r\n");
+                self.w.write_all(&req)?;
+                let l = self.line()?;
+                Ok(if l == "STORED" { Ok(()) } else { Err(l) })
+            }
+            Proto::Resp => {
+                self.resp_send(&[b"APPEND", key.as_bytes(), val])?;
+                let l = self.line()?;
+                Ok(if l.starts_with(':') { Ok(()) } else { Err(l) })
             }
         }
     }
@@ -192,18 +214,26 @@ pub fn load(
             break;
         }
         let k = rng.below(log.histories.len() as u64) as usize;
-        let set = !rng.pct(DELETE_PCT);
         let h = &mut log.histories[k];
-        let i = h.push(set);
-        let res = if set {
-            let v = value(&h.key, h.ops[i].version);
-            c.set(&h.key, &v)
+        // Appends go to values known to be there, and stop growing them past APPEND_MAX.
+        let append = h.sure_len().is_some_and(|n| n < APPEND_MAX) && rng.pct(APPEND_PCT);
+        let kind = if append {
+            OpKind::Append
+        } else if rng.pct(DELETE_PCT) {
+            OpKind::Delete
         } else {
-            c.delete(&h.key)
+            OpKind::Set
+        };
+        let i = h.push(kind);
+        let res = match kind {
+            OpKind::Set => c.set(&h.key, &value(&h.key, h.ops[i].version)),
+            OpKind::Append => c.append(&h.key, &chunk(&h.key, h.ops[i].version)),
+            OpKind::Delete => c.delete(&h.key),
         };
         match res {
             Ok(Ok(())) => h.ops[i].acked_at = Some(Instant::now()),
             Ok(Err(reply)) => {
+                h.ops[i].refused = true;
                 log.refusals += 1;
                 if cut_at().is_none() && log.early_refusals.len() < 5 {
                     log.early_refusals.push(format!("{}: {reply}", h.key));

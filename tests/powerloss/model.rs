@@ -1,17 +1,21 @@
 //! What the load wrote, and the judge of what a store gives back after a power cut.
 //!
 //! Every key belongs to one client connection, which sends one request at a time: its history
-//! is the sequence of operations sent for it (a set of a new version, or a delete), each with
-//! the moment its success reply arrived, if it did. Operation `i` (from 0) carries version
-//! `i + 1`; a set's value is `value(key, version)`, which starts with the version and is
-//! otherwise filled from a generator seeded by the key and version, so a value read back names
-//! the one operation that can have written it, and any other byte string (torn, mixed up, from
-//! another key) is wrong.
+//! is the sequence of operations sent for it (a set of a new version, an append, or a delete),
+//! each with the moment its success reply arrived, if it did. Operation `i` (from 0) carries
+//! version `i + 1`; a set's value is `value(key, version)`, which starts with the version and
+//! is otherwise filled from a generator seeded by the key and version, and an append adds
+//! `chunk(key, version)`, which starts with `+<version>:` and has a length of its own. So a
+//! value read back names the operations that made it (a set, then the appends after it, in
+//! order), and any other byte string (torn, mixed up, from another key) is wrong. Appends go
+//! to values the load knows are there; on values of 4 KiB and more memkeep logs them as
+//! patches (only the appended bytes), which is what they are here to put under power cuts.
 //!
 //! A read after the cut is judged against the history: a value must be exactly one of the
-//! versions set for that key; an absent key stands for the latest delete sent (or the time
-//! before the first operation). The operations acknowledged before the cut that come after
-//! the state read back are lost.
+//! states the key went through (a set and every append after it up to some operation, skipping
+//! only appends the server refused); an absent key stands for the latest delete sent (or the
+//! time before the first operation). The operations acknowledged before the cut that come
+//! after the state read back are lost.
 
 use std::time::{Duration, Instant};
 
@@ -66,19 +70,48 @@ pub fn value(key: &str, version: u32) -> Vec<u8> {
     v
 }
 
+/// What an append of `version` adds to `key`'s value: 8 to 300 bytes after a `+<version>:`
+/// header.
+pub fn chunk(key: &str, version: u32) -> Vec<u8> {
+    let mut rng = Rng(hash(key) ^ (version as u64).wrapping_mul(0x9FB2_1C65_1E98_DF25) ^ 1);
+    let len = rng.range(8, 301) as usize;
+    let mut v = format!("+{version}:").into_bytes();
+    let len = len.max(v.len() + 1);
+    while v.len() < len {
+        v.extend_from_slice(&rng.next().to_le_bytes());
+    }
+    v.truncate(len);
+    v
+}
+
 /// The version a value claims to be.
 pub fn version_of(v: &[u8]) -> Option<u32> {
     let colon = v.iter().take(11).position(|&b| b == b':')?;
     std::str::from_utf8(&v[..colon]).ok()?.parse().ok()
 }
 
+/// The version an append's chunk at the start of `v` claims to be.
+fn chunk_version(v: &[u8]) -> Option<u32> {
+    version_of(v.strip_prefix(b"+")?)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpKind {
+    /// A set of `value(key, version)`.
+    Set,
+    /// `chunk(key, version)` appended to the value there.
+    Append,
+    Delete,
+}
+
 #[derive(Debug, Clone)]
 pub struct Op {
     pub version: u32,
-    /// A set of `value(key, version)`, else a delete.
-    pub set: bool,
+    pub kind: OpKind,
     /// When the success reply arrived.
     pub acked_at: Option<Instant>,
+    /// The server answered with a refusal: the operation changed nothing.
+    pub refused: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -96,14 +129,30 @@ impl History {
     }
 
     /// Records the next operation as sent; returns its index.
-    pub fn push(&mut self, set: bool) -> usize {
+    pub fn push(&mut self, kind: OpKind) -> usize {
         let version = self.ops.len() as u32 + 1;
         self.ops.push(Op {
             version,
-            set,
+            kind,
             acked_at: None,
+            refused: false,
         });
         self.ops.len() - 1
+    }
+
+    /// The length of the value the key holds for sure, if it holds one: every operation
+    /// since its last set was acknowledged (so an append goes onto a value that is there).
+    pub fn sure_len(&self) -> Option<usize> {
+        let mut len = 0;
+        for o in &self.ops {
+            o.acked_at?;
+            match o.kind {
+                OpKind::Set => len = value(&self.key, o.version).len(),
+                OpKind::Append => len += chunk(&self.key, o.version).len(),
+                OpKind::Delete => len = 0,
+            }
+        }
+        (len > 0).then_some(len)
     }
 
     pub fn acked_before(&self, cut_at: Instant) -> usize {
@@ -154,13 +203,30 @@ pub fn judge(h: &History, read: &Read, cut_at: Instant) -> Verdict {
             out.wrong = Some(format!("{}: read failed: {e}", h.key));
             return out;
         }
-        Read::Absent => h.ops.iter().rposition(|o| !o.set),
+        Read::Absent => h.ops.iter().rposition(|o| o.kind == OpKind::Delete),
         Read::Value(v) => {
-            let found =
-                version_of(v).and_then(|ver| h.ops.iter().position(|o| o.version == ver && o.set));
-            match found {
-                Some(i) if *v == value(&h.key, h.ops[i].version) => Some(i),
-                Some(i) => {
+            let found = version_of(v).and_then(|ver| {
+                h.ops
+                    .iter()
+                    .position(|o| o.version == ver && o.kind == OpKind::Set)
+            });
+            let base = found.map(|i| value(&h.key, h.ops[i].version));
+            match (found, base) {
+                (Some(i), Some(base)) if v.starts_with(&base) => {
+                    match appended(h, i, &v[base.len()..]) {
+                        Ok(last) => Some(last),
+                        Err(why) => {
+                            out.wrong = Some(format!(
+                                "{}: value {} is version {} with appends that are not the ones sent after it: {why}",
+                                h.key,
+                                describe(v),
+                                h.ops[i].version
+                            ));
+                            return out;
+                        }
+                    }
+                }
+                (Some(i), _) => {
                     let want = value(&h.key, h.ops[i].version);
                     let at = v.iter().zip(&want).position(|(a, b)| a != b);
                     out.wrong = Some(format!(
@@ -174,7 +240,7 @@ pub fn judge(h: &History, read: &Read, cut_at: Instant) -> Verdict {
                     ));
                     return out;
                 }
-                None => {
+                (None, _) => {
                     out.wrong = Some(format!(
                         "{}: value {} is no version written for this key (versions 1..={} sent)",
                         h.key,
@@ -188,6 +254,9 @@ pub fn judge(h: &History, read: &Read, cut_at: Instant) -> Verdict {
     };
     let after = state.map_or(0, |i| i + 1);
     for op in &h.ops[after.min(h.ops.len())..] {
+        if op.refused {
+            continue;
+        }
         if let Some(t) = op.acked_at.filter(|t| *t < cut_at) {
             out.lost += 1;
             let age = cut_at.saturating_duration_since(t);
@@ -195,6 +264,40 @@ pub fn judge(h: &History, read: &Read, cut_at: Instant) -> Verdict {
         }
     }
     out
+}
+
+/// The index of the last operation whose chunk `rest` (what follows the value set by
+/// operation `set`) ends with: `rest` must be the chunks of the appends after `set`, in order,
+/// each next one the next operation but for appends the server refused.
+fn appended(h: &History, set: usize, mut rest: &[u8]) -> Result<usize, String> {
+    let mut last = set;
+    while !rest.is_empty() {
+        let ver = chunk_version(rest).ok_or("bytes that are no append's chunk")?;
+        let i = h.ops[last + 1..]
+            .iter()
+            .position(|o| o.version == ver)
+            .map(|p| last + 1 + p)
+            .ok_or(format!(
+                "a chunk of version {ver}, no operation after {}",
+                last + 1
+            ))?;
+        if h.ops[i].kind != OpKind::Append {
+            return Err(format!("a chunk of version {ver}, which was no append"));
+        }
+        if let Some(skipped) = h.ops[last + 1..i].iter().find(|o| !o.refused) {
+            return Err(format!(
+                "version {ver}'s chunk without version {}'s before it",
+                skipped.version
+            ));
+        }
+        let want = chunk(&h.key, ver);
+        if !rest.starts_with(&want) {
+            return Err(format!("version {ver}'s chunk is torn or not its own"));
+        }
+        rest = &rest[want.len()..];
+        last = i;
+    }
+    Ok(last)
 }
 
 #[cfg(test)]
@@ -205,7 +308,7 @@ mod tests {
     fn history(key: &str, ops: &[(bool, Option<u64>)], cut: Instant) -> History {
         let mut h = History::new(key.into());
         for &(set, acked) in ops {
-            let i = h.push(set);
+            let i = h.push(if set { OpKind::Set } else { OpKind::Delete });
             h.ops[i].acked_at = acked.map(|ms| cut - Duration::from_millis(ms));
         }
         h
@@ -296,5 +399,59 @@ mod tests {
         // A delete's version never has a value.
         let h = history("k", &[(true, Some(30)), (false, Some(20))], cut);
         assert!(judge(&h, &Read::Value(value("k", 2)), cut).wrong.is_some());
+    }
+
+    #[test]
+    fn appends_are_judged_in_order_and_only_refused_ones_may_be_missing() {
+        let cut = Instant::now() + Duration::from_secs(10);
+        // set 1, append 2, append 3 (refused), append 4, append 5 (not acknowledged).
+        let mut h = history("k", &[(true, Some(50))], cut);
+        for (acked, refused) in [
+            (Some(40), false),
+            (None, true),
+            (Some(30), false),
+            (None, false),
+        ] {
+            let i = h.push(OpKind::Append);
+            h.ops[i].acked_at = acked.map(|ms| cut - Duration::from_millis(ms));
+            h.ops[i].refused = refused;
+        }
+        let with = |vers: &[u32]| {
+            let mut v = value("k", 1);
+            for &ver in vers {
+                v.extend_from_slice(&chunk("k", ver));
+            }
+            Read::Value(v)
+        };
+        // Each state the key went through, and what it loses.
+        // A refused append may still be there (a cut inside the fdatasync that failed it).
+        for (vers, lost) in [
+            (&[][..], 2),
+            (&[2][..], 1),
+            (&[2, 4][..], 0),
+            (&[2, 4, 5][..], 0),
+            (&[2, 3, 4][..], 0),
+        ] {
+            let got = judge(&h, &with(vers), cut);
+            assert_eq!((got.wrong.clone(), got.lost), (None, lost), "{vers:?}");
+        }
+        // Out of order, a skipped append that was not refused, a torn chunk, a chunk of
+        // another key.
+        for vers in [&[4, 2][..], &[4][..], &[3, 2][..]] {
+            assert!(judge(&h, &with(vers), cut).wrong.is_some(), "{vers:?}");
+        }
+        let Read::Value(mut torn) = with(&[2, 4]) else {
+            unreachable!()
+        };
+        let last = torn.len() - 1;
+        torn[last] ^= 1;
+        assert!(judge(&h, &Read::Value(torn), cut).wrong.is_some());
+        let mut foreign = value("k", 1);
+        foreign.extend_from_slice(&chunk("j", 2));
+        assert!(judge(&h, &Read::Value(foreign), cut).wrong.is_some());
+        // What the load may append to: only a value every operation of which was answered.
+        assert_eq!(h.sure_len(), None);
+        let h2 = history("k", &[(true, Some(50))], cut);
+        assert_eq!(h2.sure_len(), Some(value("k", 1).len()));
     }
 }

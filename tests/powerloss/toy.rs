@@ -1,5 +1,5 @@
-//! A toy store that acknowledges writes it never syncs: it speaks memcached text `set`, `get`
-//! and `delete`, appends each write as a record to `toy.log` in its directory, answers before
+//! A toy store that acknowledges writes it never syncs: it speaks memcached text `set`,
+//! `append`, `get` and `delete`, appends each write as a record to `toy.log` in its directory, answers before
 //! any fsync, and reloads the log when it starts. The power-loss harness must catch it losing
 //! acknowledged writes.
 
@@ -139,7 +139,7 @@ fn serve(s: TcpStream, store: &Mutex<Store>, stop: &AtomicBool) {
         line.clear();
         let f: Vec<&str> = text.split(' ').collect();
         let reply: Vec<u8> = match f.as_slice() {
-            ["set", key, _flags, _exp, len] => {
+            [verb @ ("set" | "append"), key, _flags, _exp, len] => {
                 let Ok(n) = len.parse::<usize>() else { return };
                 let mut data = vec![0; n + 2];
                 // The data block may arrive in pieces; read it whole (bounded by `stop`).
@@ -162,10 +162,21 @@ fn serve(s: TcpStream, store: &Mutex<Store>, stop: &AtomicBool) {
                     }
                 }
                 data.truncate(n);
+                let mut st = store.lock().unwrap_or_else(|e| e.into_inner());
+                if *verb == "append" {
+                    // Logged as the whole new value, like a set.
+                    let Some(old) = st.items.get(*key) else {
+                        if w.write_all(b"NOT_STORED\r\n").is_err() {
+                            return;
+                        }
+                        continue;
+                    };
+                    data = [&old[..], &data[..]].concat();
+                }
+                let n = data.len();
                 let mut rec = format!("S {key} {n}\n").into_bytes();
                 rec.extend_from_slice(&data);
                 rec.push(b'\n');
-                let mut st = store.lock().unwrap_or_else(|e| e.into_inner());
                 // No fsync: the bug the harness must catch.
                 match st.log.write_all(&rec) {
                     Ok(()) => {
