@@ -219,6 +219,32 @@ pub enum WriteOp {
     /// EVAL/EVALSHA: a Lua script run by the writer in the batch's transaction, each of its
     /// `redis.call`s applied at once (`TxnScript`). Answers `Outcome::Reply`.
     Script(Box<ScriptOp>),
+    /// A replica applies one or more of its primary's log batches (physical records, in
+    /// order) and records the stream position they bring it to, in the same log batch and
+    /// LMDB transaction (`engine::repl`). Answers `Done`.
+    Replicate(Box<Replicated>),
+    /// A replica replaces its whole store with a primary's full copy, in one LMDB transaction,
+    /// then checkpoints it (writer thread; `engine::writer::replica`). Answers `Done`.
+    ReplInstall(Box<ReplInstall>),
+}
+
+/// What `WriteOp::Replicate` carries: the payloads of the primary's batches (log records, as
+/// `storage::wal::ops` reads them), and where they leave the replica in the primary's stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replicated {
+    pub payloads: Vec<Vec<u8>>,
+    pub replid: String,
+    /// The stream offset just past the last of `payloads`.
+    pub offset: u64,
+}
+
+/// What `WriteOp::ReplInstall` carries: a file of log records (`storage::wal::ops`) holding
+/// every record of every database of the primary's snapshot, and the snapshot's position.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplInstall {
+    pub path: std::path::PathBuf,
+    pub replid: String,
+    pub offset: u64,
 }
 
 /// BITOP's operations.
@@ -396,10 +422,29 @@ impl WriteOp {
                 | MetaOp::Arith { key, .. }
                 | MetaOp::Get { key, .. } => key,
             }),
+            // A primary's batches: the keys whose item records they write.
+            WriteOp::Replicate(r) => {
+                use crate::storage::wal::{Op, ops};
+                for p in &r.payloads {
+                    for op in ops(p).flatten() {
+                        match op {
+                            Op::Put { db, key, .. }
+                            | Op::Del { db, key }
+                            | Op::Patch { db, key, .. }
+                                if db == crate::storage::lmdb::DB_ITEMS =>
+                            {
+                                f(key)
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+            }
             WriteOp::FlushAll { .. }
             | WriteOp::Exec(_)
             | WriteOp::Block { .. }
-            | WriteOp::Script(_) => {}
+            | WriteOp::Script(_)
+            | WriteOp::ReplInstall(_) => {}
         }
     }
 }

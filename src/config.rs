@@ -74,6 +74,11 @@ pub struct Config {
     pub max_disk: u64,
     /// Password RESP clients must give (AUTH / HELLO AUTH); empty means none.
     pub requirepass: String,
+    /// Start as a replica of this primary (`HOST:PORT`, its RESP port); empty: a primary.
+    pub replica_of: String,
+    /// Bytes of replication stream a primary keeps for replicas that reconnect (`PSYNC`).
+    #[serde(deserialize_with = "de_size")]
+    pub repl_backlog_size: u64,
     /// Redis ACL users: a file of `user <name> <rules...>` lines (Redis's `aclfile`).
     pub aclfile: Option<PathBuf>,
     /// Close client connections that send nothing for this many seconds; 0 never does.
@@ -142,6 +147,8 @@ impl Default for Config {
             max_batch: 1024,
             max_disk: 0,
             requirepass: String::new(),
+            replica_of: String::new(),
+            repl_backlog_size: 16 << 20,
             aclfile: None,
             idle_timeout: 0,
             auth_file: None,
@@ -224,6 +231,12 @@ pub struct Cli {
     /// Password RESP clients must send with AUTH before anything else
     #[arg(long)]
     pub requirepass: Option<String>,
+    /// Replicate the primary at HOST:PORT (its RESP port) and refuse writes [default: none]
+    #[arg(long, value_name = "HOST:PORT")]
+    pub replica_of: Option<String>,
+    /// Replication backlog a primary keeps for reconnecting replicas, e.g. 16m [default: 16m]
+    #[arg(long, value_parser = parse_size)]
+    pub repl_backlog_size: Option<u64>,
     /// Redis ACL users: a file of `user <name> <rules...>` lines (Redis's aclfile)
     #[arg(long, value_name = "FILE")]
     pub aclfile: Option<PathBuf>,
@@ -473,6 +486,8 @@ impl Config {
             max_batch,
             max_disk,
             requirepass,
+            replica_of,
+            repl_backlog_size,
             idle_timeout,
             backup_dir,
             tls_port
@@ -549,8 +564,19 @@ impl Config {
         Ok(c)
     }
 
+    /// `replica_of` as host and port (None: a primary).
+    pub fn replica_target(&self) -> Option<(String, u16)> {
+        let (host, port) = self.replica_of.trim().rsplit_once(':')?;
+        let port = port.parse::<u16>().ok().filter(|&p| p != 0)?;
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        (!host.is_empty()).then(|| (host.to_string(), port))
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         let err = |m: &str| Err(ConfigError(m.to_string()));
+        if !self.replica_of.trim().is_empty() && self.replica_target().is_none() {
+            return err("replica_of must be HOST:PORT");
+        }
         if self.max_connections == 0 {
             return err("max_connections must be at least 1");
         }
@@ -680,6 +706,8 @@ mod tests {
             "max_batch",
             "max_disk",
             "requirepass",
+            "replica_of",
+            "repl_backlog_size",
             "backup_dir",
             "idle_timeout",
             "verbosity",

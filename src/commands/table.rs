@@ -106,6 +106,11 @@ pub enum Cmd {
     EvalRo,
     EvalShaRo,
     Script,
+    ReplConf,
+    Psync,
+    Sync,
+    Role,
+    ReplicaOf,
 }
 
 /// One command: Redis's arity rule (n: exactly n arguments including the name; -n: at least n),
@@ -261,6 +266,12 @@ static COMMANDS: &[Spec] = &[
     spec("object", -2, R, (2, 2, 1), Cmd::Object),
     spec("latency", -2, R, NOKEY, Cmd::Latency),
     spec("wait", 3, R, NOKEY, Cmd::Wait),
+    spec("replconf", -1, R, NOKEY, Cmd::ReplConf),
+    spec("psync", -3, R, NOKEY, Cmd::Psync),
+    spec("sync", 1, R, NOKEY, Cmd::Sync),
+    spec("role", 1, R, NOKEY, Cmd::Role),
+    spec("replicaof", 3, R, NOKEY, Cmd::ReplicaOf),
+    spec("slaveof", 3, R, NOKEY, Cmd::ReplicaOf),
     spec("acl", -2, R, NOKEY, Cmd::Acl),
     // Scripts name their keys after a count: dispatched before the write path.
     spec("eval", -3, R, NOKEY, Cmd::Eval),

@@ -6,4 +6,5 @@
 //! serves the registry's waiters), the one import circle of this folder.
 
 pub mod blocking;
+pub mod repl;
 pub mod writer;

@@ -47,6 +47,8 @@ use crate::storage::overlay::{self, Map};
 use crate::storage::wal::{LogBuf, Wal};
 use crate::storage::watch::{Touched, Watches};
 
+mod replica;
+
 /// One write and the tag its worker uses to route and encode the reply.
 pub struct WriteRequest<T> {
     pub tag: T,
@@ -151,6 +153,7 @@ fn apply(
             Err(StoreError::BadKey) => Ok(Outcome::BadKey),
             other => other,
         },
+        WriteOp::Replicate(r) => super::repl::apply(w, r),
         _ => semantics::apply(w, op, ctx),
     };
     if watching && w.parts().1.logged() != before {
@@ -572,6 +575,9 @@ pub struct Writer<T> {
     /// Group commit in `always` (see `Cohort`): who wrote in the last commits, and how long
     /// the log's fdatasyncs take.
     cohort: Cohort,
+    /// Replication (`replica.rs`): where durable batches go, and a buffer for them.
+    repl: Option<Arc<super::repl::Hub>>,
+    tapped: Vec<(u64, Vec<u8>)>,
 }
 
 /// Group commit in `always`: which workers' connections wrote in the last two commits (writes
@@ -722,6 +728,8 @@ impl<T: Send + Clone> Writer<T> {
             counters: None,
             over: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             cohort: Cohort::default(),
+            repl: None,
+            tapped: Vec::new(),
         })
     }
 
@@ -993,6 +1001,9 @@ impl<T: Send + Clone> Writer<T> {
         }
         let delivered = match result {
             Ok(id) => {
+                if let Some(hub) = &self.repl {
+                    hub.committed(id as u64, self.wal.last_seq());
+                }
                 // Pages LMDB counts but never wrote (allocated and freed again in the
                 // transaction) must still be inside the file: see `durable::cover`.
                 let need = (self.store.env().info().last_page_number as u64 + 1) * self.page_size;
@@ -1116,6 +1127,8 @@ impl<T: Send + Clone> Writer<T> {
     /// Delivers every outbox, waking each worker but `awake` (the one committing, which looks
     /// at its mailbox next anyway).
     fn deliver(&mut self, awake: Option<usize>) {
+        // Before the replies: a client's WAIT after its write counts its batch in.
+        self.release_repl();
         for (i, (mailbox, outbox)) in self
             .mailboxes
             .iter()
@@ -1182,6 +1195,7 @@ impl<T: Send + Clone> Writer<T> {
         let blocking = self.blocking.clone();
         let mut waiters = Waiters::default();
         let mut open = self.open.take();
+        let replica = self.is_replica();
         let mut cache = if evict { self.cache.take() } else { None };
         let mut evicted = None;
         let spare = std::mem::take(&mut self.log);
@@ -1219,7 +1233,8 @@ impl<T: Send + Clone> Writer<T> {
                     if cas != self.cas {
                         store.put_cas(txn, cas)?;
                     }
-                    if store.gc_pending(txn)? {
+                    // A replica reclaims nothing itself: its primary's reclaiming comes along.
+                    if !replica && store.gc_pending(txn)? {
                         store.collect_garbage(txn, GC_CHUNK)?;
                         gc_more = store.gc_pending(txn)?;
                     } else {
@@ -1664,7 +1679,9 @@ fn run<T: Send + Clone>(
             }
         }
         let subs = batch.len();
-        let sweep = Instant::now() >= next_sweep;
+        w.install_first(&mut batch);
+        // A replica expires nothing itself: its primary's deletions come along.
+        let sweep = Instant::now() >= next_sweep && !w.is_replica();
         if count > 0 || sweep || w.flush_due() || w.gc_more || w.poisoned {
             let (_, swept) = w.commit(&mut batch, sweep, None, false);
             batch.clear();
@@ -1757,7 +1774,11 @@ const LEAD_TRIES: usize = 8;
 /// with `command::MOVED`, which comes back `Requeue` (see `scripting`), and is not led again.
 fn for_writer_thread(op: &WriteOp) -> bool {
     match op {
-        WriteOp::Coll(_) | WriteOp::FlushAll { .. } | WriteOp::Block { .. } => true,
+        WriteOp::Coll(_)
+        | WriteOp::FlushAll { .. }
+        | WriteOp::Block { .. }
+        | WriteOp::Replicate(_)
+        | WriteOp::ReplInstall(_) => true,
         WriteOp::Script(x) => !x.run.leads(),
         WriteOp::Exec(x) => x.steps.iter().any(|s| match s {
             Step::Write(w) => for_writer_thread(w),

@@ -67,6 +67,10 @@ fn apply_inner<S: WriteView>(s: &mut S, op: &WriteOp, ctx: Ctx) -> Result<Outcom
         )),
         // Scripts run in the writer, on its transaction.
         WriteOp::Script(_) => Ok(Outcome::Err("ERR scripts are not supported by this store")),
+        // Replication runs in the writer, on the LMDB store (`engine::repl`).
+        WriteOp::Replicate(_) | WriteOp::ReplInstall(_) => Ok(Outcome::Err(
+            "ERR replication is not supported by this store",
+        )),
         // Blocking pops run in the writer, which holds their registry.
         WriteOp::Block { .. } => Ok(Outcome::Err(
             "ERR blocking commands are not supported by this store",

@@ -141,6 +141,10 @@ pub fn categories(spec: &Spec) -> Vec<&'static str> {
         }
         Cmd::Info => c.push("dangerous"),
         Cmd::Wait => c.push("blocking"),
+        Cmd::ReplConf | Cmd::Psync | Cmd::Sync | Cmd::ReplicaOf => {
+            c.extend(["admin", "slow", "dangerous"])
+        }
+        Cmd::Role => c.extend(["admin", "fast", "dangerous"]),
         Cmd::Command | Cmd::Time => {}
     }
     c

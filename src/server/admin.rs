@@ -118,15 +118,8 @@ pub(super) fn read(
         Cmd::Latency => latency(args, out, v3),
         Cmd::Script => pass.shared.scripts.script_cmd(args, out),
         Cmd::Acl => acl(args, out, sess, pass, v3),
-        Cmd::Wait => {
-            // No replica ever acknowledges: 0 at once (Redis, with none, would wait out the
-            // timeout first). The writes before it are already durable per the sync mode.
-            match (parse_i64(args.get(1)), parse_i64(args.get(2))) {
-                (None, _) => enc::error(out, NOT_INTEGER),
-                (_, None) => enc::error(out, "ERR timeout is not an integer or out of range"),
-                (_, Some(t)) if t < 0 => enc::error(out, "ERR timeout is negative"),
-                _ => enc::int(out, 0),
-            }
+        Cmd::Wait | Cmd::ReplConf | Cmd::Psync | Cmd::Sync | Cmd::Role | Cmd::ReplicaOf => {
+            super::repl::run(cmd, args, out, sess, pass)
         }
         _ => data_read(cmd, args, out, v3, pass),
     }
@@ -1140,12 +1133,7 @@ fn info(args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
     section(
         "replication",
         "Replication",
-        // No replica has ever connected, so there is no backlog and the offset stays 0, as
-        // Redis reports it then.
-        format!(
-            "role:master\r\nconnected_slaves:0\r\nmaster_failover_state:no-failover\r\nmaster_replid:{}\r\nmaster_replid2:0000000000000000000000000000000000000000\r\nmaster_repl_offset:0\r\nsecond_repl_offset:-1\r\nrepl_backlog_active:0\r\nrepl_backlog_size:1048576\r\nrepl_backlog_first_byte_offset:0\r\nrepl_backlog_histlen:0\r\n",
-            shared.replid
-        ),
+        super::repl::info(&shared.repl, shared.config.repl_backlog_size),
     );
     section(
         "cpu",

@@ -82,6 +82,25 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
             // CLIENT PAUSE, as on the text protocol.
             return Stop::Paused;
         }
+        if let Some((_, reply, _)) = &write
+            && pass.shared.repl.is_replica()
+        {
+            // A replica: its data is its primary's.
+            if inflight > 0 {
+                return Stop::Blocked;
+            }
+            bin::error_text(
+                out,
+                reply.opcode,
+                reply.opaque,
+                status::NOT_STORED,
+                b"You can't write against a read only replica.",
+            );
+            conn.consume(consumed);
+            conn.swallow = swallow;
+            left -= 1;
+            continue;
+        }
         if readonly && let Some((_, reply, _)) = &write {
             // A read-only user (`auth_readonly`): the write is refused with an auth error (quiet
             // or not: errors are always sent), and the connection stays.

@@ -153,13 +153,21 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
             // holds RESP's: the request waits in the input until the pause ends.
             return Stop::Paused;
         }
-        if readonly && write.is_some() {
-            // A read-only user (`auth_readonly`): the write is refused, even with noreply (as
-            // memcached sends its errors).
+        let replica = write.is_some() && pass.shared.repl.is_replica();
+        if (readonly || replica) && write.is_some() {
+            // A read-only user (`auth_readonly`), or a replica: the write is refused, even
+            // with noreply (as memcached sends its errors).
             if inflight > 0 {
                 return Stop::Blocked;
             }
-            line(out, READONLY_ERROR);
+            line(
+                out,
+                if replica {
+                    super::repl::MC_READONLY
+                } else {
+                    READONLY_ERROR
+                },
+            );
             conn.consume(consumed);
             conn.swallow = swallow;
             left -= 1;

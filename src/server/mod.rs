@@ -22,6 +22,7 @@ pub mod dump;
 pub mod memcache;
 pub mod meta;
 pub mod pubsub;
+pub mod repl;
 pub mod resp;
 pub mod stats;
 pub mod tls;
@@ -60,6 +61,8 @@ pub struct Shared {
     pub counters: Vec<Counters>,
     /// INFO replication's `master_replid`: made at start, as Redis does.
     pub replid: String,
+    /// Replication: the backlog's hub, the receiver, the replicas connected (`repl.rs`).
+    pub repl: repl::Repl,
     pub gauges: Gauges,
     pub started: Instant,
     pub shutdown: AtomicBool,
@@ -420,6 +423,8 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         checkpoints: durable.checkpointer.stats.clone(),
         counters: (0..threads).map(|_| Counters::default()).collect(),
         replid: replication_id(),
+        repl: repl::Repl::new(threads)
+            .map_err(|e| ServerError(format!("cannot set up replication: {e}")))?,
         command_stats: (0..threads)
             .map(|_| stats::CommandStats::new(resp::stat_slots()))
             .collect(),
@@ -468,16 +473,27 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
             max_disk: cfg.max_disk,
         },
         shared.flush_at.clone(),
-        handles.iter().map(|h| h.mailbox.clone()).collect(),
+        handles
+            .iter()
+            .map(|h| h.mailbox.clone())
+            .chain([shared.repl.mailbox.clone()])
+            .collect(),
     )
     .map_err(|e| ServerError(format!("cannot start the writer: {e}")))?
     .with_watches(shared.watches.clone())
     .with_blocking(shared.blocking.clone())
     .with_cache(shared.cache.clone())
     .map_err(|e| ServerError(format!("cannot start the writer: {e}")))?;
+    let (writer, hub) = writer.with_repl(shared.replid.clone(), cfg.repl_backlog_size);
+    shared.repl.set_hub(hub);
     let (gate, writer_thread) = writer
         .start()
         .map_err(|e| ServerError(format!("cannot start writer thread: {e}")))?;
+    shared.repl.set_gate(gate.clone());
+    shared.repl.set_shared(Arc::downgrade(&shared));
+    if let Some((host, port)) = cfg.replica_target() {
+        repl::replicate_from(&shared, host, port, true).map_err(ServerError)?;
+    }
     let mut worker_threads = Vec::new();
     for (id, poll) in polls.into_iter().enumerate() {
         let w = Worker::new(id, poll, shared.clone(), handles[id].clone(), gate.clone());
@@ -578,6 +594,7 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
     drop(resp_listener);
     drop(tls_listener);
     shared.shutdown.store(true, Ordering::Release);
+    shared.repl.close();
     for h in &handles {
         h.mailbox.wake();
     }

@@ -35,6 +35,13 @@ use crate::types;
 /// Per-connection RESP state.
 #[derive(Debug, Default)]
 pub struct Session {
+    /// PSYNC was sent (replication id, offset): once its output is out, the worker hands the
+    /// connection to a replication sender (`repl.rs`).
+    pub psync: Option<(String, i64)>,
+    /// REPLCONF listening-port: the port a replica says it serves on.
+    pub repl_port: u16,
+    /// WAIT in progress: the offset it waits for and when it gives up.
+    pub wait: Option<(u64, Option<std::time::Instant>)>,
     /// MULTI was sent: commands are queued until EXEC or DISCARD.
     pub multi: Option<Multi>,
     /// While EXEC answers its queued commands that do not touch the store: how many were
@@ -343,6 +350,11 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
                     pass.counters.resp_commands.fetch_sub(1, Ordering::Relaxed);
                     return Stop::Blocked;
                 }
+                if sess.wait.is_some() {
+                    // WAIT: not enough acknowledgements yet; it runs again shortly.
+                    pass.counters.resp_commands.fetch_sub(1, Ordering::Relaxed);
+                    return Stop::ReplWait;
+                }
                 let stats = &pass.shared.command_stats[pass.worker];
                 let failed = out.get(start) == Some(&b'-');
                 if failed {
@@ -623,6 +635,11 @@ fn check(args: Args<'_>, sess: &Session, pass: &Pass<'_>) -> Result<&'static Spe
     }
     if let Some(msg) = subcommand_error(spec, args) {
         return Err(msg);
+    }
+    // A replica's data is its primary's: writes (and scripts that may write) are refused.
+    if (spec.write || matches!(spec.cmd, Cmd::Eval | Cmd::EvalSha)) && pass.shared.repl.is_replica()
+    {
+        return Err(super::repl::readonly_error());
     }
     if acl.restricted() || sess.user.is_some() {
         let all: Vec<&[u8]> = (0..args.len()).map(|i| args.get(i)).collect();

@@ -66,6 +66,8 @@ pub enum Stop {
     Blocked,
     /// Held back by CLIENT PAUSE: revisit when the pause ends.
     Paused,
+    /// WAIT for replicas' acknowledgements: revisit in a few milliseconds.
+    ReplWait,
     /// Close after flushing.
     Close,
 }
@@ -174,6 +176,8 @@ pub struct Worker {
     new_timers: Vec<(Instant, u64)>,
     /// Connections whose next request waits for CLIENT PAUSE to end.
     paused: Vec<usize>,
+    /// Connections in WAIT (see `Stop::ReplWait`).
+    repl_wait: Vec<usize>,
     /// Connections CLIENT KILL asked this worker to close: (slot, epoch).
     kills: Vec<(u32, u32)>,
     dirty: Vec<usize>,
@@ -224,6 +228,7 @@ impl Worker {
             timers: BTreeSet::new(),
             new_timers: Vec::new(),
             paused: Vec::new(),
+            repl_wait: Vec::new(),
             kills: Vec::new(),
             dirty: Vec::new(),
             next: Vec::new(),
@@ -278,6 +283,13 @@ impl Worker {
                         .flatten(),
                 )
                 .min();
+            // WAIT polls the replicas' acknowledgements.
+            let wake_at = wake_at
+                .into_iter()
+                .chain(
+                    (!self.repl_wait.is_empty()).then(|| Instant::now() + Duration::from_millis(5)),
+                )
+                .min();
             let timeout = match (timeout, wake_at) {
                 (t, None) => t,
                 (None, Some(d)) => Some(d.saturating_duration_since(Instant::now())),
@@ -303,6 +315,7 @@ impl Worker {
             if !self.paused.is_empty() && !self.shared.pause.active() {
                 self.next.append(&mut self.paused);
             }
+            self.next.append(&mut self.repl_wait);
             if let Some(idle) = self.idle
                 && Instant::now() >= self.next_idle_check
             {
@@ -670,6 +683,21 @@ impl Worker {
                     .blocking
                     .settle(b.id, crate::types::blocking::TIMED_OUT);
             }
+            if conn.resp.psync.is_some() && !more_output && conn.inflight == 0 && !conn.broken {
+                // PSYNC: the connection becomes a replication sender's, off this loop (plain
+                // TCP only: the sender does not speak TLS).
+                let psync = conn.resp.psync.take();
+                if conn.tls.is_some() {
+                    log::warn!("{:?}: PSYNC over TLS is not supported; closing", conn.peer);
+                    close_conn(&mut self.conns, &self.poll, shared, &mut self.timers, key);
+                    continue;
+                }
+                let port = conn.resp.repl_port;
+                if let (Some((replid, offset)), Some(conn)) = (psync, self.conns.try_remove(key)) {
+                    detach(conn, &self.poll, &self.shared, replid, offset, port);
+                }
+                continue;
+            }
             let close = conn.broken
                 || (conn.closing && !more_output)
                 || (conn.eof && conn.inflight == 0 && !more_output && stop == Stop::NeedInput);
@@ -703,6 +731,8 @@ impl Worker {
                 && !stopping;
             if stop == Stop::Paused {
                 self.paused.push(key);
+            } else if stop == Stop::ReplWait {
+                self.repl_wait.push(key);
             } else if stop == Stop::Budget || reread || unblocked || conn.broken {
                 self.next.push(key);
             }
@@ -793,6 +823,23 @@ impl Worker {
         Counters::bump(&self.shared.counters[self.id].total_connections);
         self.mark(key);
     }
+}
+
+/// Hands a replica's connection to a replication sender thread (`repl.rs`).
+fn detach(conn: Conn, poll: &Poll, shared: &Arc<Shared>, replid: String, offset: i64, port: u16) {
+    if let Some(info) = &conn.resp.info {
+        shared.clients.remove(info.id);
+    }
+    shared
+        .gauges
+        .curr_connections
+        .fetch_sub(1, Ordering::Relaxed);
+    let mut stream = conn.stream;
+    if let Err(e) = poll.registry().deregister(&mut stream) {
+        debug!("deregister failed: {e}");
+    }
+    let stream = super::into_std(stream);
+    super::repl::serve_replica(shared.clone(), stream, replid, offset, port);
 }
 
 /// Removes a connection: deregisters its socket and closes it. A late write completion for it

@@ -948,6 +948,14 @@ impl<'e> LmdbWrite<'_, 'e> {
     pub fn parts(&mut self) -> (&LmdbStore, &mut LogTxn<'e>) {
         (self.store, self.txn)
     }
+
+    /// Raises the CAS counter to at least `at_least`: a replica follows its primary's
+    /// counter, so uniques it hands out once promoted are past every replicated one.
+    pub fn raise_cas(&mut self, at_least: u64) {
+        if *self.cas < at_least {
+            *self.cas = at_least;
+        }
+    }
 }
 
 impl ReadView for LmdbWrite<'_, '_> {

@@ -861,6 +861,9 @@ pub struct Wal {
     pub since_checkpoint: u64,
     /// Bytes appended and not yet fdatasynced.
     unsynced: bool,
+    /// When replication is on: the batches appended and not yet taken (`take_tapped`), as
+    /// (sequence number, payload); an undone append leaves it too.
+    tap: Option<Vec<(u64, Vec<u8>)>>,
     /// What the last append added to `since_checkpoint` beyond its bytes (its patches'
     /// values), for `undo`.
     last_patched: u64,
@@ -902,6 +905,7 @@ impl Wal {
             next_seq,
             since_checkpoint: len.saturating_sub(format.start()),
             unsynced: false,
+            tap: None,
             last_patched: 0,
         };
         if format == Format::Legacy {
@@ -938,7 +942,22 @@ impl Wal {
         self.last_patched = patched;
         self.next_seq += 1;
         self.unsynced = true;
+        if let Some(tap) = self.tap.as_mut() {
+            tap.push((seq, batch.payload().to_vec()));
+        }
         Ok(seq)
+    }
+
+    /// Keeps a copy of every batch appended from now on, for `take_tapped` (replication).
+    pub fn set_tap(&mut self, on: bool) {
+        self.tap = on.then(Vec::new);
+    }
+
+    /// Moves the batches tapped since the last call into `out`, in sequence order.
+    pub fn take_tapped(&mut self, out: &mut Vec<(u64, Vec<u8>)>) {
+        if let Some(tap) = self.tap.as_mut() {
+            out.append(tap);
+        }
     }
 
     /// Takes back the last append (its LMDB commit failed, so no reply will claim it), which
@@ -958,6 +977,9 @@ impl Wal {
         self.last_patched = 0;
         self.len = position;
         self.next_seq = seq;
+        if let Some(tap) = self.tap.as_mut() {
+            tap.retain(|(s, _)| *s < seq);
+        }
         Ok(())
     }
 

@@ -1,0 +1,487 @@
+//! Replication below the server: the primary's backlog of committed log batches, the map from
+//! LMDB commits to the last batch they hold (where a full copy's stream begins), and how a
+//! replica applies its primary's batches.
+//!
+//! The stream. A primary's replication stream is its write-ahead log's batches, in sequence
+//! order, each framed as `b'B'`, the payload's length (u32 LE) and the payload (the batch's
+//! physical records, `storage::wal::ops`). The stream offset (`master_repl_offset`) counts the
+//! bytes of those frames since the primary's replication id was made (a fresh one at every
+//! start and at a promotion), so it grows by `5 + payload` per batch, as Redis's counts the
+//! bytes of its command stream.
+//!
+//! Invariants:
+//! - a batch enters the backlog only once it can no longer be taken back and is durable per
+//!   the primary's sync mode: the writer releases what the log tapped after the batch's
+//!   fdatasync (in `always`), or when its replies are released (`periodic`, `never`), and
+//!   never while the log is broken;
+//! - batches are released in sequence order with no gap; a gap (which would be a bug) resets
+//!   the backlog, so a replica whose position falls in it takes a full copy;
+//! - the backlog holds at most `repl_backlog_size` bytes of frames (the oldest go first);
+//! - a replica stores the primary's replication id and the offset a batch brings it to in the
+//!   same LMDB transaction and log batch as the batch's records (`REPL_KEY` in `meta`), so
+//!   after a crash its recovered position is exactly what its recovered store holds.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use crate::command::{Outcome, Replicated};
+use crate::storage::StoreError;
+use crate::storage::item;
+use crate::storage::lmdb::{DB_ELEMS, DB_META, LmdbStore, LmdbWrite, LogTxn, META_CAS, Table};
+use crate::storage::wal::{Op, Patch, ops};
+
+/// Where a replica keeps its primary's replication id and its offset, in `meta`.
+pub const REPL_KEY: &[u8] = b"repl_primary";
+/// A frame's header: kind and payload length.
+pub const FRAME_HEADER: usize = 5;
+/// How many LMDB commits the commit -> batch map remembers.
+const COMMITS_KEPT: usize = 256;
+
+/// One batch as the stream carries it.
+#[derive(Debug, Clone)]
+pub struct Frame {
+    pub seq: u64,
+    /// The stream offset just past this frame.
+    pub end: u64,
+    pub data: Arc<[u8]>,
+}
+
+/// Frames a batch payload for the stream.
+pub fn frame(payload: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(FRAME_HEADER + payload.len());
+    v.push(b'B');
+    v.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    v.extend_from_slice(payload);
+    v
+}
+
+#[derive(Debug)]
+struct Backlog {
+    replid: String,
+    cap: usize,
+    frames: VecDeque<Frame>,
+    bytes: usize,
+    /// The last batch released, and the stream offset just past it.
+    last_seq: u64,
+    offset: u64,
+    /// The position just before the oldest frame (or, with none, `last_seq`/`offset`).
+    first_seq: u64,
+    first_offset: u64,
+    /// Frames are kept only once a replica has asked for the stream (as Redis creates its
+    /// backlog with the first replica): until then only the position moves.
+    active: bool,
+}
+
+/// Why frames could not be served from a position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gone {
+    /// The backlog no longer holds it (or never did: another replication id, a gap).
+    NotHeld,
+}
+
+/// The replication state the writer and the server share.
+#[derive(Debug)]
+pub struct Hub {
+    replica: AtomicBool,
+    backlog: Mutex<Backlog>,
+    grew: Condvar,
+    /// (LMDB transaction id, last batch it holds), newest last.
+    commits: Mutex<VecDeque<(u64, u64)>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Hub {
+    /// A hub for a store whose log's last batch is `last_seq` and whose last LMDB commit is
+    /// `txnid` (holding every batch up to `last_seq`: recovery commits what it replays).
+    pub fn new(replid: String, cap: u64, last_seq: u64, txnid: u64) -> Hub {
+        let mut commits = VecDeque::new();
+        commits.push_back((txnid, last_seq));
+        Hub {
+            replica: AtomicBool::new(false),
+            backlog: Mutex::new(Backlog {
+                replid,
+                cap: cap.min(usize::MAX as u64) as usize,
+                frames: VecDeque::new(),
+                bytes: 0,
+                last_seq,
+                offset: 0,
+                first_seq: last_seq,
+                first_offset: 0,
+                active: false,
+            }),
+            grew: Condvar::new(),
+            commits: Mutex::new(commits),
+        }
+    }
+
+    pub fn is_replica(&self) -> bool {
+        self.replica.load(Ordering::Acquire)
+    }
+
+    pub fn set_replica(&self, on: bool) {
+        self.replica.store(on, Ordering::Release);
+    }
+
+    /// Becomes a primary under a new replication id whose stream starts at `offset` (a
+    /// promoted replica goes on from the offset it had applied); the backlog starts empty.
+    pub fn restart_stream(&self, replid: String, offset: u64) {
+        let mut b = lock(&self.backlog);
+        b.replid = replid;
+        b.frames.clear();
+        b.bytes = 0;
+        b.offset = offset;
+        b.first_offset = offset;
+        b.first_seq = b.last_seq;
+        drop(b);
+        self.grew.notify_all();
+    }
+
+    /// The writer committed LMDB transaction `txnid`, holding every batch up to `seq`.
+    pub fn committed(&self, txnid: u64, seq: u64) {
+        let mut c = lock(&self.commits);
+        c.push_back((txnid, seq));
+        while c.len() > COMMITS_KEPT {
+            c.pop_front();
+        }
+    }
+
+    /// The last batch the LMDB snapshot `txnid` holds, if that commit is remembered.
+    pub fn seq_of_commit(&self, txnid: u64) -> Option<u64> {
+        lock(&self.commits)
+            .iter()
+            .rev()
+            .find(|(t, _)| *t == txnid)
+            .map(|(_, s)| *s)
+    }
+
+    /// Batches the writer has made durable, in sequence order. On a replica only the sequence
+    /// number is kept (its batches are its primary's, already in the primary's stream).
+    pub fn release(&self, batches: &mut Vec<(u64, Vec<u8>)>) {
+        if batches.is_empty() {
+            return;
+        }
+        let replica = self.is_replica();
+        let mut b = lock(&self.backlog);
+        for (seq, payload) in batches.drain(..) {
+            if replica {
+                b.last_seq = seq;
+                b.frames.clear();
+                b.bytes = 0;
+                b.first_seq = seq;
+                b.first_offset = b.offset;
+                continue;
+            }
+            if seq != b.last_seq + 1 {
+                log::warn!(
+                    "replication backlog: batch {seq} follows {}; replicas behind it take a full copy",
+                    b.last_seq
+                );
+                b.frames.clear();
+                b.bytes = 0;
+                b.first_seq = seq - 1;
+                b.first_offset = b.offset;
+            }
+            if !b.active {
+                b.offset += (FRAME_HEADER + payload.len()) as u64;
+                b.last_seq = seq;
+                b.first_seq = seq;
+                b.first_offset = b.offset;
+                continue;
+            }
+            let data: Arc<[u8]> = frame(&payload).into();
+            b.offset += data.len() as u64;
+            b.bytes += data.len();
+            b.last_seq = seq;
+            let end = b.offset;
+            b.frames.push_back(Frame { seq, end, data });
+            while b.bytes > b.cap && b.frames.len() > 1 {
+                if let Some(f) = b.frames.pop_front() {
+                    b.bytes -= f.data.len();
+                    b.first_seq = f.seq;
+                    b.first_offset = f.end;
+                }
+            }
+        }
+        drop(b);
+        self.grew.notify_all();
+    }
+
+    /// A replica asked for the stream: keep frames from now on.
+    pub fn activate(&self) {
+        lock(&self.backlog).active = true;
+    }
+
+    /// Whether frames are kept (INFO's `repl_backlog_active`).
+    pub fn active(&self) -> bool {
+        lock(&self.backlog).active
+    }
+
+    /// The replication id and the offset past the last batch released.
+    pub fn position(&self) -> (String, u64) {
+        let b = lock(&self.backlog);
+        (b.replid.clone(), b.offset)
+    }
+
+    pub fn offset(&self) -> u64 {
+        lock(&self.backlog).offset
+    }
+
+    /// The last batch released.
+    pub fn last_seq(&self) -> u64 {
+        lock(&self.backlog).last_seq
+    }
+
+    /// (first offset held, bytes held), for INFO.
+    pub fn backlog_span(&self) -> (u64, u64) {
+        let b = lock(&self.backlog);
+        (b.first_offset, b.offset - b.first_offset)
+    }
+
+    /// The stream offset just past batch `seq`: Some while the backlog can serve the batches
+    /// after it; Err when it no longer can; Ok(None) when `seq` is not released yet.
+    pub fn offset_of_seq(&self, seq: u64) -> Result<Option<u64>, Gone> {
+        let b = lock(&self.backlog);
+        if seq > b.last_seq {
+            return Ok(None);
+        }
+        if seq == b.last_seq {
+            return Ok(Some(b.offset));
+        }
+        if seq == b.first_seq {
+            return Ok(Some(b.first_offset));
+        }
+        if seq < b.first_seq {
+            return Err(Gone::NotHeld);
+        }
+        b.frames
+            .iter()
+            .find(|f| f.seq == seq)
+            .map(|f| Some(f.end))
+            .ok_or(Gone::NotHeld)
+    }
+
+    /// Whether a replica of `replid` at `offset` can continue from the backlog.
+    pub fn can_continue(&self, replid: &str, offset: u64) -> bool {
+        let b = lock(&self.backlog);
+        b.replid == replid
+            && offset >= b.first_offset
+            && offset <= b.offset
+            && (offset == b.offset
+                || offset == b.first_offset
+                || b.frames.iter().any(|f| f.end == offset))
+    }
+
+    /// The frames after stream offset `from` (a frame boundary), up to about `max` bytes,
+    /// waiting up to `wait` for one when there is none yet.
+    pub fn frames_after(&self, from: u64, max: usize, wait: Duration) -> Result<Vec<Frame>, Gone> {
+        let mut b = lock(&self.backlog);
+        if b.offset == from {
+            b = self
+                .grew
+                .wait_timeout_while(b, wait, |b| b.offset == from)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        if from < b.first_offset || from > b.offset {
+            return Err(Gone::NotHeld);
+        }
+        let mut out = Vec::new();
+        let mut size = 0;
+        // Frames are in offset order: skip to the first past `from`.
+        let start = b.frames.partition_point(|f| f.end <= from);
+        if start > 0 && b.frames[start - 1].end != from && from != b.first_offset {
+            return Err(Gone::NotHeld);
+        }
+        for f in b.frames.iter().skip(start) {
+            if size > 0 && size + f.data.len() > max {
+                break;
+            }
+            size += f.data.len();
+            out.push(f.clone());
+        }
+        Ok(out)
+    }
+}
+
+/// The position a replica stored with its data: (primary's replication id, offset).
+pub fn stored_position(store: &LmdbStore) -> Result<Option<(String, u64)>, StoreError> {
+    let txn = store.read_txn()?;
+    let Some(meta) = store.table(DB_META) else {
+        return Ok(None);
+    };
+    Ok(meta.get(&txn, REPL_KEY)?.and_then(decode_position))
+}
+
+pub fn encode_position(replid: &str, offset: u64) -> Vec<u8> {
+    let mut v = offset.to_le_bytes().to_vec();
+    v.extend_from_slice(replid.as_bytes());
+    v
+}
+
+fn decode_position(b: &[u8]) -> Option<(String, u64)> {
+    let (off, id) = b.split_first_chunk::<8>()?;
+    let id = std::str::from_utf8(id).ok()?;
+    Some((id.to_string(), u64::from_le_bytes(*off)))
+}
+
+/// The item a primary's `PATCH` record makes of the one the replica holds (None: it holds
+/// the new item already). The replica is exactly where the record was made, so any other
+/// item is damage, as in recovery (`lmdb::replay_patch`).
+fn patched(
+    table: &Table,
+    txn: &LogTxn<'_>,
+    key: &[u8],
+    p: &Patch<'_>,
+) -> Result<Option<Vec<u8>>, StoreError> {
+    let bad = |why: &str| {
+        StoreError::damaged(format!(
+            "a replicated patch of key {:?} {why}",
+            String::from_utf8_lossy(&key[..key.len().min(64)])
+        ))
+    };
+    let old = item::decode(p.old_header).map_err(|_| bad("has a bad old header"))?;
+    let new = item::decode(p.new_header).map_err(|_| bad("has a bad new header"))?;
+    let stored = table.get(txn, key)?.ok_or_else(|| bad("meets no item"))?;
+    let i = item::decode(stored).map_err(|_| bad("meets an undecodable item"))?;
+    if i.meta == new.meta
+        && i.value.len() == p.new_len as usize
+        && crc32fast::hash(i.value) == p.crc
+    {
+        return Ok(None);
+    }
+    if i.meta != old.meta || i.value.len() != p.old_len as usize {
+        return Err(bad("does not match the item stored before it"));
+    }
+    let value = p.apply(i.value).map_err(|e| bad(&e))?;
+    if crc32fast::hash(&value) != p.crc {
+        return Err(bad("does not make the value it recorded"));
+    }
+    let mut bytes = Vec::with_capacity(p.new_header.len() + value.len());
+    bytes.extend_from_slice(p.new_header);
+    bytes.extend_from_slice(&value);
+    Ok(Some(bytes))
+}
+
+/// Applies a primary's batches to the replica's write transaction (logging them in the
+/// replica's own log batch), then records the position they bring it to.
+pub fn apply(w: &mut LmdbWrite<'_, '_>, r: &Replicated) -> Result<Outcome, StoreError> {
+    let mut cas = 0u64;
+    let (store, txn) = w.parts();
+    for payload in &r.payloads {
+        for op in ops(payload) {
+            let op = op.map_err(StoreError::Backend)?;
+            let (Op::Put { db, .. } | Op::Del { db, .. } | Op::Clear { db } | Op::Patch { db, .. }) =
+                op;
+            let table = store.table(db).ok_or_else(|| {
+                StoreError::Backend(format!("replicated record for database {db}"))
+            })?;
+            match op {
+                Op::Put { key, value, .. } => {
+                    if db == DB_ELEMS {
+                        store.mark_collections(txn)?;
+                    }
+                    if db == DB_META
+                        && key == META_CAS
+                        && let Ok(v) = <[u8; 8]>::try_from(value)
+                    {
+                        cas = cas.max(u64::from_le_bytes(v));
+                    }
+                    table.put(txn, key, value)?
+                }
+                Op::Del { key, .. } => {
+                    table.delete(txn, key)?;
+                }
+                Op::Clear { .. } => table.clear(txn)?,
+                // Logged here as the whole new item: the replica's log stands on its own.
+                Op::Patch { key, patch, .. } => {
+                    if let Some(item) = patched(&table, txn, key, &patch)? {
+                        table.put(txn, key, &item)?;
+                    }
+                }
+            }
+        }
+    }
+    let meta = store
+        .table(DB_META)
+        .ok_or_else(|| StoreError::Backend("no meta database".into()))?;
+    meta.put(txn, REPL_KEY, &encode_position(&r.replid, r.offset))?;
+    w.raise_cas(cas);
+    Ok(Outcome::Done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backlog_serves_from_any_batch_boundary_it_still_holds() {
+        let hub = Hub::new("a".repeat(40), 40, 7, 3);
+        hub.activate();
+        let mut batches = vec![(8, vec![1u8; 10]), (9, vec![2u8; 10])];
+        hub.release(&mut batches);
+        assert_eq!(hub.offset(), 30);
+        assert_eq!(hub.offset_of_seq(7), Ok(Some(0)));
+        assert_eq!(hub.offset_of_seq(8), Ok(Some(15)));
+        assert_eq!(hub.offset_of_seq(10), Ok(None));
+        let f = hub.frames_after(15, 1 << 20, Duration::ZERO).expect("held");
+        assert_eq!(f.len(), 1);
+        assert_eq!(f[0].seq, 9);
+        assert!(hub.can_continue(&"a".repeat(40), 15));
+        assert!(!hub.can_continue(&"b".repeat(40), 15));
+        assert!(!hub.can_continue(&"a".repeat(40), 14));
+        // Past the cap the oldest frames go.
+        let mut more = vec![(10, vec![3u8; 10]), (11, vec![4u8; 10])];
+        hub.release(&mut more);
+        assert_eq!(
+            hub.frames_after(0, 1 << 20, Duration::ZERO).err(),
+            Some(Gone::NotHeld)
+        );
+        assert_eq!(hub.offset_of_seq(8), Err(Gone::NotHeld));
+        let f = hub.frames_after(30, 1 << 20, Duration::ZERO).expect("held");
+        assert_eq!(f.iter().map(|f| f.seq).collect::<Vec<_>>(), vec![10, 11]);
+    }
+
+    #[test]
+    fn a_gap_resets_the_backlog() {
+        let hub = Hub::new("x".into(), 1 << 20, 0, 1);
+        hub.activate();
+        hub.release(&mut vec![(1, vec![0; 3])]);
+        hub.release(&mut vec![(5, vec![0; 3])]);
+        assert_eq!(
+            hub.frames_after(0, 1 << 20, Duration::ZERO).err(),
+            Some(Gone::NotHeld)
+        );
+        assert_eq!(
+            hub.frames_after(8, 1 << 20, Duration::ZERO)
+                .map(|f| f.len()),
+            Ok(1)
+        );
+    }
+
+    #[test]
+    fn until_a_replica_asks_only_the_position_moves() {
+        let hub = Hub::new("x".into(), 1 << 20, 4, 1);
+        hub.release(&mut vec![(5, vec![0; 3]), (6, vec![0; 5])]);
+        assert_eq!(hub.offset(), 18);
+        assert_eq!(hub.backlog_span(), (18, 0));
+        assert_eq!(hub.offset_of_seq(6), Ok(Some(18)));
+        assert_eq!(hub.offset_of_seq(5), Err(Gone::NotHeld));
+        hub.activate();
+        hub.release(&mut vec![(7, vec![0; 1])]);
+        assert_eq!(hub.offset_of_seq(6), Ok(Some(18)));
+        let f = hub.frames_after(18, 1 << 20, Duration::ZERO).expect("held");
+        assert_eq!(f.iter().map(|f| f.seq).collect::<Vec<_>>(), vec![7]);
+    }
+
+    #[test]
+    fn positions_round_trip() {
+        let v = encode_position("abc", 42);
+        assert_eq!(decode_position(&v), Some(("abc".to_string(), 42)));
+        assert_eq!(decode_position(&[1, 2]), None);
+    }
+}

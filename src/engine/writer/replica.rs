@@ -1,0 +1,204 @@
+//! The writer's part in replication (see `engine::repl`): handing durable batches to the
+//! backlog, staying out of a replica's data (no sweeps, no reclaiming), and installing a
+//! primary's full copy.
+//!
+//! A full copy is installed in one LMDB transaction that empties every database and writes
+//! the copy's records and its stream position, unlogged (the copy would double the log's
+//! size for nothing), committed, and then made the recovery point by a checkpoint the writer
+//! waits for before anything else is logged. Readers see the old store or the new one, never
+//! a mix (the overlay is empty across it: the open transaction is committed first). A crash
+//! before the checkpoint is durable recovers the previous checkpoint and log: the old store
+//! with the old position, which is consistent, so the replica just asks again.
+
+use std::io::Read;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use log::{error, info};
+
+use super::{Submission, Writer};
+use crate::command::{Outcome, ReplInstall, WriteOp};
+use crate::config::SyncMode;
+use crate::engine::repl::{Hub, REPL_KEY, encode_position};
+use crate::storage::lmdb::{DB_META, Replay};
+use crate::storage::overlay::Map;
+use crate::storage::wal::{Op, ops};
+
+/// Databases a full copy replaces (every one a log record can name).
+const DBS: std::ops::RangeInclusive<u8> = 0..=5;
+
+impl<T: Send + Clone> Writer<T> {
+    /// Turns replication on: the log keeps a copy of each batch until it is durable, and the
+    /// returned hub gets it then. `replid` names this primary's stream.
+    pub fn with_repl(mut self, replid: String, backlog: u64) -> (Writer<T>, Arc<Hub>) {
+        let txnid = self.store.env().info().last_txn_id as u64;
+        let hub = Arc::new(Hub::new(replid, backlog, self.wal.last_seq(), txnid));
+        self.wal.set_tap(true);
+        self.repl = Some(hub.clone());
+        (self, hub)
+    }
+
+    pub(super) fn is_replica(&self) -> bool {
+        self.repl.as_ref().is_some_and(|h| h.is_replica())
+    }
+
+    /// Hands the batches the log tapped to the backlog once they are durable per the sync
+    /// mode (`always`: synced) and can no longer be taken back (they are past `undo`).
+    pub(super) fn release_repl(&mut self) {
+        let Some(hub) = self.repl.clone() else {
+            return;
+        };
+        if self.broken.is_some() {
+            // Durability unknown: nothing more goes out.
+            self.wal.take_tapped(&mut self.tapped);
+            self.tapped.clear();
+            return;
+        }
+        if self.cfg.sync == SyncMode::Always && self.wal.unsynced() {
+            return;
+        }
+        self.wal.take_tapped(&mut self.tapped);
+        hub.release(&mut self.tapped);
+    }
+
+    /// Installs any full copy in `batch` (writer thread), after committing the submissions
+    /// before it; what follows it stays in `batch`.
+    pub(super) fn install_first(&mut self, batch: &mut Vec<Submission<T>>) {
+        let Some(at) = batch.iter().position(|s| {
+            s.reqs
+                .iter()
+                .any(|r| matches!(r.op, WriteOp::ReplInstall(_)))
+        }) else {
+            return;
+        };
+        let mut rest = batch.split_off(at);
+        if !batch.is_empty() {
+            self.commit(batch, false, None, false);
+            batch.clear();
+        }
+        let sub = rest.remove(0);
+        for req in sub.reqs {
+            let outcome = match &req.op {
+                WriteOp::ReplInstall(x) => self.install(x),
+                _ => Outcome::Failed,
+            };
+            self.outboxes[sub.worker].push(super::Completion {
+                tag: req.tag,
+                outcome,
+            });
+        }
+        self.deliver(None);
+        *batch = rest;
+        if batch.iter().any(|s| {
+            s.reqs
+                .iter()
+                .any(|r| matches!(r.op, WriteOp::ReplInstall(_)))
+        }) {
+            self.install_first(batch);
+        }
+    }
+
+    fn install(&mut self, x: &ReplInstall) -> Outcome {
+        if self.broken.is_some() {
+            return Outcome::Failed;
+        }
+        while self.checkpointer.busy() {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        if let Err(e) = self.commit_lmdb() {
+            error!("full copy: cannot commit the open transaction: {e}");
+            return Outcome::Failed;
+        }
+        // Empty (just begun): LMDB has one write transaction at a time.
+        self.open = None;
+        let store = self.store.clone();
+        let r = (|| -> Result<(usize, u64), String> {
+            let mut file = std::fs::File::open(&x.path)
+                .map_err(|e| format!("cannot open {}: {e}", x.path.display()))?;
+            let (mut rw, _) = store.write_txn().map_err(|e| e.to_string())?.into_parts();
+            for db in DBS {
+                store.replay(&mut rw, Op::Clear { db }, Replay::Exact)?;
+            }
+            let mut records = 0u64;
+            let mut chunk = Vec::new();
+            loop {
+                let mut len = [0u8; 4];
+                match file.read_exact(&mut len) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
+                    Err(e) => return Err(format!("cannot read the copy: {e}")),
+                }
+                chunk.resize(u32::from_le_bytes(len) as usize, 0);
+                file.read_exact(&mut chunk)
+                    .map_err(|e| format!("cannot read the copy: {e}"))?;
+                for op in ops(&chunk) {
+                    store.replay(&mut rw, op?, Replay::Exact)?;
+                    records += 1;
+                }
+            }
+            let pos = encode_position(&x.replid, x.offset);
+            store.replay(
+                &mut rw,
+                Op::Put {
+                    db: DB_META,
+                    key: REPL_KEY,
+                    value: &pos,
+                },
+                Replay::Exact,
+            )?;
+            let id = rw.id();
+            rw.commit()
+                .map_err(|e| format!("cannot commit the copy: {e}"))?;
+            Ok((id, records))
+        })();
+        let outcome = match r {
+            Ok((id, records)) => {
+                let need = (self.store.env().info().last_page_number as u64 + 1) * self.page_size;
+                if let Err(e) = crate::storage::durable::cover(&self.data, need) {
+                    log::warn!("cannot extend the data file: {e}");
+                }
+                self.store.overlay().publish(id, Map::new_sync());
+                self.map = Map::new_sync();
+                if let Some(hub) = &self.repl {
+                    hub.committed(id as u64, self.wal.last_seq());
+                }
+                match self.store.reload_persisted() {
+                    Ok(p) => self.cas = self.cas.max(p.cas),
+                    Err(e) => error!("full copy: cannot read the copy's counters: {e}"),
+                }
+                self.gc_more = false;
+                // Made the recovery point before anything is logged on top of it.
+                let stats = self.checkpointer.stats.clone();
+                let (count, failures) = (
+                    stats.count.load(Ordering::Acquire),
+                    stats.failures.load(Ordering::Acquire),
+                );
+                self.wal.since_checkpoint = self.wal.since_checkpoint.max(1);
+                self.checkpoint_now();
+                if stats.failures.load(Ordering::Acquire) != failures
+                    || stats.count.load(Ordering::Acquire) == count
+                {
+                    self.break_log("cannot checkpoint a replica's full copy".into());
+                    Outcome::Failed
+                } else {
+                    info!(
+                        "full copy installed: {records} records, at offset {} of {}",
+                        x.offset, x.replid
+                    );
+                    Outcome::Done
+                }
+            }
+            Err(e) => {
+                error!("full copy not installed: {e}");
+                Outcome::Failed
+            }
+        };
+        if self.broken.is_none()
+            && let Err(e) = self.begin()
+        {
+            error!("cannot begin a write transaction: {e}");
+        }
+        outcome
+    }
+}

@@ -1,0 +1,1097 @@
+//! Replication over the network: a primary's sender threads (one per replica) and a
+//! replica's receiver thread, on plain blocking sockets, off the event loops.
+//!
+//! Handshake (as a Redis replica does it, on the primary's RESP port): `PING`,
+//! `REPLCONF listening-port <port>`, `REPLCONF capa eof capa psync2`, then
+//! `PSYNC <replid> <offset+1>` (`PSYNC ? -1` with no position). The worker that runs PSYNC
+//! hands the connection to a sender thread (`serve_replica`), which answers:
+//! - `+CONTINUE <replid>` when the backlog still holds the replica's position; or
+//! - `+FULLRESYNC <replid> <offset>`, then the full copy: every record of every database as
+//!   one LMDB read transaction sees it (the primary keeps serving; the snapshot is an LMDB
+//!   commit whose last log batch is known, `Hub::seq_of_commit`, so `offset` is exactly where
+//!   the stream goes on), in frames `b'S'`, length u32 LE, records; then `b'E'`, 0.
+//!
+//! Then the stream: `b'B'` frames (one log batch each, counted in the offset) and, when idle,
+//! `b'P'` heartbeats each second (not counted). The replica answers `REPLCONF ACK <offset>`
+//! after each applied group and each heartbeat.
+//!
+//! Memory: a sender holds the frames it is writing (shared with the backlog) and one chunk of
+//! the full copy; a replica too slow for the backlog loses its place and takes a full copy. A
+//! replica writes a full copy to `repl-copy.tmp` in its data directory as it arrives and then
+//! installs it in one transaction (`engine::writer::replica`); it applies at most
+//! `APPLY_MAX` bytes of batches per write.
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use log::{debug, error, info, warn};
+use mio::{Events, Poll, Token, Waker};
+
+use super::Shared;
+use super::worker::{Reply, Tag};
+use crate::command::{Outcome, ReplInstall, Replicated, WriteOp};
+use crate::engine::repl::{FRAME_HEADER, Gone, Hub, stored_position};
+use crate::engine::writer::{Gate, Mailbox, Submission, WriteRequest};
+use crate::storage::wal::LogBuf;
+
+/// Largest chunk of a full copy, and most batch bytes a replica applies in one write.
+const CHUNK: usize = 1 << 20;
+const APPLY_MAX: usize = 4 << 20;
+/// How long a replica waits for anything from its primary (heartbeats come every second).
+const LINK_TIMEOUT: Duration = Duration::from_secs(5);
+const HEARTBEAT: Duration = Duration::from_secs(1);
+const COPY_FILE: &str = "repl-copy.tmp";
+const RECEIVER_WAKER: Token = Token(0);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A replica as its primary sees it.
+#[derive(Debug)]
+pub struct Peer {
+    pub id: u64,
+    pub ip: String,
+    pub port: u16,
+    /// "wait_bgsave" while the full copy is being prepared, "send_bulk" while it is sent,
+    /// "online" once it streams.
+    pub state: Mutex<&'static str>,
+    pub ack: AtomicU64,
+    pub ack_at: Mutex<Instant>,
+}
+
+/// A replica's link to its primary.
+#[derive(Debug, Clone)]
+pub struct Link {
+    pub host: String,
+    pub port: u16,
+    /// "connect", "connecting", "sync", "connected" (ROLE's words).
+    pub state: &'static str,
+    pub last_io: Instant,
+    pub down_since: Instant,
+    /// The primary's replication id and the offset applied.
+    pub replid: String,
+    pub offset: u64,
+}
+
+/// Replication state shared by the workers, the sender threads and the receiver.
+pub struct Repl {
+    hub: OnceLock<Arc<Hub>>,
+    /// Taken at shutdown: the writer stops only once every gate is gone.
+    gate: Mutex<Option<Gate<Tag>>>,
+    /// Where the receiver's writes are answered (the writer's mailbox past the workers').
+    pub mailbox: Arc<Mailbox<Tag>>,
+    pub mailbox_index: usize,
+    poll: Mutex<Option<Poll>>,
+    /// Bumped by every REPLICAOF: a receiver of an older generation stops.
+    generation: AtomicU64,
+    link: Mutex<Option<Link>>,
+    peers: Mutex<Vec<Arc<Peer>>>,
+    next_peer: AtomicU64,
+    /// Counters (INFO): full copies served and continuations granted (primary), full copies
+    /// taken and continuations obtained (replica).
+    pub sync_full: AtomicU64,
+    pub sync_partial_ok: AtomicU64,
+    pub copies_taken: AtomicU64,
+    pub resumes: AtomicU64,
+    receivers: AtomicUsize,
+    me: OnceLock<std::sync::Weak<Shared>>,
+    /// The receiver's socket, shut down to end its link at once (REPLICAOF).
+    sock: Mutex<Option<TcpStream>>,
+}
+
+impl Repl {
+    /// `workers` mailboxes come first in the writer's list; this one is at that index.
+    pub fn new(workers: usize) -> io::Result<Repl> {
+        let poll = Poll::new()?;
+        let waker = Waker::new(poll.registry(), RECEIVER_WAKER)?;
+        Ok(Repl {
+            hub: OnceLock::new(),
+            gate: Mutex::new(None),
+            mailbox: Arc::new(Mailbox::new(waker)),
+            mailbox_index: workers,
+            poll: Mutex::new(Some(poll)),
+            generation: AtomicU64::new(0),
+            link: Mutex::new(None),
+            peers: Mutex::new(Vec::new()),
+            next_peer: AtomicU64::new(0),
+            sync_full: AtomicU64::new(0),
+            sync_partial_ok: AtomicU64::new(0),
+            copies_taken: AtomicU64::new(0),
+            resumes: AtomicU64::new(0),
+            receivers: AtomicUsize::new(0),
+            me: OnceLock::new(),
+            sock: Mutex::new(None),
+        })
+    }
+
+    pub fn set_hub(&self, hub: Arc<Hub>) {
+        let _ = self.hub.set(hub);
+    }
+
+    /// The server this belongs to (threads started from a command need their own handle).
+    pub fn set_shared(&self, me: std::sync::Weak<Shared>) {
+        let _ = self.me.set(me);
+    }
+
+    fn shared(&self) -> Option<Arc<Shared>> {
+        self.me.get().and_then(|w| w.upgrade())
+    }
+
+    pub fn set_gate(&self, gate: Gate<Tag>) {
+        *lock(&self.gate) = Some(gate);
+    }
+
+    /// Shutdown: the receiver stops (its link is cut) and the writer's gate is let go, so the
+    /// writer can stop; senders see the shutdown flag and end.
+    pub fn close(&self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        self.cut_link();
+        lock(&self.gate).take();
+    }
+
+    pub fn hub(&self) -> Option<&Arc<Hub>> {
+        self.hub.get()
+    }
+
+    pub fn is_replica(&self) -> bool {
+        self.hub.get().is_some_and(|h| h.is_replica())
+    }
+
+    pub fn link(&self) -> Option<Link> {
+        lock(&self.link).clone()
+    }
+
+    pub fn peers(&self) -> Vec<Arc<Peer>> {
+        lock(&self.peers).clone()
+    }
+
+    /// The replication id and offset INFO and ROLE show: the stream's on a primary, the
+    /// primary's and the applied offset on a replica.
+    pub fn position(&self) -> (String, u64) {
+        if let Some(l) = self.link() {
+            return (l.replid, l.offset);
+        }
+        self.hub.get().map_or((String::new(), 0), |h| h.position())
+    }
+
+    /// How many replicas have acknowledged `offset`.
+    pub fn acked(&self, offset: u64) -> usize {
+        lock(&self.peers)
+            .iter()
+            .filter(|p| p.ack.load(Ordering::Acquire) >= offset)
+            .count()
+    }
+
+    /// Ends the current receiver's connection (it notices its generation changed).
+    fn cut_link(&self) {
+        if let Some(s) = lock(&self.sock).take() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    fn set_link(&self, f: impl FnOnce(&mut Link)) {
+        if let Some(l) = lock(&self.link).as_mut() {
+            f(l);
+        }
+    }
+}
+
+/// Becomes a replica of `host:port` (REPLICAOF, `replica_of`): refuses writes from now on and
+/// starts a receiver (an earlier one stops).
+/// `starting`: the server is starting with `replica_of` (the stored position is trusted).
+pub fn replicate_from(
+    shared: &Arc<Shared>,
+    host: String,
+    port: u16,
+    starting: bool,
+) -> Result<(), String> {
+    let repl = &shared.repl;
+    let hub = repl.hub().ok_or("replication is not set up")?;
+    let was_replica = hub.is_replica();
+    hub.set_replica(true);
+    // Where to ask the primary to go on from: the position applied (a replica changing
+    // primaries), the one stored with the data (a replica starting), or none (a primary
+    // becoming a replica: its data may have diverged, so it takes a full copy).
+    let known = repl.link().map(|l| (l.replid, l.offset));
+    let (replid, offset) = match (was_replica, known) {
+        (true, Some(p)) => p,
+        (false, _) if !starting => (String::new(), 0),
+        _ => match stored_position(&shared.store) {
+            Ok(Some(p)) => p,
+            Ok(None) => (String::new(), 0),
+            Err(e) => {
+                warn!("cannot read the stored replication position: {e}");
+                (String::new(), 0)
+            }
+        },
+    };
+    let now = Instant::now();
+    *lock(&repl.link) = Some(Link {
+        host: host.clone(),
+        port,
+        state: "connect",
+        last_io: now,
+        down_since: now,
+        replid,
+        offset,
+    });
+    let generation = repl.generation.fetch_add(1, Ordering::AcqRel) + 1;
+    repl.cut_link();
+    let s = shared.clone();
+    std::thread::Builder::new()
+        .name("memkeep-repl-in".into())
+        .spawn(move || receiver(s, generation, host, port))
+        .map_err(|e| format!("cannot start the replication thread: {e}"))?;
+    Ok(())
+}
+
+/// REPLICAOF NO ONE: stops replicating and accepts writes, going on from the offset applied
+/// under a new replication id.
+pub fn promote(shared: &Arc<Shared>) {
+    let repl = &shared.repl;
+    repl.generation.fetch_add(1, Ordering::AcqRel);
+    repl.cut_link();
+    let link = lock(&repl.link).take();
+    // The receiver may be applying a group: wait for it to notice (it checks between groups).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while repl.receivers.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    if let Some(hub) = repl.hub() {
+        let offset = link.map_or_else(|| hub.offset(), |l| l.offset);
+        hub.set_replica(false);
+        hub.restart_stream(super::replication_id(), offset);
+        info!("promoted to primary at offset {offset}");
+    }
+    // The stored position no longer describes the data once it takes writes of its own: it
+    // is cleared (through the writer, off this thread), so a restart as a replica takes a
+    // full copy instead of continuing on top of them.
+    let s = shared.clone();
+    let generation = repl.generation.load(Ordering::Acquire);
+    let spawned = std::thread::Builder::new()
+        .name("memkeep-repl-forget".into())
+        .spawn(move || {
+            let repl = &s.repl;
+            let Some(poll) = lock(&repl.poll).take() else {
+                // A new receiver holds it: it stores its own position soon enough.
+                return;
+            };
+            let mut r = Receiving {
+                shared: &s,
+                generation,
+                poll,
+                events: Events::with_capacity(4),
+            };
+            let cleared = r.write(WriteOp::Replicate(Box::new(Replicated {
+                payloads: Vec::new(),
+                replid: String::new(),
+                offset: 0,
+            })));
+            if let Err(e) = cleared {
+                warn!("cannot clear the stored replication position: {e}");
+            }
+            let Receiving { poll, .. } = r;
+            *lock(&repl.poll) = Some(poll);
+        });
+    if let Err(e) = spawned {
+        warn!("cannot clear the stored replication position: {e}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Primary side.
+
+/// Serves a replica that sent PSYNC on `stream` (taken out of its event loop).
+pub fn serve_replica(
+    shared: Arc<Shared>,
+    stream: TcpStream,
+    replid: String,
+    offset: i64,
+    listening_port: u16,
+) {
+    let peer_addr = stream.peer_addr().ok();
+    let spawned = std::thread::Builder::new()
+        .name("memkeep-repl-out".into())
+        .spawn(move || {
+            let ip = peer_addr.map_or_else(|| "?".to_string(), |a| a.ip().to_string());
+            let port = if listening_port != 0 {
+                listening_port
+            } else {
+                peer_addr.map_or(0, |a| a.port())
+            };
+            let peer = Arc::new(Peer {
+                id: shared.repl.next_peer.fetch_add(1, Ordering::Relaxed),
+                ip,
+                port,
+                state: Mutex::new("wait_bgsave"),
+                ack: AtomicU64::new(0),
+                ack_at: Mutex::new(Instant::now()),
+            });
+            lock(&shared.repl.peers).push(peer.clone());
+            match send(&shared, stream, &replid, offset, &peer) {
+                Ok(()) => info!("replica {}:{} gone", peer.ip, peer.port),
+                Err(e) => info!("replica {}:{} dropped: {e}", peer.ip, peer.port),
+            }
+            lock(&shared.repl.peers).retain(|p| p.id != peer.id);
+        });
+    if let Err(e) = spawned {
+        error!("cannot start a replication sender: {e}");
+    }
+}
+
+fn send(
+    shared: &Arc<Shared>,
+    stream: TcpStream,
+    replid: &str,
+    offset: i64,
+    peer: &Arc<Peer>,
+) -> io::Result<()> {
+    let hub = shared
+        .repl
+        .hub()
+        .ok_or_else(|| io::Error::other("replication is not set up"))?
+        .clone();
+    stream.set_nonblocking(false)?;
+    stream.set_nodelay(true)?;
+    // A replica that takes more than this to accept bytes is dropped (it reconnects).
+    stream.set_write_timeout(Some(Duration::from_secs(30)))?;
+    let acks = stream.try_clone()?;
+    let ctl = stream.try_clone()?;
+    let p = peer.clone();
+    std::thread::Builder::new()
+        .name("memkeep-repl-ack".into())
+        .spawn(move || read_acks(acks, &p))?;
+    let result = stream_to(shared, &hub, stream, replid, offset, peer);
+    // Ends the acknowledgement reader too, and tells the replica at once.
+    let _ = ctl.shutdown(std::net::Shutdown::Both);
+    result
+}
+
+fn stream_to(
+    shared: &Arc<Shared>,
+    hub: &Arc<Hub>,
+    stream: TcpStream,
+    replid: &str,
+    offset: i64,
+    peer: &Arc<Peer>,
+) -> io::Result<()> {
+    hub.activate();
+    let mut out = io::BufWriter::with_capacity(64 << 10, stream);
+    let from = if offset > 0 && hub.can_continue(replid, offset as u64 - 1) && !hub.is_replica() {
+        let from = offset as u64 - 1;
+        let (id, _) = hub.position();
+        write!(out, "+CONTINUE {id}\r\n")?;
+        shared.repl.sync_partial_ok.fetch_add(1, Ordering::Relaxed);
+        info!(
+            "replica {}:{} continues from offset {from}",
+            peer.ip, peer.port
+        );
+        from
+    } else {
+        if hub.is_replica() {
+            return Err(io::Error::other("this server is a replica itself"));
+        }
+        shared.repl.sync_full.fetch_add(1, Ordering::Relaxed);
+        full_copy(shared, hub, &mut out, peer)?
+    };
+    *lock(&peer.state) = "online";
+    out.flush()?;
+    let mut at = from;
+    let mut last_sent = Instant::now();
+    loop {
+        if shared.shutdown.load(Ordering::Acquire) || hub.is_replica() {
+            return Ok(());
+        }
+        let frames = hub
+            .frames_after(at, APPLY_MAX, Duration::from_millis(200))
+            .map_err(|Gone::NotHeld| io::Error::other("fell behind the backlog"))?;
+        for f in &frames {
+            out.write_all(&f.data)?;
+            at = f.end;
+        }
+        if !frames.is_empty() {
+            out.flush()?;
+            last_sent = Instant::now();
+        } else if last_sent.elapsed() >= HEARTBEAT {
+            out.write_all(&[b'P', 0, 0, 0, 0])?;
+            out.flush()?;
+            last_sent = Instant::now();
+        }
+    }
+}
+
+/// Reads `REPLCONF ACK <offset>` from a replica until the connection ends.
+fn read_acks(stream: TcpStream, peer: &Peer) {
+    let mut r = BufReader::new(stream);
+    let mut line = String::new();
+    let mut prev_ack = false;
+    loop {
+        line.clear();
+        match r.read_line(&mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let t = line.trim_end();
+        if prev_ack && let Ok(n) = t.parse::<u64>() {
+            peer.ack.fetch_max(n, Ordering::AcqRel);
+            *lock(&peer.ack_at) = Instant::now();
+        }
+        prev_ack = t.eq_ignore_ascii_case("ack") || (prev_ack && t.starts_with('$'));
+    }
+}
+
+/// Sends `+FULLRESYNC` and a consistent copy of the store; returns the offset it is at.
+fn full_copy(
+    shared: &Arc<Shared>,
+    hub: &Hub,
+    out: &mut impl Write,
+    peer: &Peer,
+) -> io::Result<u64> {
+    let store = shared.store.clone();
+    let started = Instant::now();
+    let give_up = started + Duration::from_secs(30);
+    // A snapshot whose last batch is known and whose position the backlog still has.
+    let (txn, offset) = loop {
+        if Instant::now() > give_up {
+            return Err(io::Error::other("no snapshot with a known position"));
+        }
+        let txn = store
+            .read_txn()
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        let id = txn.id() as u64;
+        match hub.seq_of_commit(id).map(|s| hub.offset_of_seq(s)) {
+            Some(Ok(Some(off))) => break (txn, off),
+            Some(Ok(None)) => {
+                // The commit holds a batch not yet released (its fdatasync is running).
+                drop(txn);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            _ => {
+                drop(txn);
+                store.overlay().commit_asked.store(true, Ordering::Release);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    };
+    let (replid, _) = hub.position();
+    write!(out, "+FULLRESYNC {replid} {offset}\r\n")?;
+    *lock(&peer.state) = "send_bulk";
+    let mut buf = LogBuf::default();
+    let mut records = 0u64;
+    let flush = |buf: &mut LogBuf, out: &mut dyn Write| -> io::Result<()> {
+        if !buf.is_empty() {
+            let p = buf.payload();
+            out.write_all(b"S")?;
+            out.write_all(&(p.len() as u32).to_le_bytes())?;
+            out.write_all(p)?;
+            buf.reset();
+        }
+        Ok(())
+    };
+    for db in 0..=5u8 {
+        let Some(table) = store.table(db) else {
+            continue;
+        };
+        let iter = table
+            .iter(&txn)
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        for kv in iter {
+            let (k, v) = kv.map_err(|e| io::Error::other(e.to_string()))?;
+            buf.put(db, k, &[v]);
+            records += 1;
+            if buf.payload_len() >= CHUNK {
+                flush(&mut buf, out)?;
+            }
+        }
+    }
+    flush(&mut buf, out)?;
+    drop(txn);
+    out.write_all(&[b'E', 0, 0, 0, 0])?;
+    info!(
+        "full copy for replica {}:{}: {records} records at offset {offset} in {} ms",
+        peer.ip,
+        peer.port,
+        started.elapsed().as_millis()
+    );
+    Ok(offset)
+}
+
+// ---------------------------------------------------------------------------------------
+// Replica side.
+
+#[derive(Debug)]
+enum LinkError {
+    Io(io::Error),
+    Proto(String),
+    /// REPLICAOF changed the target (or NO ONE): stop.
+    Superseded,
+}
+
+impl From<io::Error> for LinkError {
+    fn from(e: io::Error) -> Self {
+        LinkError::Io(e)
+    }
+}
+
+impl std::fmt::Display for LinkError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LinkError::Io(e) => write!(f, "{e}"),
+            LinkError::Proto(m) => f.write_str(m),
+            LinkError::Superseded => f.write_str("replication target changed"),
+        }
+    }
+}
+
+struct Receiving<'a> {
+    shared: &'a Arc<Shared>,
+    generation: u64,
+    poll: Poll,
+    events: Events,
+}
+
+impl Receiving<'_> {
+    fn current(&self) -> bool {
+        self.shared.repl.generation.load(Ordering::Acquire) == self.generation
+            && !self.shared.shutdown.load(Ordering::Acquire)
+    }
+
+    /// Submits one write for the writer thread and waits for its outcome.
+    fn write(&mut self, op: WriteOp) -> Result<(), LinkError> {
+        if !self.current() {
+            return Err(LinkError::Superseded);
+        }
+        let repl = &self.shared.repl;
+        let gate = lock(&repl.gate)
+            .clone()
+            .ok_or_else(|| LinkError::Proto("the writer has stopped".into()))?;
+        let tag = Tag {
+            slot: u32::MAX,
+            epoch: 0,
+            reply: Reply::Resp {
+                kind: super::resp::RespReply::Plain,
+            },
+        };
+        let sub = Submission {
+            worker: repl.mailbox_index,
+            reqs: vec![WriteRequest { tag, op }],
+        };
+        if gate.submit(sub) == crate::engine::writer::Submitted::Refused {
+            return Err(LinkError::Proto("the writer has stopped".into()));
+        }
+        let mut got = Vec::new();
+        loop {
+            repl.mailbox.drain_into(&mut got);
+            if let Some(c) = got.pop() {
+                return match c.outcome {
+                    Outcome::Done => Ok(()),
+                    o => Err(LinkError::Proto(format!("the write failed: {o:?}"))),
+                };
+            }
+            if let Err(e) = self
+                .poll
+                .poll(&mut self.events, Some(Duration::from_millis(100)))
+                && e.kind() != io::ErrorKind::Interrupted
+            {
+                return Err(LinkError::Io(e));
+            }
+        }
+    }
+}
+
+fn receiver(shared: Arc<Shared>, generation: u64, host: String, port: u16) {
+    let repl = &shared.repl;
+    // One receiver at a time: the previous one gives the poll back when it stops.
+    let poll = loop {
+        if repl.generation.load(Ordering::Acquire) != generation {
+            return;
+        }
+        if let Some(p) = lock(&repl.poll).take() {
+            break p;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    repl.receivers.fetch_add(1, Ordering::AcqRel);
+    let mut r = Receiving {
+        shared: &shared,
+        generation,
+        poll,
+        events: Events::with_capacity(4),
+    };
+    info!("replicating {host}:{port}");
+    while r.current() {
+        match link_once(&mut r, &host, port) {
+            Err(LinkError::Superseded) => break,
+            Err(e) => warn!("replication link to {host}:{port}: {e}"),
+            Ok(()) => {}
+        }
+        let now = Instant::now();
+        repl.set_link(|l| {
+            if l.state == "connected" {
+                l.down_since = now;
+            }
+            l.state = "connect";
+        });
+        // Retry once a second, checking for REPLICAOF meanwhile.
+        for _ in 0..10 {
+            if !r.current() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    let Receiving { poll, .. } = r;
+    *lock(&repl.poll) = Some(poll);
+    repl.receivers.fetch_sub(1, Ordering::AcqRel);
+    debug!("replication receiver for {host}:{port} stopped");
+}
+
+fn command(out: &mut impl Write, args: &[&str]) -> io::Result<()> {
+    let mut v = format!("*{}\r\n", args.len());
+    for a in args {
+        v.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+    }
+    out.write_all(v.as_bytes())
+}
+
+fn read_line(r: &mut impl BufRead) -> Result<String, LinkError> {
+    let mut line = String::new();
+    let mut limited = r.take(1024);
+    if limited.read_line(&mut line)? == 0 {
+        return Err(LinkError::Proto("the primary closed the connection".into()));
+    }
+    Ok(line.trim_end().to_string())
+}
+
+fn expect_ok(r: &mut impl BufRead, what: &str) -> Result<(), LinkError> {
+    let l = read_line(r)?;
+    if l.starts_with('+') {
+        Ok(())
+    } else {
+        Err(LinkError::Proto(format!("{what}: {l}")))
+    }
+}
+
+fn connect(host: &str, port: u16) -> io::Result<TcpStream> {
+    let addrs: Vec<SocketAddr> = (host, port).to_socket_addrs()?.collect();
+    let mut last = io::Error::other("no address");
+    for a in addrs {
+        match TcpStream::connect_timeout(&a, Duration::from_secs(5)) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+/// One connection to the primary: handshake, full copy or continuation, then the stream,
+/// until an error.
+fn link_once(r: &mut Receiving<'_>, host: &str, port: u16) -> Result<(), LinkError> {
+    let shared = r.shared;
+    let repl = &shared.repl;
+    repl.set_link(|l| l.state = "connecting");
+    let stream = connect(host, port)?;
+    stream.set_nodelay(true)?;
+    stream.set_read_timeout(Some(LINK_TIMEOUT))?;
+    stream.set_write_timeout(Some(LINK_TIMEOUT))?;
+    *lock(&repl.sock) = Some(stream.try_clone()?);
+    if !r.current() {
+        return Err(LinkError::Superseded);
+    }
+    let mut out = stream.try_clone()?;
+    let mut input = BufReader::with_capacity(256 << 10, stream);
+    let touch = |repl: &Repl| repl.set_link(|l| l.last_io = Instant::now());
+    if !shared.config.requirepass.is_empty() {
+        command(&mut out, &["AUTH", &shared.config.requirepass])?;
+        expect_ok(&mut input, "AUTH")?;
+    }
+    command(&mut out, &["PING"])?;
+    expect_ok(&mut input, "PING")?;
+    let my_port = shared.config.resp_port.to_string();
+    command(&mut out, &["REPLCONF", "listening-port", &my_port])?;
+    expect_ok(&mut input, "REPLCONF listening-port")?;
+    command(&mut out, &["REPLCONF", "capa", "eof", "capa", "psync2"])?;
+    expect_ok(&mut input, "REPLCONF capa")?;
+    let (replid, offset) = repl
+        .link()
+        .map(|l| (l.replid, l.offset))
+        .unwrap_or_default();
+    if replid.is_empty() {
+        command(&mut out, &["PSYNC", "?", "-1"])?;
+    } else {
+        command(&mut out, &["PSYNC", &replid, &(offset + 1).to_string()])?;
+    }
+    let reply = read_line(&mut input)?;
+    touch(repl);
+    let mut words = reply.split_whitespace();
+    let (replid, mut offset) = match words.next() {
+        Some("+FULLRESYNC") => {
+            let id = words.next().unwrap_or_default().to_string();
+            let off = words
+                .next()
+                .and_then(|w| w.parse::<u64>().ok())
+                .ok_or_else(|| LinkError::Proto(format!("bad reply to PSYNC: {reply}")))?;
+            repl.set_link(|l| l.state = "sync");
+            take_copy(r, &mut input, &id, off)?;
+            repl.copies_taken.fetch_add(1, Ordering::Relaxed);
+            (id, off)
+        }
+        Some("+CONTINUE") => {
+            let id = words.next().map_or(replid, |w| w.to_string());
+            repl.resumes.fetch_add(1, Ordering::Relaxed);
+            info!("replication continues from offset {offset} of {id}");
+            (id, offset)
+        }
+        _ => return Err(LinkError::Proto(format!("PSYNC refused: {reply}"))),
+    };
+    repl.set_link(|l| {
+        l.state = "connected";
+        l.replid = replid.clone();
+        l.offset = offset;
+        l.last_io = Instant::now();
+    });
+    info!("replication link up at offset {offset} of {replid}");
+    ack(&mut out, offset)?;
+    let mut payloads: Vec<Vec<u8>> = Vec::new();
+    loop {
+        if !r.current() {
+            return Err(LinkError::Superseded);
+        }
+        let (kind, body) = read_frame(&mut input)?;
+        touch(repl);
+        match kind {
+            b'P' => {
+                ack(&mut out, offset)?;
+                continue;
+            }
+            b'B' => {}
+            k => return Err(LinkError::Proto(format!("unexpected frame {k}"))),
+        }
+        let mut next = offset + (FRAME_HEADER + body.len()) as u64;
+        let mut size = body.len();
+        payloads.push(body);
+        // Whatever further batches have already arrived go in the same write.
+        while size < APPLY_MAX && frame_buffered(&input) {
+            let (kind, body) = read_frame(&mut input)?;
+            match kind {
+                b'P' => {}
+                b'B' => {
+                    next += (FRAME_HEADER + body.len()) as u64;
+                    size += body.len();
+                    payloads.push(body);
+                }
+                k => return Err(LinkError::Proto(format!("unexpected frame {k}"))),
+            }
+        }
+        r.write(WriteOp::Replicate(Box::new(Replicated {
+            payloads: std::mem::take(&mut payloads),
+            replid: replid.clone(),
+            offset: next,
+        })))?;
+        offset = next;
+        repl.set_link(|l| l.offset = offset);
+        ack(&mut out, offset)?;
+    }
+}
+
+fn ack(out: &mut impl Write, offset: u64) -> io::Result<()> {
+    command(out, &["REPLCONF", "ACK", &offset.to_string()])
+}
+
+/// Whether a whole frame is already in the reader's buffer.
+fn frame_buffered(input: &BufReader<TcpStream>) -> bool {
+    let b = input.buffer();
+    b.len() >= FRAME_HEADER
+        && b.len() >= FRAME_HEADER + u32::from_le_bytes([b[1], b[2], b[3], b[4]]) as usize
+}
+
+fn read_frame(input: &mut impl Read) -> Result<(u8, Vec<u8>), LinkError> {
+    let mut h = [0u8; FRAME_HEADER];
+    input.read_exact(&mut h)?;
+    let len = u32::from_le_bytes([h[1], h[2], h[3], h[4]]) as usize;
+    // A batch can be as large as the log allows; read it in steps, never trusting the length
+    // for one allocation.
+    let mut body = Vec::with_capacity(len.min(CHUNK));
+    input.take(len as u64).read_to_end(&mut body)?;
+    if body.len() != len {
+        return Err(LinkError::Proto("the primary closed the connection".into()));
+    }
+    Ok((h[0], body))
+}
+
+/// Receives a full copy into `repl-copy.tmp` and installs it.
+fn take_copy(
+    r: &mut Receiving<'_>,
+    input: &mut BufReader<TcpStream>,
+    replid: &str,
+    offset: u64,
+) -> Result<(), LinkError> {
+    let path: PathBuf = r.shared.config.data_dir.join(COPY_FILE);
+    let started = Instant::now();
+    let result = (|| {
+        let mut file = io::BufWriter::new(std::fs::File::create(&path)?);
+        loop {
+            let (kind, body) = read_frame(input)?;
+            r.shared.repl.set_link(|l| l.last_io = Instant::now());
+            match kind {
+                b'S' => {
+                    file.write_all(&(body.len() as u32).to_le_bytes())?;
+                    file.write_all(&body)?;
+                }
+                b'E' => break,
+                b'P' => {}
+                k => return Err(LinkError::Proto(format!("unexpected frame {k} in a copy"))),
+            }
+        }
+        file.flush()?;
+        drop(file);
+        info!(
+            "full copy received in {} ms; installing",
+            started.elapsed().as_millis()
+        );
+        r.write(WriteOp::ReplInstall(Box::new(ReplInstall {
+            path: path.clone(),
+            replid: replid.to_string(),
+            offset,
+        })))
+    })();
+    if let Err(e) = std::fs::remove_file(&path)
+        && e.kind() != io::ErrorKind::NotFound
+    {
+        warn!("cannot remove {}: {e}", path.display());
+    }
+    result
+}
+
+// ---------------------------------------------------------------------------------------
+// Commands: REPLCONF, PSYNC/SYNC, ROLE, REPLICAOF/SLAVEOF, WAIT, and INFO's section.
+
+use crate::commands::{Args, Cmd};
+use crate::protocol::resp::{enc, parse_i64};
+
+const READONLY: &str = "READONLY You can't write against a read only replica.";
+
+/// The error a write gets on a replica (RESP).
+pub fn readonly_error() -> String {
+    READONLY.to_string()
+}
+
+/// The same words for memcached's text and meta protocols.
+pub const MC_READONLY: &str = "SERVER_ERROR You can't write against a read only replica.";
+
+/// Runs a replication command (WAIT may leave `sess.wait` set and write nothing: not yet).
+pub fn run(
+    cmd: Cmd,
+    args: Args<'_>,
+    out: &mut Vec<u8>,
+    sess: &mut super::resp::Session,
+    pass: &super::worker::Pass<'_>,
+) {
+    let shared = pass.shared;
+    let repl = &shared.repl;
+    let text = |i: usize| String::from_utf8_lossy(args.get(i)).into_owned();
+    match cmd {
+        Cmd::ReplConf => {
+            let mut i = 1;
+            while i + 1 < args.len() {
+                if args.is(i, "listening-port") {
+                    match text(i + 1).parse::<u16>() {
+                        Ok(p) => sess.repl_port = p,
+                        Err(_) => return enc::error(out, "ERR value is out of range"),
+                    }
+                }
+                i += 2;
+            }
+            if args.len().is_multiple_of(2) {
+                return enc::error(out, "ERR syntax error");
+            }
+            enc::ok(out);
+        }
+        Cmd::Psync | Cmd::Sync => {
+            if repl.hub().is_none() {
+                return enc::error(out, "ERR replication is not set up");
+            }
+            if repl.is_replica() {
+                return enc::error(
+                    out,
+                    "ERR memkeep replicas do not serve replicas of their own (no chained replication)",
+                );
+            }
+            let (id, off) = if cmd == Cmd::Psync {
+                match parse_i64(args.get(2)) {
+                    Some(o) => (text(1), o),
+                    None => return enc::error(out, crate::commands::NOT_INTEGER),
+                }
+            } else {
+                ("?".to_string(), -1)
+            };
+            // Answered by the sender thread once the worker hands the connection over.
+            sess.psync = Some((id, off));
+        }
+        Cmd::Role => role(out, repl),
+        Cmd::ReplicaOf => {
+            if args.is(1, "no") && args.is(2, "one") {
+                if repl.is_replica() {
+                    match repl.shared() {
+                        Some(s) => promote(&s),
+                        None => return enc::error(out, "ERR replication is not set up"),
+                    }
+                }
+                return enc::ok(out);
+            }
+            let host = text(1);
+            let Some(port) = text(2).parse::<u16>().ok().filter(|&p| p != 0) else {
+                return enc::error(out, "ERR Invalid master port");
+            };
+            if let Some(l) = repl.link()
+                && l.host == host
+                && l.port == port
+            {
+                return enc::simple(out, "OK Already connected to specified master");
+            }
+            let Some(s) = repl.shared() else {
+                return enc::error(out, "ERR replication is not set up");
+            };
+            match replicate_from(&s, host, port, false) {
+                Ok(()) => enc::ok(out),
+                Err(e) => enc::error(out, &format!("ERR {e}")),
+            }
+        }
+        Cmd::Wait => wait(args, out, sess, repl),
+        _ => enc::error(out, "ERR unknown replication command"),
+    }
+}
+
+/// WAIT numreplicas timeout: answers once that many replicas acknowledged the stream as it
+/// was when WAIT arrived (which covers every write of this client before it), or at the
+/// timeout. Until then `sess.wait` stays set and nothing is written: the worker runs it again.
+fn wait(args: Args<'_>, out: &mut Vec<u8>, sess: &mut super::resp::Session, repl: &Repl) {
+    let (Some(n), Some(t)) = (parse_i64(args.get(1)), parse_i64(args.get(2))) else {
+        sess.wait = None;
+        return match parse_i64(args.get(1)) {
+            None => enc::error(out, crate::commands::NOT_INTEGER),
+            Some(_) => enc::error(out, "ERR timeout is not an integer or out of range"),
+        };
+    };
+    if t < 0 {
+        sess.wait = None;
+        return enc::error(out, "ERR timeout is negative");
+    }
+    if repl.is_replica() {
+        sess.wait = None;
+        return enc::error(
+            out,
+            "ERR WAIT cannot be used with replica instances. Please also note that since Redis 4.0 if a replica is configured to be writable (which is not the default) writes to replicas are just local and are not propagated.",
+        );
+    }
+    let offset = repl.hub().map_or(0, |h| h.offset());
+    let (target, deadline) = *sess.wait.get_or_insert_with(|| {
+        (
+            offset,
+            (t > 0).then(|| Instant::now() + Duration::from_millis(t as u64)),
+        )
+    });
+    let acked = repl.acked(target);
+    // Inside EXEC it cannot wait (the transaction's replies go out together): it answers how
+    // many have acknowledged now, as Redis does for a blocking command in MULTI.
+    let in_exec = sess.in_exec.is_some();
+    if in_exec || n <= 0 || acked >= n as usize || deadline.is_some_and(|d| Instant::now() >= d) {
+        sess.wait = None;
+        enc::int(out, acked as i64);
+    }
+}
+
+fn role(out: &mut Vec<u8>, repl: &Repl) {
+    match repl.link() {
+        Some(l) => {
+            enc::array(out, 5);
+            enc::bulk(out, b"slave");
+            enc::bulk(out, l.host.as_bytes());
+            enc::int(out, l.port as i64);
+            enc::bulk(out, l.state.as_bytes());
+            enc::int(out, l.offset as i64);
+        }
+        None => {
+            let peers = repl.peers();
+            enc::array(out, 3);
+            enc::bulk(out, b"master");
+            enc::int(out, repl.position().1 as i64);
+            enc::array(out, peers.len());
+            for p in peers {
+                enc::array(out, 3);
+                enc::bulk(out, p.ip.as_bytes());
+                enc::bulk(out, p.port.to_string().as_bytes());
+                enc::bulk(out, p.ack.load(Ordering::Acquire).to_string().as_bytes());
+            }
+        }
+    }
+}
+
+/// INFO's replication section, with Redis's fields.
+pub fn info(repl: &Repl, backlog_size: u64) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let (replid, offset) = repl.position();
+    let link = repl.link();
+    let peers = repl.peers();
+    match &link {
+        Some(l) => {
+            let up = l.state == "connected";
+            let _ = write!(
+                s,
+                "role:slave\r\nmaster_host:{}\r\nmaster_port:{}\r\nmaster_link_status:{}\r\nmaster_last_io_seconds_ago:{}\r\nmaster_sync_in_progress:{}\r\nslave_read_repl_offset:{offset}\r\nslave_repl_offset:{offset}\r\n",
+                l.host,
+                l.port,
+                if up { "up" } else { "down" },
+                if up {
+                    l.last_io.elapsed().as_secs() as i64
+                } else {
+                    -1
+                },
+                u8::from(l.state == "sync"),
+            );
+            if !up {
+                let _ = write!(
+                    s,
+                    "master_link_down_since_seconds:{}\r\n",
+                    l.down_since.elapsed().as_secs()
+                );
+            }
+            s.push_str("slave_priority:100\r\nslave_read_only:1\r\nreplica_announced:1\r\n");
+        }
+        None => s.push_str("role:master\r\n"),
+    }
+    let _ = write!(s, "connected_slaves:{}\r\n", peers.len());
+    for (i, p) in peers.iter().enumerate() {
+        let lag = lock(&p.ack_at).elapsed().as_secs();
+        let _ = write!(
+            s,
+            "slave{i}:ip={},port={},state={},offset={},lag={lag}\r\n",
+            p.ip,
+            p.port,
+            lock(&p.state),
+            p.ack.load(Ordering::Acquire)
+        );
+    }
+    let (first, histlen) = repl.hub().map_or((0, 0), |h| h.backlog_span());
+    let _ = write!(
+        s,
+        "master_failover_state:no-failover\r\nmaster_replid:{replid}\r\nmaster_replid2:0000000000000000000000000000000000000000\r\nmaster_repl_offset:{offset}\r\nsecond_repl_offset:-1\r\nrepl_backlog_active:{}\r\nrepl_backlog_size:{backlog_size}\r\nrepl_backlog_first_byte_offset:{}\r\nrepl_backlog_histlen:{histlen}\r\n",
+        u8::from(link.is_none() && repl.hub().is_some_and(|h| h.active())),
+        first + 1,
+    );
+    let _ = write!(
+        s,
+        "memkeep_full_copies_served:{}\r\nmemkeep_continues_served:{}\r\nmemkeep_full_copies_taken:{}\r\nmemkeep_continues_taken:{}\r\n",
+        repl.sync_full.load(Ordering::Relaxed),
+        repl.sync_partial_ok.load(Ordering::Relaxed),
+        repl.copies_taken.load(Ordering::Relaxed),
+        repl.resumes.load(Ordering::Relaxed),
+    );
+    s
+}

@@ -1,0 +1,649 @@
+//! memkeep replicas of a memkeep primary, as real processes on loopback: a replica converges
+//! to its primary's content (every type, both protocols, flags, CAS, TTLs, deletions,
+//! FLUSHALL, expiry), refuses writes on every protocol, resumes from the backlog after a
+//! kill -9, follows a primary that restarts, is promoted by REPLICAOF NO ONE, and takes a
+//! full copy of a large store while the primary takes writes. WAIT counts its
+//! acknowledgements; ROLE and INFO replication look like a Redis replica's.
+//!
+//! Convergence is judged by the offsets INFO replication reports (the replica's applied
+//! offset equals the primary's), then by reading everything back from both servers.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::resp::{Reply, Resp};
+use common::{Options, Server};
+
+const CONVERGE: Duration = Duration::from_secs(30);
+
+fn primary() -> Server {
+    Server::start_with(
+        env!("CARGO_BIN_EXE_memkeep"),
+        Options {
+            resp: true,
+            args: vec!["--sync".into(), "always".into()],
+            ..Options::default()
+        },
+    )
+}
+
+fn replica_of(p: &Server) -> Server {
+    let port = p.resp_addr().expect("resp").port();
+    Server::start_with(
+        env!("CARGO_BIN_EXE_memkeep"),
+        Options {
+            resp: true,
+            args: vec![
+                "--sync".into(),
+                "always".into(),
+                "--replica-of".into(),
+                format!("127.0.0.1:{port}"),
+            ],
+            ..Options::default()
+        },
+    )
+}
+
+fn resp(s: &Server) -> Resp {
+    Resp::connect(s.resp_addr().expect("resp port"))
+}
+
+fn text(r: Reply) -> String {
+    match r {
+        Reply::Bulk(Some(b)) | Reply::Verbatim(b) => String::from_utf8_lossy(&b).into_owned(),
+        Reply::Simple(s) => s,
+        other => panic!("expected text, got {other:?}"),
+    }
+}
+
+/// One field of INFO replication.
+fn info(s: &Server, field: &str) -> String {
+    let all = text(resp(s).cmd("INFO replication"));
+    all.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .unwrap_or_else(|| panic!("no {field} in INFO replication:\n{all}"))
+        .to_string()
+}
+
+/// Waits until the replica's link is up and it has applied everything the primary released.
+fn converge(p: &Server, r: &Server) {
+    let deadline = Instant::now() + CONVERGE;
+    loop {
+        let po = info(p, "master_repl_offset");
+        let (link, ro) = (info(r, "master_link_status"), info(r, "slave_repl_offset"));
+        if link == "up" && po == ro {
+            // Same again a moment later: nothing was still on its way.
+            thread::sleep(Duration::from_millis(50));
+            if info(p, "master_repl_offset") == po && info(r, "slave_repl_offset") == ro {
+                return;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "replica did not converge: primary at {po}, replica at {ro} (link {link})\nreplica stderr:\n{}",
+            r.stderr_tail(3000)
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A memcached text-protocol connection.
+struct Mc {
+    r: BufReader<TcpStream>,
+    w: TcpStream,
+}
+
+impl Mc {
+    fn connect(s: &Server) -> Mc {
+        let w = Server::connect_to(s.addr()).expect("connect to the memcached port");
+        w.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        Mc {
+            r: BufReader::new(w.try_clone().expect("clone")),
+            w,
+        }
+    }
+
+    fn line(&mut self) -> String {
+        let mut l = String::new();
+        self.r.read_line(&mut l).expect("read a line");
+        assert!(l.ends_with("\r\n"), "short line {l:?}");
+        l.truncate(l.len() - 2);
+        l
+    }
+
+    /// Sends `req` (CRLFs included) and reads one reply line.
+    fn call(&mut self, req: &str) -> String {
+        self.w.write_all(req.as_bytes()).expect("send");
+        self.line()
+    }
+
+    /// `gets key`: (flags, cas, value) or None.
+    fn gets(&mut self, key: &str) -> Option<(u32, u64, Vec<u8>)> {
+        self.w
+            .write_all(format!("gets {key}\r\n").as_bytes())
+            .expect("send");
+        let l = self.line();
+        if l == "END" {
+            return None;
+        }
+        let f: Vec<&str> = l.split(' ').collect();
+        assert_eq!(f[0], "VALUE", "unexpected {l:?}");
+        let len: usize = f[3].parse().expect("length");
+        let mut v = vec![0; len + 2];
+        self.r.read_exact(&mut v).expect("value");
+        v.truncate(len);
+        assert_eq!(self.line(), "END");
+        Some((f[2].parse().expect("flags"), f[4].parse().expect("cas"), v))
+    }
+}
+
+/// Everything a server holds, as text: each key's type and content, read over RESP, and for
+/// strings also memcached's flags and CAS (both the primary's on a replica).
+fn contents(s: &Server) -> BTreeMap<String, String> {
+    let mut c = resp(s);
+    let mut mc = Mc::connect(s);
+    let keys = match c.cmd("KEYS *") {
+        Reply::Array(Some(v)) => v.into_iter().map(text).collect::<Vec<_>>(),
+        other => panic!("KEYS: {other:?}"),
+    };
+    let mut out = BTreeMap::new();
+    for k in keys {
+        let ty = text(c.cmd(&format!("TYPE {k}")));
+        let sorted = |r: Reply| -> String {
+            let mut v: Vec<String> = match r {
+                Reply::Array(Some(v)) | Reply::Set(v) => v.into_iter().map(text).collect(),
+                other => panic!("{k}: {other:?}"),
+            };
+            v.sort();
+            v.join(",")
+        };
+        let body = match ty.as_str() {
+            "string" => {
+                let ttl = match c.cmd(&format!("PTTL {k}")) {
+                    Reply::Int(t) => t > 0,
+                    other => panic!("PTTL: {other:?}"),
+                };
+                match mc.gets(&k) {
+                    Some((flags, cas, v)) => format!(
+                        "flags={flags} cas={cas} ttl={ttl} value={}",
+                        String::from_utf8_lossy(&v)
+                    ),
+                    None => "gone".into(),
+                }
+            }
+            "list" => format!("{:?}", c.cmd(&format!("LRANGE {k} 0 -1"))),
+            "hash" => sorted(c.cmd(&format!("HGETALL {k}"))),
+            "set" => sorted(c.cmd(&format!("SMEMBERS {k}"))),
+            "zset" => format!("{:?}", c.cmd(&format!("ZRANGE {k} 0 -1 WITHSCORES"))),
+            "none" => continue,
+            other => panic!("type {other}"),
+        };
+        out.insert(k, format!("{ty}: {body}"));
+    }
+    out
+}
+
+fn assert_same(p: &Server, r: &Server) {
+    let (a, b) = (contents(p), contents(r));
+    if a != b {
+        for (k, v) in &a {
+            if b.get(k) != Some(v) {
+                eprintln!("{k}: primary {v:?}, replica {:?}", b.get(k));
+            }
+        }
+        for k in b.keys().filter(|k| !a.contains_key(*k)) {
+            eprintln!("{k}: only on the replica: {:?}", b[k]);
+        }
+        panic!("replica differs from its primary");
+    }
+}
+
+fn ok(r: Reply) {
+    assert!(
+        matches!(&r, Reply::Simple(s) if s == "OK") || matches!(r, Reply::Int(_)),
+        "expected success, got {r:?}"
+    );
+}
+
+/// Writes of every kind, over RESP and memcached's text and meta protocols.
+fn write_everything(p: &Server, round: u32) {
+    let mut c = resp(p);
+    let mut mc = Mc::connect(p);
+    let n = round;
+    ok(c.cmd(&format!("SET s{n} v{n}")));
+    ok(c.cmd(&format!("SET t{n} expiring EX 1000")));
+    ok(c.cmd(&format!("RPUSH l{n} a b c d")));
+    ok(c.cmd(&format!("LPOP l{n}")).clone_or_ok());
+    ok(c.cmd(&format!("HSET h{n} f1 v1 f2 v2 f3 v3")));
+    ok(c.cmd(&format!("HDEL h{n} f2")));
+    ok(c.cmd(&format!("SADD set{n} m1 m2 m3")));
+    ok(c.cmd(&format!("SREM set{n} m3")));
+    ok(c.cmd(&format!("ZADD z{n} 1 a 2 b 3 c")));
+    ok(c.cmd(&format!("ZINCRBY z{n} 5 a")).clone_or_ok());
+    ok(c.cmd(&format!("INCRBY counter{n} 41")));
+    ok(c.cmd(&format!("INCR counter{n}")));
+    assert_eq!(mc.call(&format!("set mc{n} 7 0 5\r\nhello\r\n")), "STORED");
+    assert_eq!(
+        mc.call(&format!("set mcttl{n} 9 3600 2\r\nhi\r\n")),
+        "STORED"
+    );
+    assert_eq!(mc.call(&format!("append mc{n} 0 0 3\r\n!!!\r\n")), "STORED");
+    let (_, cas, _) = mc.gets(&format!("mc{n}")).expect("just stored");
+    assert_eq!(
+        mc.call(&format!("cas mc{n} 8 0 3 {cas}\r\nnew\r\n")),
+        "STORED"
+    );
+    assert_eq!(mc.call(&format!("ms meta{n} 2 F3\r\nmv\r\n")), "HD");
+    assert_eq!(mc.call(&format!("set gone{n} 0 0 1\r\nx\r\n")), "STORED");
+    assert_eq!(mc.call(&format!("delete gone{n}\r\n")), "DELETED");
+    ok(c.cmd(&format!("SET gone2{n} x")));
+    ok(c.cmd(&format!("DEL gone2{n} l{n}x")));
+    ok(c.cmd(&format!("SET short{n} x PX 200")));
+    // Small edits of large values: the primary logs them as patches.
+    let big = "b".repeat(9000);
+    ok(c.cmd(&format!("SET big{n} {big}")));
+    ok(c.cmd(&format!("APPEND big{n} tail")));
+    ok(c.cmd(&format!("SETRANGE big{n} 100 XYZ")));
+    assert_eq!(
+        mc.call(&format!("set mcbig{n} 3 0 9000\r\n{big}\r\n")),
+        "STORED"
+    );
+    assert_eq!(
+        mc.call(&format!("prepend mcbig{n} 0 0 4\r\nhead\r\n")),
+        "STORED"
+    );
+}
+
+trait OrOk {
+    fn clone_or_ok(self) -> Reply;
+}
+
+impl OrOk for Reply {
+    /// A reply that is data (a popped element, a new score) counts as success.
+    fn clone_or_ok(self) -> Reply {
+        match self {
+            Reply::Error(e) => Reply::Error(e),
+            _ => Reply::Simple("OK".into()),
+        }
+    }
+}
+
+/// A memcached binary `set` request.
+fn binary_set(key: &[u8], value: &[u8]) -> Vec<u8> {
+    let mut v = vec![0x80, 0x01];
+    v.extend_from_slice(&(key.len() as u16).to_be_bytes());
+    v.extend_from_slice(&[8, 0, 0, 0]);
+    v.extend_from_slice(&((8 + key.len() + value.len()) as u32).to_be_bytes());
+    v.extend_from_slice(&[0, 0, 0, 7]);
+    v.extend_from_slice(&[0; 8]);
+    v.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 0]);
+    v.extend_from_slice(key);
+    v.extend_from_slice(value);
+    v
+}
+
+#[test]
+fn a_replica_converges_on_every_type_and_refuses_writes() {
+    let p = primary();
+    write_everything(&p, 0);
+    // A full copy of what is there, then the stream.
+    let r = replica_of(&p);
+    converge(&p, &r);
+    assert_same(&p, &r);
+    write_everything(&p, 1);
+    converge(&p, &r);
+    assert_same(&p, &r);
+    assert!(
+        contents(&r).contains_key("mc1"),
+        "the replica holds the streamed writes"
+    );
+
+    // FLUSHALL, then writes after it.
+    ok(resp(&p).cmd("FLUSHALL"));
+    write_everything(&p, 2);
+    converge(&p, &r);
+    assert_same(&p, &r);
+    assert!(
+        !contents(&r).contains_key("s0"),
+        "FLUSHALL reached the replica"
+    );
+
+    // Expiry: the short-lived keys are gone on both (reads of expired keys miss at once, and
+    // the primary's sweep deletes them for the replica).
+    thread::sleep(Duration::from_millis(1500));
+    converge(&p, &r);
+    for s in [&p, &r] {
+        assert_eq!(resp(s).cmd("GET short2"), Reply::Bulk(None));
+    }
+    assert_same(&p, &r);
+
+    // The replica refuses writes on every protocol and still serves reads.
+    let mut c = resp(&r);
+    assert_eq!(
+        c.cmd("SET x 1"),
+        Reply::Error("READONLY You can't write against a read only replica.".into())
+    );
+    assert!(matches!(c.cmd("LPUSH l2 x"), Reply::Error(e) if e.starts_with("READONLY")));
+    assert!(matches!(c.cmd("EVAL return 1 0"), Reply::Error(e) if e.starts_with("READONLY")));
+    assert_eq!(c.cmd("GET s2"), Reply::bulk("v2"));
+    let mut mc = Mc::connect(&r);
+    let refused = "SERVER_ERROR You can't write against a read only replica.";
+    assert_eq!(mc.call("set x 0 0 1\r\nv\r\n"), refused);
+    assert_eq!(mc.call("delete s2\r\n"), refused);
+    assert_eq!(mc.call("ms x 1\r\nv\r\n"), refused);
+    assert_eq!(mc.call("flush_all\r\n"), refused);
+    assert!(mc.gets("mc2").is_some(), "memcached reads are served");
+    let mut b = Server::connect_to(r.addr()).expect("connect");
+    b.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    b.write_all(&binary_set(b"bx", b"v")).expect("send");
+    let mut h = [0u8; 24];
+    b.read_exact(&mut h).expect("binary reply");
+    assert_eq!(h[0], 0x81);
+    assert_ne!(
+        u16::from_be_bytes([h[6], h[7]]),
+        0,
+        "a binary set on a replica is refused"
+    );
+    assert_eq!(resp(&r).cmd("EXISTS x bx"), Reply::Int(0));
+
+    // WAIT counts the replica once it has applied the client's write.
+    let mut c = resp(&p);
+    ok(c.cmd("SET waited 1"));
+    assert_eq!(c.cmd("WAIT 1 10000"), Reply::Int(1));
+    assert_eq!(c.cmd("WAIT 2 100"), Reply::Int(1), "only one replica");
+    assert_eq!(resp(&r).cmd("GET waited"), Reply::bulk("1"));
+    // In a transaction it answers at once.
+    assert_eq!(c.cmd("MULTI"), Reply::Simple("OK".into()));
+    assert_eq!(c.cmd("SET inmulti 1"), Reply::Simple("QUEUED".into()));
+    assert_eq!(c.cmd("WAIT 5 0"), Reply::Simple("QUEUED".into()));
+    match c.cmd("EXEC") {
+        Reply::Array(Some(v)) => assert_eq!(v[1], Reply::Int(1), "{v:?}"),
+        other => panic!("EXEC: {other:?}"),
+    }
+    assert!(matches!(resp(&r).cmd("WAIT 1 10"), Reply::Error(e) if e.contains("replica")));
+
+    // ROLE and INFO as Redis's replica and primary show them.
+    let rport = p.resp_addr().expect("resp").port() as i64;
+    match resp(&r).cmd("ROLE") {
+        Reply::Array(Some(v)) => {
+            assert_eq!(v[0], Reply::bulk("slave"));
+            assert_eq!(v[1], Reply::bulk("127.0.0.1"));
+            assert_eq!(v[2], Reply::Int(rport));
+            assert_eq!(v[3], Reply::bulk("connected"));
+        }
+        other => panic!("ROLE: {other:?}"),
+    }
+    match resp(&p).cmd("ROLE") {
+        Reply::Array(Some(v)) => {
+            assert_eq!(v[0], Reply::bulk("master"));
+            assert!(matches!(&v[2], Reply::Array(Some(s)) if s.len() == 1));
+        }
+        other => panic!("ROLE: {other:?}"),
+    }
+    assert_eq!(info(&p, "connected_slaves"), "1");
+    let slave0 = info(&p, "slave0");
+    assert!(
+        slave0.starts_with(&format!(
+            "ip=127.0.0.1,port={},state=online,offset=",
+            r.resp_addr().expect("resp").port()
+        )),
+        "{slave0}"
+    );
+    assert_eq!(info(&r, "role"), "slave");
+    assert_eq!(info(&r, "slave_read_only"), "1");
+    assert_eq!(info(&r, "master_replid"), info(&p, "master_replid"));
+    let cli = Command::new(common::programs::tool("redis-cli"))
+        .args([
+            "-p",
+            &r.resp_addr().expect("resp").port().to_string(),
+            "ROLE",
+        ])
+        .output()
+        .expect("run redis-cli");
+    let out = String::from_utf8_lossy(&cli.stdout);
+    assert!(
+        out.starts_with("slave\n127.0.0.1\n"),
+        "redis-cli ROLE: {out}"
+    );
+
+    // redis-py parses both as it parses Redis's.
+    let script = r#"
+import sys, redis
+rep = redis.Redis(port=int(sys.argv[1]))
+pri = redis.Redis(port=int(sys.argv[2]))
+role = rep.role()
+assert role[0] in (b"slave", "slave") and role[3] in (b"connected", "connected"), role
+i = rep.info("replication")
+assert i["role"] == "slave" and i["master_link_status"] == "up", i
+assert i["slave_read_only"] == 1 and i["master_port"] == int(sys.argv[2]), i
+j = pri.info("replication")
+assert j["role"] == "master" and j["connected_slaves"] == 1, j
+assert j["slave0"]["state"] == "online" and j["slave0"]["port"] == int(sys.argv[1]), j
+assert j["master_repl_offset"] == i["slave_repl_offset"], (i, j)
+try:
+    rep.set("x", 1)
+    raise SystemExit("a write on the replica succeeded")
+except redis.exceptions.ReadOnlyError:
+    pass
+print("ok")
+"#;
+    let run = common::programs::python(
+        script,
+        &[
+            r.resp_addr().expect("resp").port().to_string(),
+            p.resp_addr().expect("resp").port().to_string(),
+        ],
+    )
+    .success(&[&p, &r]);
+    assert!(run.stdout.contains("ok"), "{}", run.describe());
+
+    // Both stop on SIGTERM: the primary with a replica connected, the replica while it
+    // retries its link; both stores check clean.
+    let (mut p, mut r) = (p, r);
+    let st = p.terminate();
+    assert!(st.is_some_and(|s| s.success()), "primary stop: {st:?}");
+    let st = r.terminate();
+    assert!(st.is_some_and(|s| s.success()), "replica stop: {st:?}");
+    p.assert_check_clean();
+    r.assert_check_clean();
+}
+
+/// Writes `k<i>` from a thread until told to stop; returns the count.
+fn background_writer(
+    p: &Server,
+    prefix: &'static str,
+) -> (Arc<AtomicBool>, thread::JoinHandle<u64>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let addr = p.resp_addr().expect("resp");
+    let s = stop.clone();
+    let h = thread::spawn(move || {
+        let mut c = Resp::connect(addr);
+        let mut i = 0u64;
+        while !s.load(Ordering::Acquire) {
+            let k = format!("{prefix}{i}");
+            assert_eq!(
+                c.call(&[b"SET", k.as_bytes(), format!("v{i}").as_bytes()]),
+                Reply::Simple("OK".into())
+            );
+            i += 1;
+        }
+        i
+    });
+    (stop, h)
+}
+
+#[test]
+fn a_replica_killed_mid_stream_resumes_from_the_backlog_and_follows_a_restarted_primary() {
+    let mut p = primary();
+    write_everything(&p, 0);
+    let mut r = replica_of(&p);
+    converge(&p, &r);
+    assert_eq!(info(&r, "memkeep_full_copies_taken"), "1");
+
+    // kill -9 the replica while the primary takes writes; it resumes without a full copy.
+    let (stop, writer) = background_writer(&p, "during");
+    thread::sleep(Duration::from_millis(300));
+    r.kill9();
+    thread::sleep(Duration::from_millis(300));
+    r.relaunch();
+    thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Release);
+    let written = writer.join().expect("writer");
+    assert!(written > 0);
+    converge(&p, &r);
+    assert_eq!(
+        info(&r, "memkeep_full_copies_taken"),
+        "0",
+        "resumed without a full copy"
+    );
+    assert_eq!(info(&r, "memkeep_continues_taken"), "1");
+    assert_eq!(info(&p, "memkeep_continues_served"), "1");
+    assert_same(&p, &r);
+
+    // kill -9 the primary: the replica reconnects to the restarted one (a new stream, so a
+    // full copy) and converges.
+    p.kill9();
+    thread::sleep(Duration::from_millis(200));
+    assert_eq!(info(&r, "master_link_status"), "down");
+    p.relaunch();
+    write_everything(&p, 1);
+    converge(&p, &r);
+    assert_eq!(info(&r, "memkeep_full_copies_taken"), "1");
+    assert_same(&p, &r);
+}
+
+#[test]
+fn replicaof_at_run_time_then_no_one_promotes() {
+    let p = primary();
+    write_everything(&p, 0);
+    let r = Server::start_with(
+        env!("CARGO_BIN_EXE_memkeep"),
+        Options {
+            resp: true,
+            ..Options::default()
+        },
+    );
+    ok(resp(&r).cmd("SET own 1"));
+    let port = p.resp_addr().expect("resp").port();
+    ok(resp(&r).cmd(&format!("REPLICAOF 127.0.0.1 {port}")));
+    assert_eq!(
+        resp(&r).cmd(&format!("SLAVEOF 127.0.0.1 {port}")),
+        Reply::Simple("OK Already connected to specified master".into())
+    );
+    converge(&p, &r);
+    assert_same(&p, &r);
+    assert_eq!(
+        resp(&r).cmd("EXISTS own"),
+        Reply::Int(0),
+        "the copy replaced it"
+    );
+    assert!(matches!(resp(&r).cmd("SET x 1"), Reply::Error(e) if e.starts_with("READONLY")));
+    let mut mc = Mc::connect(&r);
+    let (_, replicated_cas, _) = mc.gets("mc0").expect("replicated");
+
+    ok(resp(&r).cmd("REPLICAOF NO ONE"));
+    assert_eq!(info(&r, "role"), "master");
+    ok(resp(&r).cmd("SET promoted yes"));
+    assert_eq!(mc.call("set mcnew 0 0 1\r\nv\r\n"), "STORED");
+    let (_, new_cas, _) = mc.gets("mcnew").expect("stored");
+    assert!(
+        new_cas > replicated_cas,
+        "a promoted replica's CAS uniques ({new_cas}) pass its primary's ({replicated_cas})"
+    );
+    // The old primary's writes no longer arrive.
+    ok(resp(&p).cmd("SET after 1"));
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(resp(&r).cmd("EXISTS after"), Reply::Int(0));
+    assert_eq!(resp(&r).cmd("GET promoted"), Reply::bulk("yes"));
+    // With no replica, WAIT answers 0 once its timeout has passed.
+    let t = Instant::now();
+    assert_eq!(resp(&r).cmd("WAIT 1 300"), Reply::Int(0));
+    assert!(t.elapsed() >= Duration::from_millis(300));
+}
+
+#[test]
+fn a_full_copy_of_100k_keys_while_the_primary_takes_writes_converges() {
+    let p = primary();
+    let mut c = resp(&p);
+    const KEYS: usize = 100_000;
+    for chunk in 0..KEYS / 1000 {
+        let mut args: Vec<Vec<u8>> = vec![b"MSET".to_vec()];
+        for i in chunk * 1000..(chunk + 1) * 1000 {
+            args.push(format!("key:{i}").into_bytes());
+            args.push(format!("value-{i}-{}", "x".repeat(i % 50)).into_bytes());
+        }
+        let refs: Vec<&[u8]> = args.iter().map(|a| a.as_slice()).collect();
+        assert_eq!(c.call(&refs), Reply::Simple("OK".into()));
+    }
+    let (stop, writer) = background_writer(&p, "live");
+    thread::sleep(Duration::from_millis(100));
+    let r = replica_of(&p);
+    let deadline = Instant::now() + CONVERGE;
+    while info(&r, "master_link_status") != "up" {
+        assert!(Instant::now() < deadline, "link never came up");
+        thread::sleep(Duration::from_millis(20));
+    }
+    thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Release);
+    let written = writer.join().expect("writer");
+    converge(&p, &r);
+    assert_eq!(resp(&p).cmd("DBSIZE"), resp(&r).cmd("DBSIZE"));
+    assert_eq!(info(&r, "memkeep_full_copies_taken"), "1");
+    let (mut a, mut b) = (resp(&p), resp(&r));
+    let all: Vec<String> = (0..KEYS)
+        .map(|i| format!("key:{i}"))
+        .chain((0..written).map(|i| format!("live{i}")))
+        .collect();
+    for chunk in all.chunks(2000) {
+        let mut args: Vec<&[u8]> = vec![b"MGET"];
+        args.extend(chunk.iter().map(|k| k.as_bytes()));
+        let (x, y) = (a.call(&args), b.call(&args));
+        assert!(x == y, "MGET differs on a chunk starting at {}", chunk[0]);
+        assert!(
+            !matches!(&x, Reply::Array(Some(v)) if v.contains(&Reply::Bulk(None))),
+            "every key is there"
+        );
+    }
+}
+
+#[test]
+fn a_replica_behind_more_than_the_backlog_takes_a_full_copy() {
+    let p = Server::start_with(
+        env!("CARGO_BIN_EXE_memkeep"),
+        Options {
+            resp: true,
+            args: vec!["--repl-backlog-size".into(), "4k".into()],
+            ..Options::default()
+        },
+    );
+    write_everything(&p, 0);
+    let mut r = replica_of(&p);
+    converge(&p, &r);
+    r.kill9();
+    let mut c = resp(&p);
+    for i in 0..200 {
+        ok(c.cmd(&format!("SET behind{i} {}", "v".repeat(100))));
+    }
+    assert!(
+        info(&p, "repl_backlog_histlen")
+            .parse::<u64>()
+            .expect("number")
+            <= 4096 + 200,
+        "the backlog stays within its size"
+    );
+    r.relaunch();
+    converge(&p, &r);
+    assert_eq!(info(&r, "memkeep_full_copies_taken"), "1");
+    assert_eq!(info(&r, "memkeep_continues_taken"), "0");
+    assert_same(&p, &r);
+}
