@@ -1013,9 +1013,12 @@ fn info(args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
     }
     // Before the snapshot (see `CacheStats::figures`).
     let cache = shared.cache.figures();
-    let keys = match pass.snap() {
-        Ok(store) => store.len().unwrap_or(0),
-        Err(_) => 0,
+    let (keys, expires) = match pass.snap() {
+        Ok(store) => (
+            store.len().unwrap_or(0),
+            store.expires().ok().flatten().unwrap_or(0),
+        ),
+        Err(_) => (0, 0),
     };
     let used = shared.store.used_bytes();
     let mem = super::stats::rss();
@@ -1181,7 +1184,7 @@ fn info(args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
         "keyspace",
         "Keyspace",
         if keys > 0 {
-            format!("db0:keys={keys},expires=0,avg_ttl=0\r\n")
+            format!("db0:keys={keys},expires={expires},avg_ttl=0\r\n")
         } else {
             String::new()
         },
