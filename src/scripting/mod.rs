@@ -797,7 +797,21 @@ redis.REDIS_VERSION_NUM = 0x070000
 loadfile = nil
 dofile = nil
 print = nil
-local runner = function(f) return pcall(f) end
+-- Redis's pcall hands the script the text of an error raised as a table ({err=}: a failed
+-- redis.call), and xpcall's handler gets Redis's table; a failed redis.call raises a Rust error
+-- here, which `err_of` turns into either.
+local real_pcall, real_xpcall = pcall, xpcall
+local err_of = __memkeep_err_of
+__memkeep_err_of = nil
+local function caught(ok, ...)
+  if ok then return ok, ... end
+  return false, err_of((...), false)
+end
+pcall = function(...) return caught(real_pcall(...)) end
+xpcall = function(f, h)
+  return real_xpcall(f, function(e) return h(err_of(e, true)) end)
+end
+local runner = function(f) return real_pcall(f) end
 local readonly = function(t, k, v) error('Attempt to modify a readonly table', 2) end
 for _, name in ipairs({'redis', 'string', 'table', 'math', 'bit', 'cjson'}) do
   local real = _G[name]
@@ -880,6 +894,24 @@ fn new_vm(scripts: Arc<Scripts>) -> mlua::Result<Vm> {
         })?,
     )?;
     g.raw_set("redis", redis)?;
+    // For the prelude's pcall and xpcall, which take it out of the globals.
+    g.raw_set(
+        "__memkeep_err_of",
+        lua.create_function(|lua, (e, table): (Value, bool)| {
+            Ok(match e {
+                Value::Error(ref x) => match call_error(x) {
+                    Some(msg) if table => convert::error_table(lua, &msg)?,
+                    Some(msg) => Value::String(lua.create_string(&msg)?),
+                    None => e,
+                },
+                Value::Table(ref t) if !table => match t.raw_get::<Value>("err")? {
+                    Value::String(msg) => Value::String(msg),
+                    _ => e,
+                },
+                other => other,
+            })
+        })?,
+    )?;
     g.raw_set("bit", convert::bit_lib(&lua)?)?;
     g.raw_set("cjson", convert::cjson_lib(&lua)?)?;
     let (runner, _redis): (mlua::Function, mlua::Table) =
