@@ -46,6 +46,12 @@ pub type Permit = Arc<dyn Fn(&crate::commands::Spec, &[&[u8]]) -> Result<(), Str
 /// pub/sub registry, which sits above this layer).
 pub type Publish = Arc<dyn Fn(&[u8], &[u8]) -> usize + Send + Sync>;
 
+/// The server commands a script may call whose answer needs the server's state (INFO,
+/// LASTSAVE, PUBSUB): writes the reply, with the script's protocol (`true` for RESP3). The
+/// pair is the keys and the keys with a TTL as the script's transaction sees them (INFO's
+/// keyspace section).
+pub type ServerRead = Arc<dyn Fn(Cmd, Args<'_>, &mut Vec<u8>, bool, (u64, u64)) + Send + Sync>;
+
 /// How much memory the Lua VM may hold.
 const LUA_MEMORY: usize = 256 << 20;
 
@@ -75,6 +81,8 @@ pub struct Scripts {
     pub time_limit_ms: AtomicU64,
     /// PUBLISH from scripts (None: answered as not allowed).
     publisher: std::sync::OnceLock<Publish>,
+    /// INFO, LASTSAVE, PUBSUB from scripts (None: answered as not allowed).
+    server_read: std::sync::OnceLock<ServerRead>,
 }
 
 /// The SHA-1 of a script body in lowercase hex.
@@ -99,6 +107,13 @@ impl std::fmt::Debug for Scripts {
 }
 
 impl Scripts {
+    /// Where INFO, LASTSAVE and PUBSUB from scripts are answered (set once, at start).
+    pub fn set_server_read(&self, r: ServerRead) {
+        if self.server_read.set(r).is_err() {
+            log::debug!("the scripts' server reads were set already");
+        }
+    }
+
     /// Where PUBLISH from scripts goes (set once, at start).
     pub fn set_publisher(&self, p: Publish) {
         if self.publisher.set(p).is_err() {
@@ -680,6 +695,26 @@ impl ScriptRun {
                         "ERR This Redis command is not allowed from script",
                     ),
                 },
+                Cmd::Select => match crate::protocol::resp::parse_i64(&argv[1]) {
+                    Some(0) => enc::ok(&mut out),
+                    Some(_) => enc::error(&mut out, "ERR DB index is out of range"),
+                    None => enc::error(&mut out, "ERR value is not an integer or out of range"),
+                },
+                Cmd::Command => crate::commands::server::command(args, &mut out, v3),
+                Cmd::Info | Cmd::LastSave | Cmd::PubSub => match self.scripts.server_read.get() {
+                    Some(read) => {
+                        let keyspace = if spec.cmd == Cmd::Info {
+                            self.keyspace(txn)
+                        } else {
+                            (0, 0)
+                        };
+                        read(spec.cmd, args, &mut out, v3, keyspace)
+                    }
+                    None => enc::error(
+                        &mut out,
+                        "ERR This Redis command is not allowed from script",
+                    ),
+                },
                 Cmd::Time => {
                     let t = std::time::SystemTime::now()
                         .duration_since(std::time::UNIX_EPOCH)
@@ -695,6 +730,35 @@ impl ScriptRun {
             }
         }
         out
+    }
+}
+
+impl ScriptRun {
+    /// The keys and the keys with a TTL as the script's transaction sees them (its own writes
+    /// and the batch's included).
+    fn keyspace(&self, txn: &mut dyn ScriptTxn) -> (u64, u64) {
+        let name = std::slice::from_ref(&(0..4));
+        let read = QueuedRead {
+            cmd: Cmd::Info,
+            args: OwnedArgs::new(Args::new(b"INFO", name)),
+            v3: false,
+            cursors: self.cursors.clone(),
+            max_bulk: self.max_bulk,
+        };
+        match txn.read(&read) {
+            Outcome::Reply(b) => {
+                let v: Vec<u64> = b
+                    .split(|&c| c == b'\n')
+                    .filter_map(|l| l.strip_prefix(b":"))
+                    .filter_map(|l| std::str::from_utf8(l).ok()?.trim().parse().ok())
+                    .collect();
+                (
+                    v.first().copied().unwrap_or(0),
+                    v.get(1).copied().unwrap_or(0),
+                )
+            }
+            _ => (0, 0),
+        }
     }
 }
 
