@@ -243,6 +243,59 @@ pub fn write_op(
 
 /// Runs a read of the store against `view`: callable from a connection's pass or from EXEC.
 pub fn read_view(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, view: &View<'_, '_>) {
+    let start = out.len();
+    read_view_uncounted(cmd, args, out, v3, view);
+    // GET, MGET and DUMP count their own lookups; the key-less reads count none.
+    if !matches!(
+        cmd,
+        Cmd::Get
+            | Cmd::MGet
+            | Cmd::Dump
+            | Cmd::DbSize
+            | Cmd::Keys
+            | Cmd::Scan
+            | Cmd::RandomKey
+            | Cmd::Info
+    ) {
+        count_lookups(args, &out[start..], view);
+    }
+}
+
+/// Counts a keyspace hit or miss for each key a read named, as Redis 7.0's `lookupKeyRead`
+/// does for every read command (a key of the wrong type is a hit). A command refused before
+/// it looked at its keys (a syntax error, a bad number) counts nothing.
+fn count_lookups(args: Args<'_>, reply: &[u8], view: &View<'_, '_>) {
+    if view.counters.is_none()
+        || (reply.first() == Some(&b'-')
+            && !reply.starts_with(b"-WRONGTYPE")
+            && !reply.starts_with(b"-ERR An LFU"))
+    {
+        return;
+    }
+    let Some(spec) = table::lookup(args.get(0)) else {
+        return;
+    };
+    let all: Vec<&[u8]> = (0..args.len()).map(|i| args.get(i)).collect();
+    let (first, last, step) = spec.keys;
+    let mut keys: Vec<&[u8]> = Vec::new();
+    if first > 0 && step > 0 {
+        let n = all.len() as i32;
+        let last = if last < 0 { n + last } else { last.min(n - 1) };
+        let mut i = first;
+        while i <= last && i < n {
+            keys.push(all[i as usize]);
+            i += step;
+        }
+    }
+    keys.extend_from_slice(table::counted_keys(spec, &all));
+    for key in keys {
+        if let Ok(item) = view.live(key) {
+            view.hit(item.is_some());
+        }
+    }
+}
+
+fn read_view_uncounted(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, view: &View<'_, '_>) {
     match cmd {
         Cmd::MGet => {
             strings::mget_view(args, out, v3, usize::MAX, 1, view);
@@ -288,6 +341,16 @@ pub fn read_view(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, view: &V
         | Cmd::Scan
         | Cmd::RandomKey
         | Cmd::Dump => keys::read(cmd, args, out, v3, view),
+        // Only a script's INFO gets here: the keyspace figures its keyspace section needs, as
+        // its transaction sees them (`[keys, keys with a TTL]`).
+        Cmd::Info => {
+            enc::array(out, 2);
+            enc::int(out, view.store.len().map_or(0, |n| n as i64));
+            enc::int(
+                out,
+                view.store.expires().ok().flatten().map_or(0, |n| n as i64),
+            );
+        }
         _ => enc::error(out, "ERR command not available here"),
     }
 }

@@ -3,7 +3,7 @@
 //! CONFIG, INFO and AUTH, are `crate::server::admin`'s).
 
 use super::args::{Args, help, sub_arity, unknown_sub};
-use super::table::{Spec, all_specs, lookup};
+use super::table::{Cmd, Spec, all_specs, lookup};
 use crate::protocol::resp::enc;
 
 /// The Redis version memkeep reports, so clients enable what it implements.
@@ -85,8 +85,17 @@ pub fn command(args: Args<'_>, out: &mut Vec<u8>, v3: bool) {
         enc::array(out, 10);
         enc::bulk(out, s.name.as_bytes());
         enc::int(out, s.arity as i64);
-        enc::set(out, 1, v3);
+        // Keys after a count (ZUNION, SINTERCARD, LMPOP, EVAL, ...): Redis's `movablekeys`.
+        let movable = crate::commands::table::numkeys_at(s.name).is_some()
+            || matches!(
+                s.cmd,
+                Cmd::Eval | Cmd::EvalSha | Cmd::EvalRo | Cmd::EvalShaRo
+            );
+        enc::set(out, 1 + usize::from(movable), v3);
         enc::simple(out, if s.write { "write" } else { "readonly" });
+        if movable {
+            enc::simple(out, "movablekeys");
+        }
         enc::int(out, s.keys.0 as i64);
         enc::int(out, s.keys.1 as i64);
         enc::int(out, s.keys.2 as i64);

@@ -200,6 +200,10 @@ pub(super) fn write_op(
 pub(super) fn read(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, view: &View<'_, '_>) {
     let item = lookup1!(view, args, out);
     if item.is_some_and(|i| i.meta.kind != Kind::String) {
+        if cmd == Cmd::Get {
+            // Redis found the key: a hit, then the type check.
+            view.hit(true);
+        }
         return enc::error(out, crate::types::WRONGTYPE);
     }
     match cmd {

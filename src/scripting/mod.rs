@@ -54,6 +54,12 @@ pub type Permit = Arc<dyn Fn(&crate::commands::Spec, &[&[u8]]) -> Result<(), Str
 /// pub/sub registry, which sits above this layer).
 pub type Publish = Arc<dyn Fn(&[u8], &[u8]) -> usize + Send + Sync>;
 
+/// The server commands a script may call whose answer needs the server's state (INFO,
+/// LASTSAVE, PUBSUB): writes the reply, with the script's protocol (`true` for RESP3). The
+/// pair is the keys and the keys with a TTL as the script's transaction sees them (INFO's
+/// keyspace section).
+pub type ServerRead = Arc<dyn Fn(Cmd, Args<'_>, &mut Vec<u8>, bool, (u64, u64)) + Send + Sync>;
+
 /// How much memory the Lua VM may hold.
 const LUA_MEMORY: usize = 256 << 20;
 
@@ -86,6 +92,8 @@ pub struct Scripts {
     pub time_limit_ms: AtomicU64,
     /// PUBLISH from scripts (None: answered as not allowed).
     publisher: std::sync::OnceLock<Publish>,
+    /// INFO, LASTSAVE, PUBSUB from scripts (None: answered as not allowed).
+    server_read: std::sync::OnceLock<ServerRead>,
 }
 
 /// The script cache: bodies by SHA-1, and the SHA-1 of each body, so that an EVAL of a cached
@@ -157,6 +165,13 @@ impl std::fmt::Debug for Scripts {
 }
 
 impl Scripts {
+    /// Where INFO, LASTSAVE and PUBSUB from scripts are answered (set once, at start).
+    pub fn set_server_read(&self, r: ServerRead) {
+        if self.server_read.set(r).is_err() {
+            log::debug!("the scripts' server reads were set already");
+        }
+    }
+
     /// Where PUBLISH from scripts goes (set once, at start).
     pub fn set_publisher(&self, p: Publish) {
         if self.publisher.set(p).is_err() {
@@ -844,6 +859,26 @@ impl ScriptRun {
                         "ERR This Redis command is not allowed from script",
                     ),
                 },
+                Cmd::Select => match crate::protocol::resp::parse_i64(args.get(1)) {
+                    Some(0) => enc::ok(&mut out),
+                    Some(_) => enc::error(&mut out, "ERR DB index is out of range"),
+                    None => enc::error(&mut out, "ERR value is not an integer or out of range"),
+                },
+                Cmd::Command => crate::commands::server::command(args, &mut out, v3),
+                Cmd::Info | Cmd::LastSave | Cmd::PubSub => match self.scripts.server_read.get() {
+                    Some(read) => {
+                        let keyspace = if spec.cmd == Cmd::Info {
+                            self.keyspace(txn)
+                        } else {
+                            (0, 0)
+                        };
+                        read(spec.cmd, args, &mut out, v3, keyspace)
+                    }
+                    None => enc::error(
+                        &mut out,
+                        "ERR This Redis command is not allowed from script",
+                    ),
+                },
                 Cmd::Time => {
                     let t = std::time::SystemTime::now()
                         .duration_since(std::time::UNIX_EPOCH)
@@ -859,6 +894,35 @@ impl ScriptRun {
             }
         }
         out
+    }
+}
+
+impl ScriptRun {
+    /// The keys and the keys with a TTL as the script's transaction sees them (its own writes
+    /// and the batch's included).
+    fn keyspace(&self, txn: &mut dyn ScriptTxn) -> (u64, u64) {
+        let name = std::slice::from_ref(&(0..4));
+        let read = QueuedRead {
+            cmd: Cmd::Info,
+            args: OwnedArgs::new(Args::new(b"INFO", name)),
+            v3: false,
+            cursors: self.cursors.clone(),
+            max_bulk: self.max_bulk,
+        };
+        match txn.read(&read) {
+            Outcome::Reply(b) => {
+                let v: Vec<u64> = b
+                    .split(|&c| c == b'\n')
+                    .filter_map(|l| l.strip_prefix(b":"))
+                    .filter_map(|l| std::str::from_utf8(l).ok()?.trim().parse().ok())
+                    .collect();
+                (
+                    v.first().copied().unwrap_or(0),
+                    v.get(1).copied().unwrap_or(0),
+                )
+            }
+            _ => (0, 0),
+        }
     }
 }
 
@@ -961,6 +1025,20 @@ redis.REDIS_VERSION_NUM = 0x070000
 loadfile = nil
 dofile = nil
 print = nil
+-- Redis's pcall hands the script the text of an error raised as a table ({err=}: a failed
+-- redis.call), and xpcall's handler gets Redis's table; a failed redis.call raises a Rust error
+-- here, which `err_of` turns into either.
+local real_pcall, real_xpcall = pcall, xpcall
+local err_of = __memkeep_err_of
+__memkeep_err_of = nil
+local function caught(ok, ...)
+  if ok then return ok, ... end
+  return false, err_of((...), false)
+end
+pcall = function(...) return caught(real_pcall(...)) end
+xpcall = function(f, h)
+  return real_xpcall(f, function(e) return h(err_of(e, true)) end)
+end
 local readonly = function(t, k, v) error('Attempt to modify a readonly table', 2) end
 for _, name in ipairs({'redis', 'string', 'table', 'math', 'bit', 'cjson'}) do
   local real = _G[name]
@@ -1042,6 +1120,24 @@ fn new_vm(scripts: Arc<Scripts>) -> mlua::Result<Vm> {
         })?,
     )?;
     g.raw_set("redis", redis)?;
+    // For the prelude's pcall and xpcall, which take it out of the globals.
+    g.raw_set(
+        "__memkeep_err_of",
+        lua.create_function(|lua, (e, table): (Value, bool)| {
+            Ok(match e {
+                Value::Error(ref x) => match call_error(x) {
+                    Some(msg) if table => convert::error_table(lua, &msg)?,
+                    Some(msg) => Value::String(lua.create_string(&msg)?),
+                    None => e,
+                },
+                Value::Table(ref t) if !table => match t.raw_get::<Value>("err")? {
+                    Value::String(msg) => Value::String(msg),
+                    _ => e,
+                },
+                other => other,
+            })
+        })?,
+    )?;
     g.raw_set("bit", convert::bit_lib(&lua)?)?;
     g.raw_set("cjson", convert::cjson_lib(&lua)?)?;
     lua.load(PRELUDE).set_name("=prelude").exec()?;

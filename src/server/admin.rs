@@ -999,6 +999,44 @@ fn config(args: Args<'_>, out: &mut Vec<u8>, sess: &Session, pass: &Pass<'_>) {
 
 fn info(args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
     let shared = pass.shared;
+    info_with(args, out, v3, shared, || keyspace(pass.snap().ok()));
+}
+
+/// INFO, LASTSAVE and PUBSUB called by a script (`scripting::ServerRead`).
+pub(super) fn script_read(
+    cmd: Cmd,
+    args: Args<'_>,
+    out: &mut Vec<u8>,
+    v3: bool,
+    keyspace: (u64, u64),
+    shared: &super::Shared,
+) {
+    match cmd {
+        Cmd::Info => info_with(args, out, v3, shared, || keyspace),
+        Cmd::LastSave => enc::int(out, shared.backups.last_ok.load(Ordering::Acquire) as i64),
+        Cmd::PubSub => pubsub_info(args, out, &shared.pubsub),
+        _ => enc::error(out, "ERR This Redis command is not allowed from script"),
+    }
+}
+
+/// The keys and the keys with a TTL in a snapshot (0 and 0 without one).
+fn keyspace(snap: Option<&crate::storage::overlay::Snap<'_>>) -> (u64, u64) {
+    match snap {
+        Some(store) => (
+            store.len().unwrap_or(0),
+            store.expires().ok().flatten().unwrap_or(0),
+        ),
+        None => (0, 0),
+    }
+}
+
+fn info_with(
+    args: Args<'_>,
+    out: &mut Vec<u8>,
+    v3: bool,
+    shared: &super::Shared,
+    keyspace: impl FnOnce() -> (u64, u64),
+) {
     let cfg = &shared.config;
     let mut t = Totals::default();
     for c in shared.counters.iter() {
@@ -1006,10 +1044,7 @@ fn info(args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
     }
     // Before the snapshot (see `CacheStats::figures`).
     let cache = shared.cache.figures();
-    let keys = match pass.snap() {
-        Ok(store) => store.len().unwrap_or(0),
-        Err(_) => 0,
-    };
+    let (keys, expires) = keyspace();
     let used = shared.store.used_bytes();
     let mem = super::stats::rss();
     let (user, sys) = rusage();
@@ -1122,10 +1157,10 @@ fn info(args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
             t.get_hits,
             t.get_misses,
             t.output_limit_disconnections,
-            pass.shared.acl.denied_auth.load(Ordering::Relaxed),
-            pass.shared.acl.denied_cmd.load(Ordering::Relaxed),
-            pass.shared.acl.denied_key.load(Ordering::Relaxed),
-            pass.shared.acl.denied_channel.load(Ordering::Relaxed),
+            shared.acl.denied_auth.load(Ordering::Relaxed),
+            shared.acl.denied_cmd.load(Ordering::Relaxed),
+            shared.acl.denied_key.load(Ordering::Relaxed),
+            shared.acl.denied_channel.load(Ordering::Relaxed),
             super::stats::CommandStats::total_errors(&shared.command_stats),
         ),
     );
@@ -1169,7 +1204,7 @@ fn info(args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {
         "keyspace",
         "Keyspace",
         if keys > 0 {
-            format!("db0:keys={keys},expires=0,avg_ttl=0\r\n")
+            format!("db0:keys={keys},expires={expires},avg_ttl=0\r\n")
         } else {
             String::new()
         },

@@ -452,6 +452,20 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         .set_publisher(Arc::new(move |channel: &[u8], message: &[u8]| {
             registry.publish(channel, message, None, &mut Vec::new())
         }));
+    // INFO, LASTSAVE and PUBSUB from scripts, answered on the writer thread.
+    let weak = Arc::downgrade(&shared);
+    shared.scripts.set_server_read(Arc::new(
+        move |cmd: crate::commands::Cmd,
+              args: crate::commands::Args<'_>,
+              out: &mut Vec<u8>,
+              v3,
+              keyspace| {
+            match weak.upgrade() {
+                Some(shared) => admin::script_read(cmd, args, out, v3, keyspace, &shared),
+                None => crate::protocol::resp::enc::error(out, "ERR server shutting down"),
+            }
+        },
+    ));
     let cfg = &shared.config;
     let unauthenticated =
         (cfg.port != 0 && cfg.auth_file.is_none()) || (cfg.resp_port != 0 && shared.acl.open());

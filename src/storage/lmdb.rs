@@ -9,7 +9,11 @@
 //!   no longer matches its item is stale and simply dropped when the sweeper reaches it. A key
 //!   over `INDEX_KEY_MAX` bytes is indexed by that many of its first bytes, and its entry covers
 //!   every key with that prefix.
-//! - `meta`:   `format` -> [FORMAT_VERSION], `cas` -> u64 LE counter, `flush_at` -> u64 LE.
+//! - `meta`:   `format` -> [FORMAT_VERSION], `cas` -> u64 LE counter, `flush_at` -> u64 LE,
+//!   `expires` -> u64 LE, the number of items with an expiry (expired ones not yet swept
+//!   included), kept in the same transaction as the items it counts (INFO's `expires=`; the
+//!   `expiry` index cannot tell it, its entries may be stale). A data dir written before the
+//!   record existed has none: the first write that changes the count takes it from `items`.
 //! - `elems`:  collection id (u64 BE) ++ sub-key -> element (list items, hash fields, set and
 //!   sorted-set members; see `types`). A collection's id is fixed when it is created, so a
 //!   RENAME moves only its metadata record.
@@ -41,6 +45,8 @@ pub(crate) const META_CAS: &[u8] = b"cas";
 pub(crate) const META_FLUSH_AT: &[u8] = b"flush_at";
 /// Present once a collection has ever been stored (since the last flush).
 pub(crate) const META_COLLS: &[u8] = b"colls";
+/// The number of items with an expiry (see the module doc).
+pub(crate) const META_EXPIRES: &[u8] = b"expires";
 /// The longest key an `expiry` entry (8 bytes of time, then the key) holds in full.
 pub(crate) const INDEX_KEY_MAX: usize = super::MAX_KEY - 8;
 
@@ -432,10 +438,17 @@ impl LmdbStore {
                     .get(&wtxn, META_FORMAT)
                     .map_err(|e| at("cannot read", &e))?
                 {
-                    None => meta
-                        .db
-                        .put(&mut wtxn, META_FORMAT, &[FORMAT_VERSION])
-                        .map_err(|e| at("cannot write to", &e))?,
+                    None => {
+                        meta.db
+                            .put(&mut wtxn, META_FORMAT, &[FORMAT_VERSION])
+                            .map_err(|e| at("cannot write to", &e))?;
+                        // A new store: nothing has an expiry yet.
+                        if t[0].db.is_empty(&wtxn).map_err(|e| at("cannot read", &e))? {
+                            meta.db
+                                .put(&mut wtxn, META_EXPIRES, &0u64.to_le_bytes())
+                                .map_err(|e| at("cannot write to", &e))?;
+                        }
+                    }
                     Some([v]) if *v == FORMAT_VERSION => {}
                     Some(other) => {
                         return Err(OpenError(format!(
@@ -725,7 +738,11 @@ impl LmdbStore {
                 if let Some(id) = self.collection_id(txn, key)? {
                     self.schedule_gc(txn, id)?;
                 }
-                Ok(self.items.delete(txn, key)?)
+                let gone = self.items.delete(txn, key)?;
+                if gone {
+                    self.count_expires(txn, -1)?;
+                }
+                Ok(gone)
             }
             _ => Ok(false),
         }
@@ -762,6 +779,55 @@ impl LmdbStore {
             self.meta.put(txn, META_COLLS, &[1])?;
         }
         Ok(())
+    }
+
+    /// The number of items with an expiry as of `txn` (LMDB's part only: see
+    /// `overlay::Snap::expires`), or None in a data dir older than the count.
+    pub fn expires(&self, txn: &RoTxn) -> Result<Option<u64>, StoreError> {
+        match self.meta.get(txn, META_EXPIRES)? {
+            None => Ok(None),
+            Some(b) => b
+                .try_into()
+                .map(|a: [u8; 8]| Some(u64::from_le_bytes(a)))
+                .map_err(|_| StoreError::damaged("meta record of the wrong length")),
+        }
+    }
+
+    /// Adds `delta` to the count of items with an expiry, called after the item changed. A data
+    /// dir older than the count takes it from `items` here, once (the change is already in).
+    fn count_expires(&self, txn: &mut LogTxn, delta: i64) -> Result<(), StoreError> {
+        if delta == 0 {
+            return Ok(());
+        }
+        let n = match self.expires(txn)? {
+            Some(n) => n.saturating_add_signed(delta),
+            None => {
+                let mut n = 0u64;
+                for r in self.items.iter(txn)? {
+                    let (_, v) = r?;
+                    n += u64::from(item::decode(v)?.meta.expire_at != 0);
+                }
+                n
+            }
+        };
+        Ok(self.meta.put(txn, META_EXPIRES, &n.to_le_bytes())?)
+    }
+
+    /// The expiry and the collection id of the item under `key` (expired or not), before a
+    /// write replaces or deletes it.
+    fn old_state(&self, txn: &RoTxn, key: &[u8]) -> Result<(u64, Option<u64>), StoreError> {
+        match self.items.get(txn, key)? {
+            None => Ok((0, None)),
+            Some(bytes) => {
+                let item = item::decode(bytes)?;
+                let id = if item.meta.kind == Kind::String {
+                    None
+                } else {
+                    id_of(&[item.value])
+                };
+                Ok((item.meta.expire_at, id))
+            }
+        }
     }
 
     fn schedule_gc(&self, txn: &mut LogTxn, id: u64) -> Result<(), StoreError> {
@@ -837,6 +903,7 @@ impl LmdbStore {
         // reads the cleared state.
         self.meta.delete(txn, META_COLLS)?;
         self.meta.delete(txn, META_FLUSH_AT)?;
+        self.meta.put(txn, META_EXPIRES, &0u64.to_le_bytes())?;
         Ok(())
     }
 }
@@ -969,8 +1036,9 @@ impl WriteView for LmdbWrite<'_, '_> {
         if key.is_empty() || key.len() > super::MAX_KEY {
             return Err(StoreError::BadKey);
         }
+        let (old_expire, old_id) = self.store.old_state(self.txn, key)?;
         // Replacing a collection by anything but its own metadata orphans its elements.
-        if let Some(old) = self.store.collection_id(self.txn, key)? {
+        if let Some(old) = old_id {
             let new = (meta.kind != Kind::String).then(|| id_of(parts)).flatten();
             if new != Some(old) {
                 self.store.schedule_gc(self.txn, old)?;
@@ -1004,6 +1072,8 @@ impl WriteView for LmdbWrite<'_, '_> {
             ix.extend_from_slice(key);
             self.store.expiry.put(self.txn, &ix, &[])?;
         }
+        let delta = i64::from(meta.expire_at != 0) - i64::from(old_expire != 0);
+        self.store.count_expires(self.txn, delta)?;
         Ok(())
     }
 
@@ -1050,6 +1120,8 @@ impl WriteView for LmdbWrite<'_, '_> {
             ix.extend_from_slice(key);
             self.store.expiry.put(self.txn, &ix, &[])?;
         }
+        let delta = i64::from(meta.expire_at != 0) - i64::from(old.expire_at != 0);
+        self.store.count_expires(self.txn, delta)?;
         Ok(())
     }
 
@@ -1057,17 +1129,27 @@ impl WriteView for LmdbWrite<'_, '_> {
         if key.is_empty() || key.len() > super::MAX_KEY {
             return Ok(false);
         }
-        if let Some(id) = self.store.collection_id(self.txn, key)? {
+        let (old_expire, old_id) = self.store.old_state(self.txn, key)?;
+        if let Some(id) = old_id {
             self.store.schedule_gc(self.txn, id)?;
         }
-        Ok(self.store.items.delete(self.txn, key)?)
+        let gone = self.store.items.delete(self.txn, key)?;
+        if gone && old_expire != 0 {
+            self.store.count_expires(self.txn, -1)?;
+        }
+        Ok(gone)
     }
 
     fn take(&mut self, key: &[u8]) -> Result<bool, StoreError> {
         if key.is_empty() || key.len() > super::MAX_KEY {
             return Ok(false);
         }
-        Ok(self.store.items.delete(self.txn, key)?)
+        let (old_expire, _) = self.store.old_state(self.txn, key)?;
+        let gone = self.store.items.delete(self.txn, key)?;
+        if gone && old_expire != 0 {
+            self.store.count_expires(self.txn, -1)?;
+        }
+        Ok(gone)
     }
 
     fn clear(&mut self) -> Result<(), StoreError> {
@@ -1129,12 +1211,40 @@ mod tests {
         // b's expiry moved later: its old index entry is stale.
         w.put(b"b", &meta(2, 500), &[b"2"]).expect("put");
         w.put(b"c", &meta(3, 0), &[b"3"]).expect("put");
+        let expires = |txn: &RoTxn| store.expires(txn).expect("expires");
+        assert_eq!(expires(&txn), Some(2));
         assert_eq!(store.sweep_expired(&mut txn, 200, 100).expect("sweep"), 1);
         assert!(store.get(&txn, b"a").expect("get").is_none());
         assert!(store.get(&txn, b"b").expect("get").is_some());
+        assert_eq!(expires(&txn), Some(1));
         assert_eq!(store.sweep_expired(&mut txn, 600, 100).expect("sweep"), 1);
         assert!(store.get(&txn, b"b").expect("get").is_none());
         assert!(store.get(&txn, b"c").expect("get").is_some());
+        assert_eq!(expires(&txn), Some(0));
+    }
+
+    /// A data dir from before the `expires` record takes the count from `items` at the first
+    /// write that changes it, then keeps it.
+    #[test]
+    fn expires_count_is_rebuilt_once_in_an_older_store() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (store, _) = LmdbStore::open(dir.path(), 1 << 24, 16).expect("open");
+        let mut txn = store.write_txn().expect("txn");
+        let mut cas = 0;
+        let mut w = store.writer(&mut txn, &mut cas);
+        w.put(b"a", &meta(1, 100), &[b"1"]).expect("put");
+        w.put(b"b", &meta(2, 0), &[b"2"]).expect("put");
+        store.meta.delete(&mut txn, META_EXPIRES).expect("delete");
+        assert_eq!(store.expires(&txn).expect("expires"), None);
+        let mut w = store.writer(&mut txn, &mut cas);
+        w.put(b"b", &meta(3, 0), &[b"3"]).expect("put");
+        assert_eq!(store.expires(&txn).expect("expires"), None);
+        let mut w = store.writer(&mut txn, &mut cas);
+        w.put(b"c", &meta(4, 100), &[b"4"]).expect("put");
+        assert_eq!(store.expires(&txn).expect("expires"), Some(2));
+        let mut w = store.writer(&mut txn, &mut cas);
+        w.delete(b"a").expect("delete");
+        assert_eq!(store.expires(&txn).expect("expires"), Some(1));
     }
 
     /// Found by the command_stream fuzz target: a key of 504 to 511 bytes with an expiry was

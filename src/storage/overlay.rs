@@ -334,6 +334,26 @@ impl<'s> Snap<'s> {
         }
         Ok(n.max(0) as u64)
     }
+
+    /// The number of keys with an expiry (live or expired, as `len` counts them): LMDB's
+    /// count, corrected by the overlay's records. None in a data dir older than the count
+    /// that no write has updated yet.
+    pub fn expires(&self) -> Result<Option<u64>, StoreError> {
+        let Some(base) = self.store.expires(self.txn())? else {
+            return Ok(None);
+        };
+        let ttl = |b: Option<&[u8]>| -> Result<i64, StoreError> {
+            Ok(match b {
+                Some(b) => i64::from(item::decode(b)?.meta.expire_at != 0),
+                None => 0,
+            })
+        };
+        let mut n = base as i64;
+        for (k, v) in self.state.map.iter() {
+            n += ttl(v.as_deref())? - ttl(self.store.items().get(self.txn(), k)?)?;
+        }
+        Ok(Some(n.max(0) as u64))
+    }
 }
 
 impl std::ops::Deref for Snap<'_> {

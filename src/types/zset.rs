@@ -904,7 +904,7 @@ const SPARSE: u64 = 256;
 
 /// Random members of sorted set `c` (non-empty), each passed to `each(member, score)` until it
 /// returns false: `count` of them, repeats allowed (`repeats`), else `count` distinct ones
-/// (all of them, in score order, when `count` >= its length). Memory: O(count) for the
+/// (all of them, highest score first as Redis, when `count` >= its length). Memory: O(count) for the
 /// distinct picks (count < length), O(1) beyond the reply for repeats drawn by rank; a walk's
 /// repeats keep `count` borrowed members.
 pub fn random_members(
@@ -920,7 +920,8 @@ pub fn random_members(
         return Ok(());
     }
     if !repeats && count >= c.len {
-        for r in walk(zscore, txn, &whole(c.id), false)? {
+        // Redis 7.0 answers the whole set as ZREVRANGE does (its iterator starts at the tail).
+        for r in walk(zscore, txn, &whole(c.id), true)? {
             let (m, s) = ix_entry(r?.0)?;
             if !each(m, s) {
                 break;
