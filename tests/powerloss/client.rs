@@ -84,40 +84,43 @@ impl Conn {
 
     /// A set; Ok(Err(reply)) is a refusal.
     pub fn set(&mut self, key: &str, val: &[u8]) -> io::Result<Result<(), String>> {
-        match self.proto {
-            Proto::Mc => {
-                let mut req = format!("set {key} 0 0 {}\r\n", val.len()).into_bytes();
-                req.extend_from_slice(val);
-                req.extend_from_slice(b"\r\n");
-                self.w.write_all(&req)?;
-                let l = self.line()?;
-                Ok(if l == "STORED" { Ok(()) } else { Err(l) })
-            }
-            Proto::Resp => {
-                self.resp_send(&[b"SET", key.as_bytes(), val])?;
-                let l = self.line()?;
-                Ok(if l == "+OK" { Ok(()) } else { Err(l) })
-            }
-        }
+        self.store("set", b"SET", key, val)
     }
 
     /// An append to a value that is there.
     pub fn append(&mut self, key: &str, val: &[u8]) -> io::Result<Result<(), String>> {
-        match self.proto {
+        self.store("append", b"APPEND", key, val)
+    }
+
+    /// memcached's `verb` or RESP's `cmd` of `val` under `key`: Ok(Ok) on STORED, +OK or an
+    /// integer (APPEND's new length), else the reply as a refusal.
+    fn store(
+        &mut self,
+        verb: &str,
+        cmd: &[u8],
+        key: &str,
+        val: &[u8],
+    ) -> io::Result<Result<(), String>> {
+        let l = match self.proto {
             Proto::Mc => {
-                let mut req = format!("append {key} 0 0 {}\r\n", val.len()).into_bytes();
+                let mut req = format!("{verb} {key} 0 0 {}\r\n", val.len()).into_bytes();
                 req.extend_from_slice(val);
                 req.extend_from_slice(b"\r\n");
                 self.w.write_all(&req)?;
-                let l = self.line()?;
-                Ok(if l == "STORED" { Ok(()) } else { Err(l) })
+                self.line()?
             }
             Proto::Resp => {
-                self.resp_send(&[b"APPEND", key.as_bytes(), val])?;
-                let l = self.line()?;
-                Ok(if l.starts_with(':') { Ok(()) } else { Err(l) })
+                self.resp_send(&[cmd, key.as_bytes(), val])?;
+                self.line()?
             }
-        }
+        };
+        Ok(
+            if l == "STORED" || l == "+OK" || (cmd == b"APPEND" && l.starts_with(':')) {
+                Ok(())
+            } else {
+                Err(l)
+            },
+        )
     }
 
     pub fn delete(&mut self, key: &str) -> io::Result<Result<(), String>> {
