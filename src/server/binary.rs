@@ -82,38 +82,28 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
             // CLIENT PAUSE, as on the text protocol.
             return Stop::Paused;
         }
+        // A replica's data is its primary's; a read-only user (`auth_readonly`) may not write.
+        // Either way the write is refused (quiet or not: errors are always sent), and the
+        // connection stays.
+        let refusal = || -> Option<(u16, &[u8])> {
+            if pass.shared.repl.is_replica() {
+                Some((
+                    status::NOT_STORED,
+                    b"You can't write against a read only replica.",
+                ))
+            } else if readonly {
+                Some((status::AUTH_ERROR, b"Read-only user"))
+            } else {
+                None
+            }
+        };
         if let Some((_, reply, _)) = &write
-            && pass.shared.repl.is_replica()
+            && let Some((code, text)) = refusal()
         {
-            // A replica: its data is its primary's.
             if inflight > 0 {
                 return Stop::Blocked;
             }
-            bin::error_text(
-                out,
-                reply.opcode,
-                reply.opaque,
-                status::NOT_STORED,
-                b"You can't write against a read only replica.",
-            );
-            conn.consume(consumed);
-            conn.swallow = swallow;
-            left -= 1;
-            continue;
-        }
-        if readonly && let Some((_, reply, _)) = &write {
-            // A read-only user (`auth_readonly`): the write is refused with an auth error (quiet
-            // or not: errors are always sent), and the connection stays.
-            if inflight > 0 {
-                return Stop::Blocked;
-            }
-            bin::error_text(
-                out,
-                reply.opcode,
-                reply.opaque,
-                status::AUTH_ERROR,
-                b"Read-only user",
-            );
+            bin::error_text(out, reply.opcode, reply.opaque, code, text);
             conn.consume(consumed);
             conn.swallow = swallow;
             left -= 1;
