@@ -30,7 +30,7 @@ use crate::command::{Outcome, Replicated};
 use crate::storage::StoreError;
 use crate::storage::item;
 use crate::storage::lmdb::{DB_ELEMS, DB_META, LmdbStore, LmdbWrite, LogTxn, META_CAS, Table};
-use crate::storage::wal::{Op, Patch, ops};
+use crate::storage::wal::{Op, Patch, Tapped, ops};
 
 /// Where a replica keeps its primary's replication id and its offset, in `meta`.
 pub const REPL_KEY: &[u8] = b"repl_primary";
@@ -85,6 +85,9 @@ pub enum Gone {
 #[derive(Debug)]
 pub struct Hub {
     replica: AtomicBool,
+    /// `Backlog::active`, readable without the lock: the writer's log copies each batch's
+    /// payload for the backlog only once it is set.
+    wants_frames: AtomicBool,
     backlog: Mutex<Backlog>,
     grew: Condvar,
     /// (LMDB transaction id, last batch it holds), newest last.
@@ -103,6 +106,7 @@ impl Hub {
         commits.push_back((txnid, last_seq));
         Hub {
             replica: AtomicBool::new(false),
+            wants_frames: AtomicBool::new(false),
             backlog: Mutex::new(Backlog {
                 replid,
                 cap: cap.min(usize::MAX as u64) as usize,
@@ -161,21 +165,23 @@ impl Hub {
 
     /// Batches the writer has made durable, in sequence order. On a replica only the sequence
     /// number is kept (its batches are its primary's, already in the primary's stream).
-    pub fn release(&self, batches: &mut Vec<(u64, Vec<u8>)>) {
+    pub fn release(&self, batches: &mut Vec<Tapped>) {
         if batches.is_empty() {
             return;
         }
         let replica = self.is_replica();
         let mut b = lock(&self.backlog);
-        for (seq, payload) in batches.drain(..) {
+        let mut grew = false;
+        for t in batches.drain(..) {
             if replica {
-                b.last_seq = seq;
+                b.last_seq = t.seq;
                 b.frames.clear();
                 b.bytes = 0;
-                b.first_seq = seq;
+                b.first_seq = t.seq;
                 b.first_offset = b.offset;
                 continue;
             }
+            let seq = t.seq;
             if seq != b.last_seq + 1 {
                 log::warn!(
                     "replication backlog: batch {seq} follows {}; replicas behind it take a full copy",
@@ -186,19 +192,27 @@ impl Hub {
                 b.first_seq = seq - 1;
                 b.first_offset = b.offset;
             }
-            if !b.active {
-                b.offset += (FRAME_HEADER + payload.len()) as u64;
-                b.last_seq = seq;
-                b.first_seq = seq;
-                b.first_offset = b.offset;
-                continue;
-            }
+            let payload = match t.payload {
+                Some(p) if b.active => p,
+                _ => {
+                    // No backlog yet, or a batch appended before the log was told to keep
+                    // copies: only the position moves, and nothing before it can be served.
+                    b.offset += (FRAME_HEADER + t.len) as u64;
+                    b.last_seq = seq;
+                    b.frames.clear();
+                    b.bytes = 0;
+                    b.first_seq = seq;
+                    b.first_offset = b.offset;
+                    continue;
+                }
+            };
             let data: Arc<[u8]> = frame(&payload).into();
             b.offset += data.len() as u64;
             b.bytes += data.len();
             b.last_seq = seq;
             let end = b.offset;
             b.frames.push_back(Frame { seq, end, data });
+            grew = true;
             while b.bytes > b.cap && b.frames.len() > 1 {
                 if let Some(f) = b.frames.pop_front() {
                     b.bytes -= f.data.len();
@@ -208,12 +222,21 @@ impl Hub {
             }
         }
         drop(b);
-        self.grew.notify_all();
+        // Only senders wait, and only for frames (a system call saved per batch otherwise).
+        if grew {
+            self.grew.notify_all();
+        }
+    }
+
+    /// Whether batches should be tapped with their payloads (a replica has asked).
+    pub fn wants_frames(&self) -> bool {
+        self.wants_frames.load(Ordering::Acquire)
     }
 
     /// A replica asked for the stream: keep frames from now on.
     pub fn activate(&self) {
         lock(&self.backlog).active = true;
+        self.wants_frames.store(true, Ordering::Release);
     }
 
     /// Whether frames are kept (INFO's `repl_backlog_active`).
@@ -418,11 +441,19 @@ pub fn apply(w: &mut LmdbWrite<'_, '_>, r: &Replicated) -> Result<Outcome, Store
 mod tests {
     use super::*;
 
+    fn tap(seq: u64, byte: u8, len: usize) -> Tapped {
+        Tapped {
+            seq,
+            len,
+            payload: Some(vec![byte; len]),
+        }
+    }
+
     #[test]
     fn the_backlog_serves_from_any_batch_boundary_it_still_holds() {
         let hub = Hub::new("a".repeat(40), 40, 7, 3);
         hub.activate();
-        let mut batches = vec![(8, vec![1u8; 10]), (9, vec![2u8; 10])];
+        let mut batches = vec![tap(8, 1u8, 10), tap(9, 2u8, 10)];
         hub.release(&mut batches);
         assert_eq!(hub.offset(), 30);
         assert_eq!(hub.offset_of_seq(7), Ok(Some(0)));
@@ -435,7 +466,7 @@ mod tests {
         assert!(!hub.can_continue(&"b".repeat(40), 15));
         assert!(!hub.can_continue(&"a".repeat(40), 14));
         // Past the cap the oldest frames go.
-        let mut more = vec![(10, vec![3u8; 10]), (11, vec![4u8; 10])];
+        let mut more = vec![tap(10, 3u8, 10), tap(11, 4u8, 10)];
         hub.release(&mut more);
         assert_eq!(
             hub.frames_after(0, 1 << 20, Duration::ZERO).err(),
@@ -450,8 +481,8 @@ mod tests {
     fn a_gap_resets_the_backlog() {
         let hub = Hub::new("x".into(), 1 << 20, 0, 1);
         hub.activate();
-        hub.release(&mut vec![(1, vec![0; 3])]);
-        hub.release(&mut vec![(5, vec![0; 3])]);
+        hub.release(&mut vec![tap(1, 0, 3)]);
+        hub.release(&mut vec![tap(5, 0, 3)]);
         assert_eq!(
             hub.frames_after(0, 1 << 20, Duration::ZERO).err(),
             Some(Gone::NotHeld)
@@ -466,16 +497,37 @@ mod tests {
     #[test]
     fn until_a_replica_asks_only_the_position_moves() {
         let hub = Hub::new("x".into(), 1 << 20, 4, 1);
-        hub.release(&mut vec![(5, vec![0; 3]), (6, vec![0; 5])]);
+        hub.release(&mut vec![tap(5, 0, 3), tap(6, 0, 5)]);
         assert_eq!(hub.offset(), 18);
         assert_eq!(hub.backlog_span(), (18, 0));
         assert_eq!(hub.offset_of_seq(6), Ok(Some(18)));
         assert_eq!(hub.offset_of_seq(5), Err(Gone::NotHeld));
         hub.activate();
-        hub.release(&mut vec![(7, vec![0; 1])]);
+        hub.release(&mut vec![tap(7, 0, 1)]);
         assert_eq!(hub.offset_of_seq(6), Ok(Some(18)));
         let f = hub.frames_after(18, 1 << 20, Duration::ZERO).expect("held");
         assert_eq!(f.iter().map(|f| f.seq).collect::<Vec<_>>(), vec![7]);
+    }
+
+    #[test]
+    fn a_batch_tapped_without_its_payload_is_a_gap_for_the_senders() {
+        let hub = Hub::new("x".into(), 1 << 20, 0, 1);
+        assert!(!hub.wants_frames());
+        hub.activate();
+        assert!(hub.wants_frames());
+        hub.release(&mut vec![tap(1, 0, 3)]);
+        // Appended before the log kept copies: nothing up to it can be served.
+        let bare = Tapped {
+            seq: 2,
+            len: 4,
+            payload: None,
+        };
+        hub.release(&mut vec![bare, tap(3, 0, 2)]);
+        assert_eq!(hub.offset(), 8 + 9 + 7);
+        assert_eq!(hub.offset_of_seq(1), Err(Gone::NotHeld));
+        assert_eq!(hub.offset_of_seq(2), Ok(Some(17)));
+        let f = hub.frames_after(17, 1 << 20, Duration::ZERO).expect("held");
+        assert_eq!(f.iter().map(|f| f.seq).collect::<Vec<_>>(), vec![3]);
     }
 
     #[test]

@@ -577,7 +577,7 @@ pub struct Writer<T> {
     cohort: Cohort,
     /// Replication (`replica.rs`): where durable batches go, and a buffer for them.
     repl: Option<Arc<super::repl::Hub>>,
-    tapped: Vec<(u64, Vec<u8>)>,
+    tapped: Vec<crate::storage::wal::Tapped>,
 }
 
 /// Group commit in `always`: which workers' connections wrote in the last two commits (writes
@@ -1766,6 +1766,9 @@ pub enum Submitted {
 /// queues its writes instead, outside `always`.
 const LEAD_TRIES: usize = 8;
 
+/// How long a worker spins for the writer's lock before it starts yielding, outside `always`.
+const LEAD_SPIN: Duration = Duration::from_micros(30);
+
 /// Writes a leader leaves to the writer thread: they change collections (readers may see
 /// them only once LMDB has them, and only the writer thread commits) or clear the store, or
 /// are a transaction that may (or reads collections inside the write transaction). A script
@@ -1834,13 +1837,28 @@ impl<T: Send + Clone> Gate<T> {
     /// only applying and logging a batch (a few microseconds), and waiting that long beats
     /// handing the submission to the writer thread and being woken back.
     fn try_lead(&self) -> Option<std::sync::MutexGuard<'_, Writer<T>>> {
-        let tries = if self.always { 1 } else { LEAD_TRIES };
-        for i in 0..tries {
+        if let Ok(w) = self.core.try_lock() {
+            return Some(w);
+        }
+        if self.always {
+            return None;
+        }
+        // The holder runs on another core for a few microseconds: spinning that long costs
+        // less than a yield, which on a busy machine hands the core to another thread and
+        // costs a context switch each way.
+        let start = Instant::now();
+        while start.elapsed() < LEAD_SPIN {
+            for _ in 0..32 {
+                std::hint::spin_loop();
+            }
             if let Ok(w) = self.core.try_lock() {
                 return Some(w);
             }
-            if i + 1 < tries {
-                std::thread::yield_now();
+        }
+        for _ in 0..LEAD_TRIES {
+            std::thread::yield_now();
+            if let Ok(w) = self.core.try_lock() {
+                return Some(w);
             }
         }
         None

@@ -861,12 +861,25 @@ pub struct Wal {
     pub since_checkpoint: u64,
     /// Bytes appended and not yet fdatasynced.
     unsynced: bool,
-    /// When replication is on: the batches appended and not yet taken (`take_tapped`), as
-    /// (sequence number, payload); an undone append leaves it too.
-    tap: Option<Vec<(u64, Vec<u8>)>>,
+    /// When replication is on: the batches appended and not yet taken (`take_tapped`); an
+    /// undone append leaves it too.
+    tap: Option<Vec<Tapped>>,
+    /// Whether tapped batches keep a copy of their payload (a replica may want it), or only
+    /// their size (no backlog is kept: a copy per batch would be wasted).
+    tap_copy: bool,
     /// What the last append added to `since_checkpoint` beyond its bytes (its patches'
     /// values), for `undo`.
     last_patched: u64,
+}
+
+/// A batch the log appended, as replication sees it (`Wal::take_tapped`).
+#[derive(Debug)]
+pub struct Tapped {
+    pub seq: u64,
+    /// The payload's length (its stream frame's size follows from it).
+    pub len: usize,
+    /// The payload, if copies were being kept when it was appended.
+    pub payload: Option<Vec<u8>>,
 }
 
 impl Wal {
@@ -906,6 +919,7 @@ impl Wal {
             since_checkpoint: len.saturating_sub(format.start()),
             unsynced: false,
             tap: None,
+            tap_copy: false,
             last_patched: 0,
         };
         if format == Format::Legacy {
@@ -943,18 +957,28 @@ impl Wal {
         self.next_seq += 1;
         self.unsynced = true;
         if let Some(tap) = self.tap.as_mut() {
-            tap.push((seq, batch.payload().to_vec()));
+            let payload = batch.payload();
+            tap.push(Tapped {
+                seq,
+                len: payload.len(),
+                payload: self.tap_copy.then(|| payload.to_vec()),
+            });
         }
         Ok(seq)
     }
 
-    /// Keeps a copy of every batch appended from now on, for `take_tapped` (replication).
+    /// Notes every batch appended from now on, for `take_tapped` (replication).
     pub fn set_tap(&mut self, on: bool) {
         self.tap = on.then(Vec::new);
     }
 
+    /// Whether the batches tapped from now on keep a copy of their payload.
+    pub fn set_tap_copy(&mut self, on: bool) {
+        self.tap_copy = on;
+    }
+
     /// Moves the batches tapped since the last call into `out`, in sequence order.
-    pub fn take_tapped(&mut self, out: &mut Vec<(u64, Vec<u8>)>) {
+    pub fn take_tapped(&mut self, out: &mut Vec<Tapped>) {
         if let Some(tap) = self.tap.as_mut() {
             out.append(tap);
         }
@@ -978,7 +1002,7 @@ impl Wal {
         self.len = position;
         self.next_seq = seq;
         if let Some(tap) = self.tap.as_mut() {
-            tap.retain(|(s, _)| *s < seq);
+            tap.retain(|t| t.seq < seq);
         }
         Ok(())
     }

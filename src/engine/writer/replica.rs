@@ -60,6 +60,8 @@ impl<T: Send + Clone> Writer<T> {
         }
         self.wal.take_tapped(&mut self.tapped);
         hub.release(&mut self.tapped);
+        // Copies of the batches' payloads only once a replica wants the stream.
+        self.wal.set_tap_copy(hub.wants_frames());
     }
 
     /// Installs any full copy in `batch` (writer thread), after committing the submissions
