@@ -84,6 +84,9 @@ pub struct WorkerHandle {
 /// (its pages were evicted again before it ran: memory is very short) it reads from the map.
 const COLD_TRIES: u8 = 3;
 
+/// At most this much output of a pass waits for the writes the pass queued (see `phase_two`).
+const HOLD_OUTPUT: usize = 16 * 1024;
+
 /// Per-pass context handed to protocol code.
 pub struct Pass<'a> {
     pub shared: &'a Shared,
@@ -629,6 +632,8 @@ impl Worker {
                 continue;
             };
             conn.dirty = false;
+            // Nothing owed to this client before this pass: what it asks now starts afresh.
+            let fresh = conn.inflight == 0 && conn.pending_output() == 0 && !conn.want_write;
             let stop = if stopping || conn.broken || conn.cold_wait {
                 Stop::Blocked
             } else {
@@ -671,7 +676,20 @@ impl Worker {
                 super::resp::refresh_info(&info, &mut conn.resp, conn.last_active);
                 conn.resp.info = Some(info);
             }
-            let more_output = conn.flush(counters);
+            // The pass queued writes behind replies it already has (`+QUEUED`s before an
+            // EXEC, a `get` before a `set`): those replies wait to leave with the writes'
+            // replies in one send, as Redis sends its replies after the fsync, instead of
+            // waking the client once for a partial answer. Only replies of this pass's own
+            // requests wait, only for this pass's writes, and only a little output; never
+            // for a blocking pop, which may wait for long.
+            let hold = fresh
+                && conn.inflight > 0
+                && conn.resp.block.is_none()
+                && conn.pending_output() <= HOLD_OUTPUT
+                && !conn.closing
+                && !conn.broken
+                && !stopping;
+            let more_output = !hold && conn.flush(counters);
             // A client that hangs up while blocked is gone (as in Redis): nothing more will be
             // popped for it, and it closes once the pop is settled.
             if let Some(b) = conn.resp.block.as_mut()
