@@ -33,7 +33,9 @@ Workloads (N is multiplied by --scale):
   scaling  W1's SET (100-byte values) at 1, 2, 4, 16 and 64 connections, each point a fresh
            server stopped after --scaling-secs seconds, for memkeep-always vs redis-always,
            memkeep-never vs memcached and memkeep-periodic vs memkeep-never; a table of those
-           ratios per connection count (runs alone with --only scaling)
+           ratios per connection count (runs alone with --only scaling); every point runs
+           --rounds times (default 2), the servers in turn, every other round in reverse order,
+           and the report takes the median (so do multi and queue)
   multi    memkeep-bench --multi 10 over RESP: transactions of MULTI, 10 SETs (100-byte
            values), EXEC, at 1 and 16 connections, then every key read back; memkeep-always vs
            redis-always, each point a fresh server, at most --durable-secs seconds of SETs
@@ -68,6 +70,7 @@ import os
 import platform
 import re
 import shlex
+import statistics
 import shutil
 import signal
 import socket
@@ -894,14 +897,23 @@ class Runner:
         targets = [(s, "resp" if s in REDIS_MODES else "memcache") for s in ALL_SERVERS
                    if s in wanted and s in self.servers]
         for conns in SCALING_CONNS:
-            for name, proto in targets:
-                srv = self.new_server(name, f"scaling{conns}")
-                try:
-                    self.bench_phase(srv, "scaling", proto, conns, keys, "set", shape, cap=self.scaling_secs())
-                except BenchError as e:
-                    self.fail(f"scaling {name} c={conns}: {e}")
-                finally:
-                    srv.cleanup()
+            for rnd, order in self.round_orders(targets):
+                for name, proto in order:
+                    srv = self.new_server(name, f"scaling{conns}")
+                    try:
+                        self.bench_phase(srv, "scaling", proto, conns, keys, "set", shape, cap=self.scaling_secs(),
+                                         extra={"round": rnd})
+                    except BenchError as e:
+                        self.fail(f"scaling {name} c={conns} round {rnd + 1}: {e}")
+                    finally:
+                        srv.cleanup()
+
+    def round_orders(self, servers: list) -> list[tuple[int, list]]:
+        """The servers of one comparison point, once per --rounds, every other round in reverse
+        order (A B, B A, ...): a drift of the machine over the point (the disk's fsync latency
+        moves from minute to minute here) then weighs on both sides alike."""
+        return [(i, list(servers) if i % 2 == 0 else list(reversed(servers)))
+                for i in range(max(1, self.args.rounds))]
 
     # -- transactions and queues, durable ---------------------------------------------------
 
@@ -914,34 +926,38 @@ class Runner:
         keys = max(self.n(self.args.n_multi), 1000)
         shape = {"vmin": 100, "vmax": 100, "raw": lambda k: raw_bytes(k, 100, 100)}
         for conns in MULTI_CONNS:
-            for name in [s for s in DURABLE_PAIR if s in self.servers]:
-                srv = self.new_server(name, f"multi{conns}")
-                try:
-                    rec = self.bench_phase(srv, "multi", "resp", conns, keys, "set", shape,
-                                           cap=self.durable_secs(), flags=["--multi", str(MULTI_SIZE)])
-                    done = rec.get("prefix_done") or 0
-                    if done:
-                        self.bench_phase(srv, "multi-verify", "resp", conns, done, "get", shape)
-                except BenchError as e:
-                    self.fail(f"multi {name} c={conns}: {e}")
-                finally:
-                    srv.cleanup()
+            for rnd, order in self.round_orders([s for s in DURABLE_PAIR if s in self.servers]):
+                for name in order:
+                    srv = self.new_server(name, f"multi{conns}")
+                    try:
+                        rec = self.bench_phase(srv, "multi", "resp", conns, keys, "set", shape,
+                                               cap=self.durable_secs(), flags=["--multi", str(MULTI_SIZE)],
+                                               extra={"round": rnd})
+                        done = rec.get("prefix_done") or 0
+                        if done:
+                            self.bench_phase(srv, "multi-verify", "resp", conns, done, "get", shape,
+                                             extra={"round": rnd})
+                    except BenchError as e:
+                        self.fail(f"multi {name} c={conns} round {rnd + 1}: {e}")
+                    finally:
+                        srv.cleanup()
 
     def run_queue(self) -> None:
         # Time-bounded like multi: the producers stop at the cap, the consumers drain the rest.
         msgs = max(self.n(self.args.n_queue), 1000)
         shape = {"vmin": 100, "vmax": 100, "raw": lambda k: raw_bytes(k, 100, 100)}
         for producers, consumers in QUEUE_SHAPES:
-            for name in [s for s in DURABLE_PAIR if s in self.servers]:
-                srv = self.new_server(name, f"queue{producers}x{consumers}")
-                try:
-                    self.bench_phase(srv, "queue", "resp", producers, msgs, "queue", shape,
-                                     extra={"consumers": consumers}, cap=self.durable_secs(),
-                                     flags=["--consumers", str(consumers)])
-                except BenchError as e:
-                    self.fail(f"queue {name} {producers}x{consumers}: {e}")
-                finally:
-                    srv.cleanup()
+            for rnd, order in self.round_orders([s for s in DURABLE_PAIR if s in self.servers]):
+                for name in order:
+                    srv = self.new_server(name, f"queue{producers}x{consumers}")
+                    try:
+                        self.bench_phase(srv, "queue", "resp", producers, msgs, "queue", shape,
+                                         extra={"consumers": consumers, "round": rnd}, cap=self.durable_secs(),
+                                         flags=["--consumers", str(consumers)])
+                    except BenchError as e:
+                        self.fail(f"queue {name} {producers}x{consumers} round {rnd + 1}: {e}")
+                    finally:
+                        srv.cleanup()
 
     def probe(self, when: str) -> None:
         pr = fsync_probe(self.tmp / "data")
@@ -1144,10 +1160,61 @@ def ratio(a, b):
     return a / b
 
 
+def per_round(r: dict) -> str:
+    """Each round's rate of a merged point, for a table cell ("" for a single run)."""
+    ops = r.get("round_ops") or []
+    if len(ops) < 2:
+        return ""
+    return " [" + " / ".join(fmt_n(v) if v else "-" for v in ops) + "]"
+
+
+def merge_rounds(phases: list[dict]) -> list[dict]:
+    """One record per point from the --rounds repeats of a point (records with a "round"):
+    rates and latencies are the median over the rounds (the mean of two), the per-round rates
+    are kept in "round_ops", and errors, misses and mismatches add up. Other records pass as
+    they are."""
+    def point(r):
+        return (r["workload"], r["server"], r["proto"], r["phase"], r["connections"], r.get("consumers"))
+
+    groups: dict = {}
+    out = []
+    for r in phases:
+        if "round" not in r:
+            out.append(r)
+            continue
+        k = point(r)
+        if k not in groups:
+            groups[k] = []
+            out.append(k)
+        groups[k].append(r)
+    merged = []
+    for item in out:
+        if isinstance(item, dict):
+            merged.append(item)
+            continue
+        rs = groups[item]
+        if len(rs) == 1:
+            merged.append(rs[0])
+            continue
+        m = dict(rs[0])
+        for f in ("ops_per_sec", "p50_ms", "p99_ms", "p999_ms", "secs", "cpu_s_per_M", "fsync_p50_ms"):
+            vals = [r[f] for r in rs if isinstance(r.get(f), (int, float))]
+            m[f] = statistics.median(vals) if vals else None
+        for f in ("misses", "mismatches", "errors", "duplicates"):
+            vals = [r[f] for r in rs if isinstance(r.get(f), (int, float))]
+            if vals:
+                m[f] = sum(vals)
+        errs = [r["error"] for r in rs if r.get("error")]
+        m["error"] = "; ".join(errs) if errs else None
+        m["round_ops"] = [r.get("ops_per_sec") for r in rs]
+        merged.append(m)
+    return merged
+
+
 class Report:
     def __init__(self, records: list[dict]):
         self.meta = next((r for r in records if r["type"] == "meta"), {})
-        self.phases = [r for r in records if r["type"] == "phase"]
+        self.phases = merge_rounds([r for r in records if r["type"] == "phase"])
         self.rbs = [r for r in records if r["type"] == "rb"]
         self.restarts = [r for r in records if r["type"] == "restart"]
         self.summaries = [r for r in records if r["type"] == "server"]
@@ -1397,9 +1464,10 @@ class Report:
         w("## Connection sweep: W1 SET (100-byte values) at 1 to 64 connections\n")
         w(f"Each point is a fresh server that gets SETs of keys 1, 2, 3, ... from C connections, one request in "
           f"flight each, for about {secs:.0f} s (`--scaling-secs`); the rate is taken over the keys written in "
-          "that time. memkeep speaks the memcached protocol, redis RESP. One short sample per point on a "
-          "shared 2-core machine (the load generator runs on the same cores): differences under ~20% are noise, "
-          "and the `always` rows follow the disk's fsync latency of the moment.\n")
+          "that time. memkeep speaks the memcached protocol, redis RESP. "
+          f"{self.rounds_text('scaling')} On a shared 2-core machine (the load generator runs on the same "
+          "cores) differences under ~20% are noise, and the `always` rows follow the disk's fsync latency of "
+          "the moment.\n")
         w("### Ratios (ops/s of the first server / ops/s of the second)\n")
         w("| pair | compares | " + " | ".join(f"{c} conns" for c in conns) + " |")
         w("|---|---|" + "---|" * len(conns))
@@ -1426,7 +1494,7 @@ class Report:
                 elif r.get("error") and not r.get("ops_per_sec"):
                     cells.append("error")
                 else:
-                    cells.append(f"{fmt_n(r.get('ops_per_sec'))} ({fmt_ms(r.get('p99_ms'))})")
+                    cells.append(f"{fmt_n(r.get('ops_per_sec'))} ({fmt_ms(r.get('p99_ms'))})" + per_round(r))
             w(f"| {s} | {p} | " + " | ".join(cells) + " |")
         w("")
 
@@ -1452,6 +1520,14 @@ class Report:
                 return r
         return None
 
+    def rounds_text(self, *workloads: str) -> str:
+        n = max((len(r.get("round_ops") or [None]) for r in self.phases if r["workload"] in workloads), default=1)
+        if n < 2:
+            return "One sample per point."
+        return (f"Each point ran {n} times, the servers in turn and every other round in reverse order "
+                "(A B, B A), so that a drift of the machine during the point weighs on both; the figure is "
+                "the median of the rounds (each round's rate in brackets), and ratios divide medians.")
+
     def md_durable(self, w) -> None:
         pts = self.durable_points()
         if not pts:
@@ -1468,13 +1544,15 @@ class Report:
           "checked delivered exactly once and intact; the rate is messages delivered per second "
           "from the start to the last delivery, the latency end to end (LPUSH written to BRPOP's "
           f"reply read). Each point is a fresh server with about {secs:.0f} s of writes "
-          "(`--durable-secs`); both follow the disk's fsync latency of the moment.\n")
+          f"(`--durable-secs`); both follow the disk's fsync latency of the moment. "
+          f"{self.rounds_text('multi', 'queue')}\n")
         w(f"| workload | {mk} ops/s | {ref} ops/s | ratio | {mk} p50 / p99 ms | {ref} p50 / p99 ms | notes |")
         w("|---|---|---|---|---|---|---|")
         for wl, label, conns, consumers in pts:
             a = self.durable_phase(wl, mk, conns, consumers)
             b = self.durable_phase(wl, ref, conns, consumers)
-            cell = lambda r: fmt_n(r.get("ops_per_sec")) if r and r.get("ops_per_sec") else ("error" if r else "n/a")
+            cell = lambda r: (fmt_n(r.get("ops_per_sec")) + per_round(r) if r and r.get("ops_per_sec")
+                              else ("error" if r else "n/a"))
             lat = lambda r: f"{fmt_ms(r.get('p50_ms'))} / {fmt_ms(r.get('p99_ms'))}" if r else "n/a"
             notes = []
             for r in (a, b):
@@ -1834,6 +1912,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="multi: most keys one point writes (default 1000000; the time ends it first)")
     p.add_argument("--n-queue", type=int, default=1_000_000,
                    help="queue: most messages one point pushes (default 1000000; the time ends it first)")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="scaling, multi and queue: runs of each point, every other one in reverse server order; "
+                        "the report gives the median (default 2)")
     p.add_argument("--durable-secs", type=float, default=8.0,
                    help="multi and queue: seconds of writes per point (default 8; 1.5-8 s below --scale 0.2)")
     a = p.parse_args(argv)

@@ -103,6 +103,32 @@ class DurableReport(unittest.TestCase):
                           ("queue, 8 producers / 8 consumers", "p99 ms", 1.0)])
 
 
+class Rounds(unittest.TestCase):
+    def test_rounds_of_a_point_merge_into_medians(self):
+        ph = DurableReport.phase
+        recs = [{"type": "meta", "scale": 1, "date": "today"},
+                ph("multi", "memkeep-always", 1, 3000.0, round=0, errors=0),
+                ph("multi", "redis-always", 1, 1000.0, round=0, errors=0),
+                ph("multi", "redis-always", 1, 3000.0, round=1, errors=2, p99_ms=4.0),
+                ph("multi", "memkeep-always", 1, 5000.0, round=1, errors=0),
+                # A record without rounds (an older results file) is left alone.
+                ph("multi", "memkeep-always", 16, 700.0)]
+        rep = run.Report(recs)
+        mk = rep.durable_phase("multi", "memkeep-always", 1, None)
+        rd = rep.durable_phase("multi", "redis-always", 1, None)
+        self.assertEqual((mk["ops_per_sec"], mk["round_ops"]), (4000.0, [3000.0, 5000.0]))
+        self.assertEqual((rd["ops_per_sec"], rd["p99_ms"], rd["errors"]), (2000.0, 3.0, 2))
+        self.assertEqual(rep.durable_phase("multi", "memkeep-always", 16, None)["ops_per_sec"], 700.0)
+        md = rep.markdown(None)
+        self.assertIn("| MULTI + 10 SETs + EXEC, 1 conns | 4,000 [3,000 / 5,000] | 2,000 [1,000 / 3,000] | **2.00** |", md)
+        self.assertIn("ran 2 times", md)
+
+    def test_every_other_round_runs_in_reverse(self):
+        b = run.Runner.__new__(run.Runner)
+        b.args = type("A", (), {"rounds": 3})()
+        self.assertEqual(b.round_orders(["a", "b"]), [(0, ["a", "b"]), (1, ["b", "a"]), (2, ["a", "b"])])
+
+
 class Helpers(unittest.TestCase):
     def test_parse_size(self):
         self.assertEqual(bigdata.parse_size("1g"), 1 << 30)
