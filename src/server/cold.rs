@@ -36,10 +36,10 @@ use crate::storage::resident::Fetched;
 /// Bytes one `pread` reads at most when it only warms the page cache.
 const CHUNK: usize = 64 << 10;
 /// Record bytes all connections may hold at once, read but not yet answered.
-const HELD_MAX: usize = 16 << 20;
+pub(super) const HELD_MAX: usize = 16 << 20;
 /// Record bytes one job reads to hold (its first record always): the rest of a long multi-get
 /// is looked up again when it runs.
-const JOB_MAX: usize = 4 << 20;
+pub(super) const JOB_MAX: usize = 4 << 20;
 
 /// One connection's wait: the keys to read, and who to tell.
 pub struct Job {
@@ -139,6 +139,17 @@ impl ColdPool {
 
     pub fn stats(&self) -> &ColdStats {
         &self.inner.stats
+    }
+
+    /// The budget of held records, which the workers' rings (`uring.rs`) share.
+    pub fn held(&self) -> Arc<AtomicUsize> {
+        self.inner.held.clone()
+    }
+
+    /// Another descriptor of the data file (the same open file, so the same advice), for a
+    /// worker's ring.
+    pub fn file(&self) -> std::io::Result<File> {
+        self.inner.file.try_clone()
     }
 
     /// Stops the readers (queued jobs are dropped: their connections are closing too).

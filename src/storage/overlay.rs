@@ -24,6 +24,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::ops::Bound;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -153,7 +154,7 @@ pub struct Snap<'s> {
     /// Whether `lookup` checks large records for residency (`resident.rs`), and the keys it
     /// found cold, for the caller to have read before it asks again.
     cold_checks: Cell<bool>,
-    cold: RefCell<Vec<Box<[u8]>>>,
+    cold: RefCell<Vec<ColdKey>>,
     /// Records a reader thread read for the connection at hand (`server/cold.rs`): `lookup`
     /// answers from them first.
     fetched: Vec<Fetched>,
@@ -167,8 +168,22 @@ pub enum Found<'a> {
     Cold,
 }
 
+/// A key whose record was found not in memory, and where that record lies in `data.mdb` as of
+/// the snapshot that found it (valid while that snapshot's transaction is open: see
+/// `Snap::keep_txn`).
+pub struct ColdKey {
+    pub key: Box<[u8]>,
+    pub offset: u64,
+    pub len: usize,
+}
+
+/// A read transaction kept open past its pass, so that the pages of the records it found stay
+/// unreused while they are read asynchronously (`server/uring.rs`).
+pub type KeptTxn = Rc<RoTxn<'static, WithoutTls>>;
+
 enum SnapTxn<'s> {
-    Own(RoTxn<'s, WithoutTls>),
+    /// Reference-counted so that reads still in flight can keep it open after the pass.
+    Own(KeptTxn),
     Within(&'s RoTxn<'s, WithoutTls>),
 }
 
@@ -180,12 +195,12 @@ impl<'s> Snap<'s> {
     pub fn open(store: &'s LmdbStore) -> Result<Snap<'s>, StoreError> {
         for _ in 0..OPEN_TRIES {
             let state = store.overlay().current();
-            let txn = store.read_txn()?;
+            let txn = store.read_txn_static()?;
             if state.map.is_empty() || txn.id() == state.base {
                 return Ok(Snap {
                     store,
                     state,
-                    txn: SnapTxn::Own(txn),
+                    txn: SnapTxn::Own(Rc::new(txn)),
                     cold_checks: Cell::new(false),
                     cold: RefCell::new(Vec::new()),
                     fetched: Vec::new(),
@@ -220,8 +235,29 @@ impl<'s> Snap<'s> {
     }
 
     /// The cold keys `lookup` and `note_cold` noted since the last call.
-    pub fn take_cold(&self) -> Vec<Box<[u8]>> {
+    pub fn take_cold(&self) -> Vec<ColdKey> {
         std::mem::take(&mut self.cold.borrow_mut())
+    }
+
+    /// This snapshot's own read transaction, to keep open while the cold records it found are
+    /// read (their offsets hold only as long as it is open); None inside the writer.
+    pub fn keep_txn(&self) -> Option<KeptTxn> {
+        match &self.txn {
+            SnapTxn::Own(t) => Some(t.clone()),
+            SnapTxn::Within(_) => None,
+        }
+    }
+
+    /// Notes `key`, whose record `bytes` is cold, for reading.
+    fn push_cold(&self, key: &[u8], bytes: &[u8]) {
+        // `cold` answered true only for a record in the map, which has an offset.
+        if let Some(offset) = self.store.file_offset(bytes) {
+            self.cold.borrow_mut().push(ColdKey {
+                key: key.into(),
+                offset,
+                len: bytes.len(),
+            });
+        }
     }
 
     /// Records read for the connection about to run (replacing any earlier ones).
@@ -247,7 +283,7 @@ impl<'s> Snap<'s> {
             return Ok(Found::Missing);
         };
         if self.cold_checks.get() && self.store.cold(bytes) {
-            self.cold.borrow_mut().push(key.into());
+            self.push_cold(key, bytes);
             return Ok(Found::Cold);
         }
         item::decode(bytes).map(Found::Item)
@@ -265,7 +301,7 @@ impl<'s> Snap<'s> {
         }
         match self.record(key) {
             Ok(Some(bytes)) if self.store.cold(bytes) => {
-                self.cold.borrow_mut().push(key.into());
+                self.push_cold(key, bytes);
                 true
             }
             _ => false,
@@ -274,7 +310,7 @@ impl<'s> Snap<'s> {
 
     pub fn txn(&self) -> &RoTxn<'s, WithoutTls> {
         match &self.txn {
-            SnapTxn::Own(t) => t,
+            SnapTxn::Own(t) => t.as_ref(),
             SnapTxn::Within(t) => t,
         }
     }
