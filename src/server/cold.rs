@@ -54,6 +54,8 @@ pub struct Job {
 pub struct ColdStats {
     /// Requests that waited for a reader.
     pub waits: AtomicU64,
+    /// Of those, the ones whose records a worker's ring read (`uring.rs`).
+    pub ring_waits: AtomicU64,
     /// Records the readers read.
     pub records: AtomicU64,
     /// Bytes the readers read.

@@ -73,7 +73,13 @@ impl ColdRing {
     /// A ring reading `file` (`data.mdb`), whose records count against `held` (the reader
     /// pool's budget). Fails where the kernel has no io_uring or refuses one.
     pub fn new(file: File, held: Arc<AtomicUsize>) -> std::io::Result<ColdRing> {
-        let ring = IoUring::new(ENTRIES)?;
+        // Cooperative task running (Linux 5.19): a finished read does not interrupt the worker
+        // with an IPI while it runs; the copy into our buffer completes at its next system call
+        // (a sleeping worker is still woken). Older kernels refuse the flag: a plain ring.
+        let ring = match IoUring::builder().setup_coop_taskrun().build(ENTRIES) {
+            Ok(r) => r,
+            Err(_) => IoUring::new(ENTRIES)?,
+        };
         // Random reads: no readahead on this descriptor (see `ColdPool::start`).
         // SAFETY: a valid descriptor; advice only.
         unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };

@@ -738,6 +738,7 @@ impl Worker {
                                 match ring.queue(key as u32, conn.epoch, found, txn) {
                                     Ok(n) => {
                                         pool.stats().waits.fetch_add(1, Ordering::Relaxed);
+                                        pool.stats().ring_waits.fetch_add(1, Ordering::Relaxed);
                                         conn.cold_reads = n as u16;
                                         None
                                     }
