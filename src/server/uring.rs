@@ -191,6 +191,11 @@ impl ColdRing {
         }
     }
 
+    /// Whether reads are in flight (whose completions may be waiting).
+    pub fn in_flight(&self) -> bool {
+        !self.reads.is_empty()
+    }
+
     /// Entries queued but not yet taken by the kernel.
     pub fn pending_submit(&self) -> bool {
         self.queued > 0

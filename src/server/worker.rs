@@ -153,13 +153,20 @@ impl<'a> Pass<'a> {
     /// The cold records the last request found, and the transaction whose snapshot found
     /// them (to keep open while they are read).
     fn take_cold(&mut self) -> (Vec<ColdKey>, Option<KeptTxn>) {
-        match self.snap.as_ref() {
+        let cold = match self.snap.as_ref() {
+            Some(s) => s.take_cold(),
+            None => return (Vec::new(), None),
+        };
+        if cold.is_empty() {
+            return (cold, None);
+        }
+        match self.snap.take() {
             Some(s) => {
-                let cold = s.take_cold();
-                let txn = if cold.is_empty() { None } else { s.keep_txn() };
+                let (s, txn) = s.keep();
+                self.snap = Some(s);
                 (cold, txn)
             }
-            None => (Vec::new(), None),
+            None => (cold, None),
         }
     }
 
@@ -563,7 +570,9 @@ impl Worker {
         }
         // Reads finished on the ring: each record to its connection, which runs again once all
         // of its reads are back.
-        if let (Some(ring), Some(pool)) = (ring.as_mut(), shared.cold.as_ref()) {
+        if let (Some(ring), Some(pool)) = (ring.as_mut(), shared.cold.as_ref())
+            && ring.in_flight()
+        {
             ring.complete(&mut self.ring_done, pool.stats());
             for done in self.ring_done.drain(..) {
                 let key = done.slot as usize;

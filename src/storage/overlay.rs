@@ -170,7 +170,7 @@ pub enum Found<'a> {
 
 /// A key whose record was found not in memory, and where that record lies in `data.mdb` as of
 /// the snapshot that found it (valid while that snapshot's transaction is open: see
-/// `Snap::keep_txn`).
+/// `Snap::keep`).
 pub struct ColdKey {
     pub key: Box<[u8]>,
     pub offset: u64,
@@ -182,8 +182,9 @@ pub struct ColdKey {
 pub type KeptTxn = Rc<RoTxn<'static, WithoutTls>>;
 
 enum SnapTxn<'s> {
-    /// Reference-counted so that reads still in flight can keep it open after the pass.
-    Own(KeptTxn),
+    Own(RoTxn<'static, WithoutTls>),
+    /// Shared with reads still in flight, which keep it open after the pass (`Snap::keep`).
+    Kept(KeptTxn),
     Within(&'s RoTxn<'s, WithoutTls>),
 }
 
@@ -200,7 +201,7 @@ impl<'s> Snap<'s> {
                 return Ok(Snap {
                     store,
                     state,
-                    txn: SnapTxn::Own(Rc::new(txn)),
+                    txn: SnapTxn::Own(txn),
                     cold_checks: Cell::new(false),
                     cold: RefCell::new(Vec::new()),
                     fetched: Vec::new(),
@@ -239,13 +240,36 @@ impl<'s> Snap<'s> {
         std::mem::take(&mut self.cold.borrow_mut())
     }
 
-    /// This snapshot's own read transaction, to keep open while the cold records it found are
-    /// read (their offsets hold only as long as it is open); None inside the writer.
-    pub fn keep_txn(&self) -> Option<KeptTxn> {
-        match &self.txn {
-            SnapTxn::Own(t) => Some(t.clone()),
-            SnapTxn::Within(_) => None,
-        }
+    /// This snapshot, and its own read transaction shared, to keep open while the cold
+    /// records it found are read (their offsets hold only as long as it is open); None inside
+    /// the writer. (Shared only when asked: most passes find nothing cold, and sharing costs
+    /// an allocation.)
+    pub fn keep(self) -> (Snap<'s>, Option<KeptTxn>) {
+        let Snap {
+            store,
+            state,
+            txn,
+            cold_checks,
+            cold,
+            fetched,
+        } = self;
+        let (txn, kept) = match txn {
+            SnapTxn::Own(t) => {
+                let t = Rc::new(t);
+                (SnapTxn::Kept(t.clone()), Some(t))
+            }
+            SnapTxn::Kept(t) => (SnapTxn::Kept(t.clone()), Some(t)),
+            SnapTxn::Within(t) => (SnapTxn::Within(t), None),
+        };
+        let snap = Snap {
+            store,
+            state,
+            txn,
+            cold_checks,
+            cold,
+            fetched,
+        };
+        (snap, kept)
     }
 
     /// Notes `key`, whose record `bytes` is cold, for reading.
@@ -310,7 +334,8 @@ impl<'s> Snap<'s> {
 
     pub fn txn(&self) -> &RoTxn<'s, WithoutTls> {
         match &self.txn {
-            SnapTxn::Own(t) => t.as_ref(),
+            SnapTxn::Own(t) => t,
+            SnapTxn::Kept(t) => t,
             SnapTxn::Within(t) => t,
         }
     }
