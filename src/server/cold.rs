@@ -1,5 +1,9 @@
 //! Reader threads that read values not in memory for the event loops.
 //!
+//! Where the kernel allows, each worker reads its cold records itself, asynchronously, on an
+//! io_uring of its own (`uring.rs`), which costs no thread hand-off; these threads read for
+//! the workers that have none, and take the jobs a ring has no room for.
+//!
 //! A worker that finds a large record not in memory (`storage/resident.rs`) leaves the request
 //! in the connection's input (or keeps its resume point), hands the keys to this pool, and
 //! serves other connections. A reader thread opens its own snapshot (an LMDB read transaction
