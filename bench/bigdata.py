@@ -9,6 +9,8 @@ Usage (from the repo root, as root; `make bench-bigdata` runs it through ./.venv
     bench/bigdata.py --cap 256m --big-keys 40000 --small-keys 500000 --max-secs 30 \\
                      --fio-secs 10 --out /tmp/bigdata/BENCHMARKS.md        # a quick run
     bench/bigdata.py --from-json results.jsonl --out BENCHMARKS.md        # re-render
+    bench/bigdata.py --servers memkeep-never --workloads big --phases get \
+                     --fio-jobs seqwrite,randread --out /tmp/bigdata/BENCHMARKS.md  # the cold GET alone
 
 It rewrites only the `## Data larger than memory` section of --out (appending it when
 missing) and leaves the rest of the file alone.
@@ -70,6 +72,8 @@ MEMKEEP_MODES = {
 }
 ALL_SERVERS = list(MEMKEEP_MODES) + ["redis-everysec", "memcached"]
 ALL_WORKLOADS = ["big", "small", "cache"]
+ALL_PHASES = ["get", "mixed"]
+ALL_FIO_JOBS = ["seqwrite", "randread", "randread-mmap-random", "randread-mmap-readaround"]
 log = common.log
 
 
@@ -496,6 +500,8 @@ class Runner:
         try:
             for kind, argv in (("seqwrite", seq), ("randread", rnd), ("randread-mmap-random", mm_rnd),
                                ("randread-mmap-readaround", mm_ra)):
+                if kind not in a.fio_jobs:
+                    continue
                 dropped = drop_caches()
                 cg = self.host.make(f"memkeep-bench-fio-{kind}", a.cap)
                 rec = {"type": "fio", "kind": kind, "size": size, "caches_dropped": dropped}
@@ -628,9 +634,9 @@ class Runner:
                 written = s.get("prefix_done")
                 if written is None:
                     written = keys if s.get("complete") else 0
-                if srv.alive() and written:
+                if srv.alive() and written and "get" in a.phases:
                     self.bench(srv, workload, "GET", written, value, "get", ["--order", "random"])
-                if srv.alive() and written:
+                if srv.alive() and written and "mixed" in a.phases:
                     self.bench(srv, workload, "mixed 90/10", written, value, "mixed",
                                ["--requests", str(a.mixed_requests), "--get-fraction", "0.9", "--key-dist", "uniform"])
                 self.instance_summary(srv, workload, {"keys_written": written, "keys_planned": keys,
@@ -958,6 +964,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="memcached -m as a share of the cap (default 0.9: the rest is its hash table and buffers)")
     p.add_argument("--servers", default=",".join(ALL_SERVERS), help=f"default all: {','.join(ALL_SERVERS)}")
     p.add_argument("--workloads", default=",".join(ALL_WORKLOADS), help=f"default all: {','.join(ALL_WORKLOADS)}")
+    p.add_argument("--phases", default=",".join(ALL_PHASES),
+                   help=f"phases of the big and small workloads after SET, default all: {','.join(ALL_PHASES)}")
+    p.add_argument("--fio-jobs", default=",".join(ALL_FIO_JOBS),
+                   help=f"fio jobs to run, default all: {','.join(ALL_FIO_JOBS)} (the ratios need the first two)")
     p.add_argument("--cgroup-mode", choices=["auto", "systemd", "manual"], default="auto",
                    help="auto: systemd-run --scope where systemd runs the machine, else a cgroup dir made here")
     p.add_argument("--out", default=str(REPO / "BENCHMARKS.md"), help="report whose section is rewritten")
@@ -976,6 +986,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     bad = [s for s in a.workloads if s not in ALL_WORKLOADS]
     if bad:
         p.error(f"unknown workload(s) {bad}; choose from {ALL_WORKLOADS}")
+    for name, choices in (("phases", ALL_PHASES), ("fio_jobs", ALL_FIO_JOBS)):
+        got = [x.strip() for x in getattr(a, name).split(",") if x.strip()]
+        bad = [x for x in got if x not in choices]
+        if bad:
+            p.error(f"unknown --{name.replace('_', '-')} {bad}; choose from {choices}")
+        setattr(a, name, got)
     if a.value_size % 1024:
         p.error("--value-size must be a multiple of 1024 (fio reads blocks of that size)")
     if a.cap < (16 << 20):

@@ -2,6 +2,8 @@
 //! every protocol's reads answer them right and in request order, whether the pages were really
 //! evicted (the file's page cache dropped between runs) or the server is told to treat every
 //! large value as cold (`MEMKEEP_TEST_ALL_COLD=1`, which sends each one through the readers).
+//! The readers are each worker's own io_uring (`server/uring.rs`) where the kernel allows one,
+//! and the reader threads otherwise or with `MEMKEEP_COLD_URING=0`: the pipelines run on both.
 
 mod common;
 
@@ -282,9 +284,39 @@ fn values_evicted_from_memory_are_served_on_every_protocol() {
     assert_eq!(stat(&s, "get_hits"), Some(multi_hits + 20 + 20 + 20 + 80));
 }
 
+/// Whether this kernel lets a process set up an io_uring (`server/uring.rs` falls back to the
+/// reader threads where it does not).
+fn io_uring_allowed() -> bool {
+    std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled")
+        .map(|v| v.trim() == "0")
+        .unwrap_or(false)
+}
+
+#[test]
+fn pipelines_through_the_workers_rings_keep_request_order_and_see_their_own_writes() {
+    let s = pipelines(&[("MEMKEEP_TEST_ALL_COLD", "1")]);
+    if io_uring_allowed() {
+        assert!(
+            stat(&s, "cold_reads_ring").expect("cold_reads_ring") > 0,
+            "the workers' rings read none of the cold values"
+        );
+    }
+}
+
 #[test]
 fn pipelines_through_the_reader_threads_keep_request_order_and_see_their_own_writes() {
-    let mut s = start(&[], &[("MEMKEEP_TEST_ALL_COLD", "1")], None);
+    let s = pipelines(&[("MEMKEEP_TEST_ALL_COLD", "1"), ("MEMKEEP_COLD_URING", "0")]);
+    assert_eq!(
+        stat(&s, "cold_reads_ring"),
+        Some(0),
+        "with the rings off, every cold read goes to the reader threads"
+    );
+}
+
+/// Pipelines of reads and writes on both protocols with every large value cold, each reply
+/// checked in order; returns the server for the caller's checks of how the reads were done.
+fn pipelines(env: &[(&str, &str)]) -> Server {
+    let mut s = start(&[], env, None);
     let mut mc = Mc::open(&s);
     let keys: Vec<String> = (0..8).map(|i| format!("p:{i}")).collect();
     for k in &keys {
@@ -366,6 +398,7 @@ fn pipelines_through_the_reader_threads_keep_request_order_and_see_their_own_wri
     }
     assert!(stat(&s, "cold_reads").expect("cold_reads") > 0);
     assert_eq!(stat(&s, "cold_read_errors"), Some(0));
+    s
 }
 
 #[test]

@@ -1,5 +1,9 @@
 //! Reader threads that read values not in memory for the event loops.
 //!
+//! Where the kernel allows, each worker reads its cold records itself, asynchronously, on an
+//! io_uring of its own (`uring.rs`), which costs no thread hand-off; these threads read for
+//! the workers that have none, and take the jobs a ring has no room for.
+//!
 //! A worker that finds a large record not in memory (`storage/resident.rs`) leaves the request
 //! in the connection's input (or keeps its resume point), hands the keys to this pool, and
 //! serves other connections. A reader thread opens its own snapshot (an LMDB read transaction
@@ -36,10 +40,10 @@ use crate::storage::resident::Fetched;
 /// Bytes one `pread` reads at most when it only warms the page cache.
 const CHUNK: usize = 64 << 10;
 /// Record bytes all connections may hold at once, read but not yet answered.
-const HELD_MAX: usize = 16 << 20;
+pub(super) const HELD_MAX: usize = 16 << 20;
 /// Record bytes one job reads to hold (its first record always): the rest of a long multi-get
 /// is looked up again when it runs.
-const JOB_MAX: usize = 4 << 20;
+pub(super) const JOB_MAX: usize = 4 << 20;
 
 /// One connection's wait: the keys to read, and who to tell.
 pub struct Job {
@@ -54,6 +58,8 @@ pub struct Job {
 pub struct ColdStats {
     /// Requests that waited for a reader.
     pub waits: AtomicU64,
+    /// Of those, the ones whose records a worker's ring read (`uring.rs`).
+    pub ring_waits: AtomicU64,
     /// Records the readers read.
     pub records: AtomicU64,
     /// Bytes the readers read.
@@ -139,6 +145,17 @@ impl ColdPool {
 
     pub fn stats(&self) -> &ColdStats {
         &self.inner.stats
+    }
+
+    /// The budget of held records, which the workers' rings (`uring.rs`) share.
+    pub fn held(&self) -> Arc<AtomicUsize> {
+        self.inner.held.clone()
+    }
+
+    /// Another descriptor of the data file (the same open file, so the same advice), for a
+    /// worker's ring.
+    pub fn file(&self) -> std::io::Result<File> {
+        self.inner.file.try_clone()
     }
 
     /// Stops the readers (queued jobs are dropped: their connections are closing too).

@@ -87,6 +87,8 @@ pub struct Conn {
     pub cold_wait: bool,
     /// Requests in a row that waited so (see `worker::COLD_TRIES`).
     pub cold_tries: u8,
+    /// Reads on the worker's ring not yet back (`uring.rs`); the wait ends at zero.
+    pub cold_reads: u16,
     /// What the reader thread read for it, for its next run.
     pub fetched: Vec<crate::storage::resident::Fetched>,
     /// RESP state (protocol version, authentication, name); unused on the memcached port.
@@ -135,6 +137,7 @@ impl Conn {
             get_resume: 0,
             cold_wait: false,
             cold_tries: 0,
+            cold_reads: 0,
             fetched: Vec::new(),
             resp: super::resp::Session::default(),
             resp_bufs: super::resp::ArgBufs::default(),

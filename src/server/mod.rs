@@ -26,6 +26,7 @@ pub mod repl;
 pub mod resp;
 pub mod stats;
 pub mod tls;
+pub mod uring;
 pub mod worker;
 
 use std::io::{self, Write};
@@ -276,9 +277,9 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
     let mut durable = crate::storage::durable::open(
         &config.data_dir,
         config.map_size,
-        // Worker passes, reader threads, the checkpoint pins (two while one is replaced),
-        // backups.
-        (threads as u32 + config.io_threads as u32 + 8).max(126),
+        // Worker passes and the transactions each keeps open for its reads in flight
+        // (`uring.rs`), reader threads, the checkpoint pins (two while one is replaced), backups.
+        (threads as u32 * (1 + uring::TXNS_MAX as u32) + config.io_threads as u32 + 8).max(126),
     )
     .map_err(|e| ServerError(e.0))?;
     // Before any clone of the store is made: memcached's `h`/`l` come from here (`hits.rs`).

@@ -18,7 +18,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use log::{debug, error};
+use log::{debug, error, info};
 use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
 
@@ -26,15 +26,19 @@ use super::Shared;
 use super::conn::{Conn, Proto};
 use super::memcache::{self, McReply};
 use super::stats::Counters;
+use super::uring::ColdRing;
 use crate::command::Outcome;
 use crate::engine::writer::{Completion, Gate, Mailbox, Submission, Submitted, WriteRequest};
 use crate::protocol::memcache::Limits;
 use crate::storage::StoreError;
 use crate::storage::lmdb::LmdbStore;
 use crate::storage::overlay::Snap;
+use crate::storage::overlay::{ColdKey, KeptTxn};
 use crate::storage::resident::Fetched;
 
 pub const WAKER: Token = Token(usize::MAX);
+/// The worker's ring of cold reads (`uring.rs`): readable when reads have finished.
+const RING: Token = Token(usize::MAX - 1);
 /// Requests one connection may run per pass before others get their turn.
 const BUDGET: usize = 64;
 /// How long a stopping worker waits for in-flight writes and unsent replies.
@@ -149,11 +153,24 @@ impl<'a> Pass<'a> {
         }
     }
 
-    fn take_cold(&mut self) -> Vec<Box<[u8]>> {
-        self.snap
-            .as_ref()
-            .map(|s| s.take_cold())
-            .unwrap_or_default()
+    /// The cold records the last request found, and the transaction whose snapshot found
+    /// them (to keep open while they are read).
+    fn take_cold(&mut self) -> (Vec<ColdKey>, Option<KeptTxn>) {
+        let cold = match self.snap.as_ref() {
+            Some(s) => s.take_cold(),
+            None => return (Vec::new(), None),
+        };
+        if cold.is_empty() {
+            return (cold, None);
+        }
+        match self.snap.take() {
+            Some(s) => {
+                let (s, txn) = s.keep();
+                self.snap = Some(s);
+                (cold, txn)
+            }
+            None => (cold, None),
+        }
     }
 
     /// A delayed flush_all has come due: every item read now is gone.
@@ -194,6 +211,7 @@ pub struct Worker {
     /// A RESP connection's input may hold a request of two full-size bulks
     /// (`proto_max_bulk_len`), plus their header lines.
     resp_read_cap: usize,
+    ring_done: Vec<super::uring::Done>,
 }
 
 impl Worker {
@@ -241,10 +259,46 @@ impl Worker {
             limits,
             read_cap,
             resp_read_cap,
+            ring_done: Vec::new(),
+        }
+    }
+
+    /// Sets up the worker's ring of cold reads, when there are reader threads at all (the
+    /// ring shares their budget and descriptor) and the kernel allows one.
+    ///
+    /// The ring lives on the worker's thread (`run`), not in `Worker`: the transactions it
+    /// keeps open are the thread's.
+    fn start_ring(&mut self) -> Option<ColdRing> {
+        let pool = self.shared.cold.as_ref()?;
+        if std::env::var_os("MEMKEEP_COLD_URING").is_some_and(|v| v == "0") {
+            return None;
+        }
+        let ring = pool
+            .file()
+            .and_then(|f| ColdRing::new(f, pool.held()))
+            .and_then(|r| {
+                self.poll.registry().register(
+                    &mut mio::unix::SourceFd(&r.fd()),
+                    RING,
+                    Interest::READABLE,
+                )?;
+                Ok(r)
+            });
+        match ring {
+            Ok(r) => Some(r),
+            Err(e) => {
+                if self.id == 0 {
+                    info!("no io_uring for cold reads ({e}): reader threads read them");
+                }
+                None
+            }
         }
     }
 
     pub fn run(mut self) {
+        // Reads of cold records on this worker's own ring (`uring.rs`); None where io_uring is
+        // unavailable (or `MEMKEEP_COLD_URING=0`): the reader threads read them.
+        let mut ring = self.start_ring();
         let mut events = Events::with_capacity(1024);
         let store = self.shared.store.clone();
         let mut give_up: Option<Instant> = None;
@@ -264,6 +318,9 @@ impl Worker {
             }
             let timeout = if !self.next.is_empty() || self.completed_here {
                 Some(Duration::ZERO)
+            } else if ring.as_ref().is_some_and(|r| r.pending_submit()) {
+                // The kernel took none of the last reads queued: try again soon.
+                Some(Duration::from_millis(1))
             } else if stopping {
                 Some(Duration::from_millis(10))
             } else if self.idle.is_some() {
@@ -312,8 +369,8 @@ impl Worker {
                 error!("worker {}: poll failed: {e}", self.id);
                 break;
             }
-            self.phase_one(&events, stopping);
-            self.phase_two(&store);
+            self.phase_one(&events, stopping, &mut ring);
+            self.phase_two(&store, &mut ring);
             self.expire_blocked();
             if !self.paused.is_empty() && !self.shared.pause.active() {
                 self.next.append(&mut self.paused);
@@ -411,7 +468,7 @@ impl Worker {
         }
     }
 
-    fn phase_one(&mut self, events: &Events, stopping: bool) {
+    fn phase_one(&mut self, events: &Events, stopping: bool, ring: &mut Option<ColdRing>) {
         let shared = self.shared.clone();
         let counters = &shared.counters[self.id];
         // New connections.
@@ -514,6 +571,36 @@ impl Worker {
                 self.dirty.push(key);
             }
         }
+        // Reads finished on the ring: each record to its connection, which runs again once all
+        // of its reads are back.
+        if let (Some(ring), Some(pool)) = (ring.as_mut(), shared.cold.as_ref())
+            && ring.in_flight()
+        {
+            ring.complete(&mut self.ring_done, pool.stats());
+            for done in self.ring_done.drain(..) {
+                let key = done.slot as usize;
+                let Some(conn) = self.conns.get_mut(key) else {
+                    continue;
+                };
+                if conn.epoch != done.epoch {
+                    continue;
+                }
+                if let Some(r) = done.record {
+                    conn.fetched.push(r);
+                }
+                conn.cold_reads = conn.cold_reads.saturating_sub(1);
+                if conn.cold_reads == 0 && conn.cold_wait {
+                    conn.cold_wait = false;
+                    if !conn.fetched.is_empty() {
+                        conn.cold_tries = 0;
+                    }
+                    if !conn.dirty {
+                        conn.dirty = true;
+                        self.dirty.push(key);
+                    }
+                }
+            }
+        }
         // Connections whose cold values are now in memory.
         let warmed =
             std::mem::take(&mut *self.handle.warmed.lock().unwrap_or_else(|p| p.into_inner()));
@@ -584,7 +671,7 @@ impl Worker {
             self.mark(key);
         }
         for event in events.iter() {
-            if event.token() == WAKER {
+            if event.token() == WAKER || event.token() == RING {
                 continue;
             }
             let key = event.token().0;
@@ -608,7 +695,7 @@ impl Worker {
         }
     }
 
-    fn phase_two(&mut self, store: &LmdbStore) {
+    fn phase_two(&mut self, store: &LmdbStore, ring: &mut Option<ColdRing>) {
         let shared = &*self.shared;
         let counters = &shared.counters[self.id];
         let mut pass = Pass {
@@ -656,15 +743,32 @@ impl Worker {
                     conn.broken = true;
                     Stop::Blocked
                 });
-                let keys = pass.take_cold();
+                let (found, txn) = pass.take_cold();
                 match cold {
-                    Some(pool) if !keys.is_empty() => {
-                        pool.submit(super::cold::Job {
-                            worker: self.id,
-                            slot: key as u32,
-                            epoch: conn.epoch,
-                            keys,
-                        });
+                    Some(pool) if !found.is_empty() => {
+                        // On the worker's ring when it can take them, else by a reader thread.
+                        let found = match (ring.as_mut(), txn) {
+                            (Some(ring), Some(txn)) => {
+                                match ring.queue(key as u32, conn.epoch, found, txn) {
+                                    Ok(n) => {
+                                        pool.stats().waits.fetch_add(1, Ordering::Relaxed);
+                                        pool.stats().ring_waits.fetch_add(1, Ordering::Relaxed);
+                                        conn.cold_reads = n as u16;
+                                        None
+                                    }
+                                    Err(found) => Some(found),
+                                }
+                            }
+                            (_, _) => Some(found),
+                        };
+                        if let Some(found) = found {
+                            pool.submit(super::cold::Job {
+                                worker: self.id,
+                                slot: key as u32,
+                                epoch: conn.epoch,
+                                keys: found.into_iter().map(|c| c.key).collect(),
+                            });
+                        }
                         conn.cold_wait = true;
                         conn.cold_tries += 1;
                     }
@@ -757,6 +861,9 @@ impl Worker {
         }
         pass.for_conn(false, Vec::new());
         drop(pass);
+        if let Some(ring) = ring.as_mut() {
+            ring.submit();
+        }
         if !self.pending.is_empty() {
             let reqs = std::mem::take(&mut self.pending);
             let submitted = self.gate.submit(Submission {

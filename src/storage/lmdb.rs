@@ -606,6 +606,12 @@ impl LmdbStore {
         Ok(self.env.read_txn()?)
     }
 
+    /// A read transaction that owns a handle on the environment (one reference count more
+    /// than `read_txn`), so that it may outlive a borrow of the store.
+    pub fn read_txn_static(&self) -> Result<RoTxn<'static, WithoutTls>, StoreError> {
+        Ok(self.env.clone().static_read_txn()?)
+    }
+
     /// A write transaction that logs its changes into `log` (normally empty).
     pub fn write_txn_with(&self, log: LogBuf) -> Result<LogTxn<'_>, StoreError> {
         Ok(LogTxn {

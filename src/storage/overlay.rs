@@ -24,6 +24,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::ops::Bound;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -153,7 +154,7 @@ pub struct Snap<'s> {
     /// Whether `lookup` checks large records for residency (`resident.rs`), and the keys it
     /// found cold, for the caller to have read before it asks again.
     cold_checks: Cell<bool>,
-    cold: RefCell<Vec<Box<[u8]>>>,
+    cold: RefCell<Vec<ColdKey>>,
     /// Records a reader thread read for the connection at hand (`server/cold.rs`): `lookup`
     /// answers from them first.
     fetched: Vec<Fetched>,
@@ -167,8 +168,23 @@ pub enum Found<'a> {
     Cold,
 }
 
+/// A key whose record was found not in memory, and where that record lies in `data.mdb` as of
+/// the snapshot that found it (valid while that snapshot's transaction is open: see
+/// `Snap::keep`).
+pub struct ColdKey {
+    pub key: Box<[u8]>,
+    pub offset: u64,
+    pub len: usize,
+}
+
+/// A read transaction kept open past its pass, so that the pages of the records it found stay
+/// unreused while they are read asynchronously (`server/uring.rs`).
+pub type KeptTxn = Rc<RoTxn<'static, WithoutTls>>;
+
 enum SnapTxn<'s> {
-    Own(RoTxn<'s, WithoutTls>),
+    Own(RoTxn<'static, WithoutTls>),
+    /// Shared with reads still in flight, which keep it open after the pass (`Snap::keep`).
+    Kept(KeptTxn),
     Within(&'s RoTxn<'s, WithoutTls>),
 }
 
@@ -180,7 +196,7 @@ impl<'s> Snap<'s> {
     pub fn open(store: &'s LmdbStore) -> Result<Snap<'s>, StoreError> {
         for _ in 0..OPEN_TRIES {
             let state = store.overlay().current();
-            let txn = store.read_txn()?;
+            let txn = store.read_txn_static()?;
             if state.map.is_empty() || txn.id() == state.base {
                 return Ok(Snap {
                     store,
@@ -220,8 +236,52 @@ impl<'s> Snap<'s> {
     }
 
     /// The cold keys `lookup` and `note_cold` noted since the last call.
-    pub fn take_cold(&self) -> Vec<Box<[u8]>> {
+    pub fn take_cold(&self) -> Vec<ColdKey> {
         std::mem::take(&mut self.cold.borrow_mut())
+    }
+
+    /// This snapshot, and its own read transaction shared, to keep open while the cold
+    /// records it found are read (their offsets hold only as long as it is open); None inside
+    /// the writer. (Shared only when asked: most passes find nothing cold, and sharing costs
+    /// an allocation.)
+    pub fn keep(self) -> (Snap<'s>, Option<KeptTxn>) {
+        let Snap {
+            store,
+            state,
+            txn,
+            cold_checks,
+            cold,
+            fetched,
+        } = self;
+        let (txn, kept) = match txn {
+            SnapTxn::Own(t) => {
+                let t = Rc::new(t);
+                (SnapTxn::Kept(t.clone()), Some(t))
+            }
+            SnapTxn::Kept(t) => (SnapTxn::Kept(t.clone()), Some(t)),
+            SnapTxn::Within(t) => (SnapTxn::Within(t), None),
+        };
+        let snap = Snap {
+            store,
+            state,
+            txn,
+            cold_checks,
+            cold,
+            fetched,
+        };
+        (snap, kept)
+    }
+
+    /// Notes `key`, whose record `bytes` is cold, for reading.
+    fn push_cold(&self, key: &[u8], bytes: &[u8]) {
+        // `cold` answered true only for a record in the map, which has an offset.
+        if let Some(offset) = self.store.file_offset(bytes) {
+            self.cold.borrow_mut().push(ColdKey {
+                key: key.into(),
+                offset,
+                len: bytes.len(),
+            });
+        }
     }
 
     /// Records read for the connection about to run (replacing any earlier ones).
@@ -247,7 +307,7 @@ impl<'s> Snap<'s> {
             return Ok(Found::Missing);
         };
         if self.cold_checks.get() && self.store.cold(bytes) {
-            self.cold.borrow_mut().push(key.into());
+            self.push_cold(key, bytes);
             return Ok(Found::Cold);
         }
         item::decode(bytes).map(Found::Item)
@@ -265,7 +325,7 @@ impl<'s> Snap<'s> {
         }
         match self.record(key) {
             Ok(Some(bytes)) if self.store.cold(bytes) => {
-                self.cold.borrow_mut().push(key.into());
+                self.push_cold(key, bytes);
                 true
             }
             _ => false,
@@ -275,6 +335,7 @@ impl<'s> Snap<'s> {
     pub fn txn(&self) -> &RoTxn<'s, WithoutTls> {
         match &self.txn {
             SnapTxn::Own(t) => t,
+            SnapTxn::Kept(t) => t,
             SnapTxn::Within(t) => t,
         }
     }

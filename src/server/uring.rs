@@ -1,0 +1,266 @@
+//! A worker's own asynchronous reads of records not in memory, through an io_uring.
+//!
+//! The reader threads (`cold.rs`) cost each cold GET three context switches besides the
+//! disk's: a reader woken for the job, the reader put to sleep by its `pread`, and the worker
+//! woken with the result; with 16 readers on two cores those switches, and the futex and
+//! eventfd calls that make them, were about a third of the server's CPU per cold GET (perf, 20
+//! KiB values, 1 GiB-class memory cap). Here the worker itself queues a read of each cold
+//! record (its offset and length in `data.mdb`, as the pass's snapshot found them) on a ring of
+//! its own, submits all that one pass queued in one system call (one block-layer plug for
+//! them), and goes on serving other connections. A buffered read whose pages are not cached
+//! does not block the submitter: the kernel starts the disk read and finishes the copy when the
+//! pages arrive, and the ring's descriptor, registered with the worker's poll, becomes
+//! readable. The worker then hands each record to its connection, whose request runs again
+//! when all of its reads are back, exactly as with a reader thread's records.
+//!
+//! The snapshot's LMDB read transaction stays open until its reads are back (`KeptTxn`):
+//! until then the writer cannot reuse the pages being read, so a record read late is still the
+//! one the snapshot saw.
+//!
+//! Where the kernel has no io_uring (or refuses it), the worker uses the reader threads; a job
+//! the ring has no room for (reads in flight, transactions kept, or the held-record budget)
+//! goes to them too.
+
+use std::fs::File;
+use std::os::fd::{AsRawFd, RawFd};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use io_uring::{IoUring, opcode, types};
+use log::{debug, warn};
+use slab::Slab;
+
+use super::cold::{ColdStats, HELD_MAX, JOB_MAX};
+use crate::storage::overlay::{ColdKey, KeptTxn};
+use crate::storage::resident::Fetched;
+
+/// Reads one worker may have in flight (the ring's submission entries; its completion queue
+/// is twice that, so it never overflows).
+const ENTRIES: u32 = 64;
+/// Read transactions one worker may keep open for reads in flight (each is an LMDB reader
+/// slot: `server/mod.rs` sizes the table for it).
+pub const TXNS_MAX: usize = 16;
+
+/// One read in flight: whose it is, the memory the kernel fills, and the transaction that
+/// keeps the record's pages from being reused until it is done.
+struct Read {
+    slot: u32,
+    epoch: u32,
+    record: Fetched,
+    txn: KeptTxn,
+}
+
+/// A finished read: the record for connection (slot, epoch), or None when it failed.
+pub struct Done {
+    pub slot: u32,
+    pub epoch: u32,
+    pub record: Option<Fetched>,
+}
+
+pub struct ColdRing {
+    ring: IoUring,
+    file: File,
+    reads: Slab<Read>,
+    /// Distinct transactions the reads in flight keep open.
+    txns: Vec<KeptTxn>,
+    /// Entries queued and not yet submitted.
+    queued: usize,
+    held: Arc<AtomicUsize>,
+}
+
+impl ColdRing {
+    /// A ring reading `file` (`data.mdb`), whose records count against `held` (the reader
+    /// pool's budget). Fails where the kernel has no io_uring or refuses one.
+    pub fn new(file: File, held: Arc<AtomicUsize>) -> std::io::Result<ColdRing> {
+        // Cooperative task running (Linux 5.19): a finished read does not interrupt the worker
+        // with an IPI while it runs; the copy into our buffer completes at its next system call
+        // (a sleeping worker is still woken). Older kernels refuse the flag: a plain ring.
+        let ring = match IoUring::builder().setup_coop_taskrun().build(ENTRIES) {
+            Ok(r) => r,
+            Err(_) => IoUring::new(ENTRIES)?,
+        };
+        // Random reads: no readahead on this descriptor (see `ColdPool::start`).
+        // SAFETY: a valid descriptor; advice only.
+        unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
+        Ok(ColdRing {
+            ring,
+            file,
+            reads: Slab::with_capacity(ENTRIES as usize),
+            txns: Vec::new(),
+            queued: 0,
+            held,
+        })
+    }
+
+    /// The ring's descriptor: readable when reads have finished.
+    pub fn fd(&self) -> RawFd {
+        self.ring.as_raw_fd()
+    }
+
+    /// Queues reads of the records of `cold` for connection (slot, epoch), found in the
+    /// snapshot of `txn`: the first always, the others while the job stays under `JOB_MAX`
+    /// (the rest are looked up again when the request runs). Returns how many were queued, or
+    /// gives `cold` back when the ring cannot take it (no room, or the budget is spent).
+    pub fn queue(
+        &mut self,
+        slot: u32,
+        epoch: u32,
+        cold: Vec<ColdKey>,
+        txn: KeptTxn,
+    ) -> Result<usize, Vec<ColdKey>> {
+        let Some(first) = cold.first() else {
+            return Ok(0);
+        };
+        let room = (ENTRIES as usize).saturating_sub(self.reads.len());
+        if room == 0 || self.held.load(Ordering::Relaxed) + first.len > HELD_MAX {
+            return Err(cold);
+        }
+        if !self.txns.iter().any(|t| Rc::ptr_eq(t, &txn)) {
+            // Transactions no read needs any more are closed.
+            self.txns.retain(|t| Rc::strong_count(t) > 1);
+            if self.txns.len() >= TXNS_MAX {
+                return Err(cold);
+            }
+            self.txns.push(txn.clone());
+        }
+        let mut job_bytes = 0usize;
+        let mut n = 0usize;
+        for (i, c) in cold.iter().enumerate() {
+            if n == room
+                || (i > 0 && job_bytes + c.len > JOB_MAX)
+                || (i > 0 && cold[..i].iter().any(|d| d.key == c.key))
+            {
+                continue;
+            }
+            if i > 0 && self.held.load(Ordering::Relaxed) + c.len > HELD_MAX {
+                continue;
+            }
+            let Ok(len) = u32::try_from(c.len) else {
+                continue;
+            };
+            let mut record = Fetched::new(
+                &c.key,
+                vec![0u8; c.len].into_boxed_slice(),
+                self.held.clone(),
+            );
+            let buf = record.record.as_mut_ptr();
+            let entry = self.reads.vacant_entry();
+            let sqe = opcode::Read::new(types::Fd(self.file.as_raw_fd()), buf, len)
+                .offset(c.offset)
+                .build()
+                .user_data(entry.key() as u64);
+            // SAFETY: the buffer is the record's, a heap allocation that the `Read` in `reads`
+            // owns (moving the box does not move it) and frees only once the read's
+            // completion has come back (or never: see `Drop`); the descriptor is `file`'s,
+            // open as long as the ring.
+            if unsafe { self.ring.submission().push(&sqe) }.is_err() {
+                break;
+            }
+            entry.insert(Read {
+                slot,
+                epoch,
+                record,
+                txn: txn.clone(),
+            });
+            job_bytes += c.len;
+            n += 1;
+        }
+        if n == 0 {
+            return Err(cold);
+        }
+        self.queued += n;
+        Ok(n)
+    }
+
+    /// Submits what `queue` queued, in one system call. False when the kernel took none
+    /// (they stay queued: the caller retries soon).
+    pub fn submit(&mut self) -> bool {
+        if self.queued == 0 {
+            return true;
+        }
+        match self.ring.submit() {
+            Ok(n) => {
+                self.queued = self.queued.saturating_sub(n);
+                self.queued == 0
+            }
+            Err(e) => {
+                debug!("io_uring submit: {e}");
+                false
+            }
+        }
+    }
+
+    /// Whether reads are in flight (whose completions may be waiting).
+    pub fn in_flight(&self) -> bool {
+        !self.reads.is_empty()
+    }
+
+    /// Entries queued but not yet taken by the kernel.
+    pub fn pending_submit(&self) -> bool {
+        self.queued > 0
+    }
+
+    /// Takes the reads that have finished into `out`, counting them in `stats`.
+    pub fn complete(&mut self, out: &mut Vec<Done>, stats: &ColdStats) {
+        for cqe in self.ring.completion() {
+            let Some(read) = self.reads.try_remove(cqe.user_data() as usize) else {
+                continue;
+            };
+            let want = read.record.record.len();
+            let res = cqe.result();
+            let record = if res >= 0 && res as usize == want {
+                stats.records.fetch_add(1, Ordering::Relaxed);
+                stats.bytes.fetch_add(want as u64, Ordering::Relaxed);
+                Some(read.record)
+            } else {
+                // Failed or short (the record is inside the file, so short means the file
+                // changed under us): the request's own lookup reads it in time.
+                debug!("io_uring read of {want} bytes: result {res}");
+                stats.errors.fetch_add(1, Ordering::Relaxed);
+                None
+            };
+            drop(read.txn);
+            out.push(Done {
+                slot: read.slot,
+                epoch: read.epoch,
+                record,
+            });
+        }
+        if self.reads.is_empty() {
+            self.txns.clear();
+        }
+    }
+}
+
+impl Drop for ColdRing {
+    fn drop(&mut self) {
+        // The kernel may still write into the buffers of reads in flight: wait for them (a
+        // read of the page cache or the disk is short), and should that fail, leak the
+        // buffers rather than free memory the kernel may still fill.
+        for _ in 0..100 {
+            if self.reads.is_empty() {
+                return;
+            }
+            if let Err(e) = self.ring.submit_and_wait(1) {
+                debug!("io_uring wait at shutdown: {e}");
+                break;
+            }
+            let done: Vec<usize> = self
+                .ring
+                .completion()
+                .map(|c| c.user_data() as usize)
+                .collect();
+            for key in done {
+                self.reads.try_remove(key);
+            }
+        }
+        if !self.reads.is_empty() {
+            warn!(
+                "{} reads still in flight at shutdown: their buffers are not freed",
+                self.reads.len()
+            );
+            std::mem::forget(std::mem::take(&mut self.reads));
+        }
+    }
+}
