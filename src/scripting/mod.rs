@@ -44,7 +44,10 @@ use crate::commands::{Args, Cmd, OwnedArgs, QueuedRead, ScanCursors, lookup, rea
 use crate::protocol::resp::enc;
 use crate::storage::StoreError;
 
+mod cmsgpack;
 mod convert;
+mod libs;
+mod structlib;
 
 /// The caller's ACL check for each command a script calls (None: the caller may run anything).
 /// Err is the ACL's refusal (`NOPERM ...`).
@@ -647,6 +650,16 @@ impl ScriptRun {
 
     /// The reply for an error the script raised: Redis's text, then where it happened.
     fn error_reply(&self, out: &mut Vec<u8>, err: &Value, state: &RunState<'_>) {
+        // A string error (the script's own, or a library's): "user_script:3: message", the
+        // line Lua put in front.
+        let located = |text: String| {
+            let line = text
+                .strip_prefix("user_script:")
+                .and_then(|r| r.split(':').next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            (format!("ERR {text}"), line)
+        };
         let (msg, line) = match err {
             Value::Table(t) => {
                 let msg = t
@@ -655,15 +668,9 @@ impl ScriptRun {
                     .unwrap_or_else(|_| "ERR unknown error".into());
                 (msg, state.err_line.get())
             }
-            Value::String(s) => {
-                let text = s.to_string_lossy();
-                // "user_script:3: message": the line Lua put in front.
-                let line = text
-                    .strip_prefix("user_script:")
-                    .and_then(|r| r.split(':').next())
-                    .and_then(|n| n.parse().ok())
-                    .unwrap_or(0);
-                (format!("ERR {text}"), line)
+            Value::String(s) => located(s.to_string_lossy()),
+            Value::Error(e) if let Some(lib) = libs::lib_error(e) => {
+                (format!("ERR {}", lib.text), lib.line)
             }
             Value::Error(e) if call_error(e).is_some() => {
                 (call_error(e).unwrap_or_default(), state.err_line.get())
@@ -1040,7 +1047,7 @@ xpcall = function(f, h)
   return real_xpcall(f, function(e) return h(err_of(e, true)) end)
 end
 local readonly = function(t, k, v) error('Attempt to modify a readonly table', 2) end
-for _, name in ipairs({'redis', 'string', 'table', 'math', 'bit', 'cjson'}) do
+for _, name in ipairs({'redis', 'string', 'table', 'math', 'bit', 'cjson', 'cmsgpack', 'struct'}) do
   local real = _G[name]
   _G[name] = setmetatable({}, {__index = real, __newindex = readonly, __metatable = false})
 end
@@ -1128,7 +1135,11 @@ fn new_vm(scripts: Arc<Scripts>) -> mlua::Result<Vm> {
                 Value::Error(ref x) => match call_error(x) {
                     Some(msg) if table => convert::error_table(lua, &msg)?,
                     Some(msg) => Value::String(lua.create_string(&msg)?),
-                    None => e,
+                    // Our libraries raise strings, as Lua's C libraries do.
+                    None => match libs::lib_error(x) {
+                        Some(lib) => Value::String(lua.create_string(&lib.text)?),
+                        None => e,
+                    },
                 },
                 Value::Table(ref t) if !table => match t.raw_get::<Value>("err")? {
                     Value::String(msg) => Value::String(msg),
@@ -1140,6 +1151,8 @@ fn new_vm(scripts: Arc<Scripts>) -> mlua::Result<Vm> {
     )?;
     g.raw_set("bit", convert::bit_lib(&lua)?)?;
     g.raw_set("cjson", convert::cjson_lib(&lua)?)?;
+    g.raw_set("cmsgpack", cmsgpack::cmsgpack_lib(&lua)?)?;
+    g.raw_set("struct", structlib::struct_lib(&lua)?)?;
     lua.load(PRELUDE).set_name("=prelude").exec()?;
     let names = [lua.create_string("KEYS")?, lua.create_string("ARGV")?];
     // The time limit and SCRIPT KILL: checked every 100k instructions.
