@@ -44,6 +44,7 @@ use crate::commands::{Args, Cmd, OwnedArgs, QueuedRead, ScanCursors, lookup, rea
 use crate::protocol::resp::enc;
 use crate::storage::StoreError;
 
+mod bitlib;
 mod cmsgpack;
 mod convert;
 mod libs;
@@ -1149,7 +1150,7 @@ fn new_vm(scripts: Arc<Scripts>) -> mlua::Result<Vm> {
             })
         })?,
     )?;
-    g.raw_set("bit", convert::bit_lib(&lua)?)?;
+    g.raw_set("bit", bitlib::bit_lib(&lua)?)?;
     g.raw_set("cjson", convert::cjson_lib(&lua)?)?;
     g.raw_set("cmsgpack", cmsgpack::cmsgpack_lib(&lua)?)?;
     g.raw_set("struct", structlib::struct_lib(&lua)?)?;
