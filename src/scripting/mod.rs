@@ -22,9 +22,11 @@
 //! script runs at a time (the writer's lock). The script cache is in
 //! memory only (after a restart EVALSHA answers NOSCRIPT, as Redis does).
 //!
-//! The libraries: `string`, `table`, `math`, `bit` (ours) and `cjson` (encode/decode through
-//! serde_json). Not provided: `struct`, `cmsgpack`. Commands called from a script run with the
-//! permissions of the script itself (ACL is checked for EVAL, not for each call).
+//! The libraries: `string`, `table`, `math` (Lua's), `bit` (ours, `bitlib`), `cjson`
+//! (encode/decode through serde_json), `cmsgpack` (`cmsgpack`: MessagePack through the `rmp`
+//! crate, Lua glue ours) and `struct` (`structlib`: ours). The last three raise their errors as
+//! Lua's C libraries do (`libs`): text with the caller's line in front, a string to `pcall`.
+//! Commands called from a script are checked against the caller's ACL permissions (`Permit`).
 //!
 //! Time limit: a script running past `lua_time_limit` ms sets `Scripts::busy`; workers then
 //! answer other clients `-BUSY`; `SCRIPT KILL` sets a flag that a Lua hook checks (only while
