@@ -316,7 +316,8 @@ fn string(lua: &Lua, rd: &mut &[u8], n: usize) -> Result<Value, Fail> {
     Ok(Value::String(lua.create_string(s)?))
 }
 
-/// The declared length is not trusted for capacity: a short input fails at its end.
+/// Tables start empty and grow as lua-cmsgpack's do (`lua_newtable`), so `pairs` visits a
+/// decoded table in the order it does in Redis (and a declared length allocates nothing).
 fn array(lua: &Lua, rd: &mut &[u8], n: usize, used: usize) -> Result<Value, Fail> {
     // lua-cmsgpack checks for room for the index once the table is on the stack.
     if used + 2 > MAX_STACK {
@@ -325,7 +326,7 @@ fn array(lua: &Lua, rd: &mut &[u8], n: usize, used: usize) -> Result<Value, Fail
             "stack overflow (in function mp_decode_to_lua_array)",
         )));
     }
-    let t = lua.create_table_with_capacity(n.min(rd.len()), 0)?;
+    let t = lua.create_table()?;
     for i in 1..=n {
         // The table and the index are on the stack while the element decodes.
         let v = decode(lua, rd, used + 2)?;
@@ -335,7 +336,7 @@ fn array(lua: &Lua, rd: &mut &[u8], n: usize, used: usize) -> Result<Value, Fail
 }
 
 fn map(lua: &Lua, rd: &mut &[u8], n: usize, used: usize) -> Result<Value, Fail> {
-    let t = lua.create_table_with_capacity(0, n.min(rd.len()))?;
+    let t = lua.create_table()?;
     for _ in 0..n {
         let k = decode(lua, rd, used + 1)?;
         let v = decode(lua, rd, used + 2)?;
