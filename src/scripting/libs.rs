@@ -70,16 +70,25 @@ pub fn plain(lua: &Lua, msg: impl Into<String>) -> mlua::Error {
     })
 }
 
-/// `luaL_argerror`: "bad argument #n to 'name' (msg)", the name being the one the caller used.
+/// `luaL_argerror`: "bad argument #n to 'name' (msg)", the name being the one the caller used;
+/// for a method call (`struct:size()`) the count leaves out the table, which as the first
+/// argument is "calling 'name' on bad self".
 pub fn arg_error(lua: &Lua, narg: usize, msg: impl AsRef<str>) -> mlua::Error {
-    let name = lua
-        .inspect_stack(0, |d| d.names().name.map(|n| n.into_owned()))
-        .flatten()
-        .unwrap_or_else(|| "?".into());
-    error(
-        lua,
-        format!("bad argument #{narg} to '{name}' ({})", msg.as_ref()),
-    )
+    let (name, method) = lua
+        .inspect_stack(0, |d| {
+            let names = d.names();
+            let method = names.name_what == Some("method");
+            (names.name.map(|n| n.into_owned()), method)
+        })
+        .unwrap_or((None, false));
+    let name = name.unwrap_or_else(|| "?".into());
+    let msg = msg.as_ref();
+    let text = match (method, narg) {
+        (true, 1) => format!("calling '{name}' on bad self ({msg})"),
+        (true, n) => format!("bad argument #{} to '{name}' ({msg})", n.saturating_sub(1)),
+        (false, n) => format!("bad argument #{n} to '{name}' ({msg})"),
+    };
+    error(lua, text)
 }
 
 /// Argument `n` (1-based) of a call, or None past the last one ("no value").
