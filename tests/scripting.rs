@@ -3,7 +3,9 @@
 //! (`register_script`: EVALSHA, falling back to EVAL on NOSCRIPT), both on RESP2 and RESP3; a
 //! writing script's reply means its writes are durable (kill -9 right after it); a script past
 //! the time limit makes other clients get -BUSY until SCRIPT KILL stops it, and a script that
-//! wrote cannot be killed.
+//! wrote cannot be killed. The cmsgpack and struct libraries round-trip random values, and
+//! random bytes into their unpacking fail as Lua errors (their exact bytes and texts are
+//! goldens in proto/resp/scripting.txt).
 //!
 //! `MEMKEEP_CONFORMANCE=redis` runs the client and BUSY tests against a redis-server the test
 //! starts instead (`make conformance`); the kill -9 test is memkeep's alone.
@@ -423,5 +425,158 @@ fn a_script_moved_off_a_leader_writes_and_publishes_once() {
         sub.input.read_line(&mut extra).is_err(),
         "a message published twice: {extra:?}"
     );
+    assert_healthy(&mut server);
+}
+
+/// A small deterministic generator (xorshift) for the library properties below.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// A random Lua value as source text: numbers at MessagePack's boundaries, strings with NUL
+/// bytes, nested arrays and maps (no nils or NaNs, which do not round-trip).
+fn lua_value(rng: &mut Rng, depth: u32) -> String {
+    const NUMS: &[&str] = &[
+        "0",
+        "1",
+        "-1",
+        "127",
+        "128",
+        "255",
+        "256",
+        "-32",
+        "-33",
+        "-128",
+        "-129",
+        "65535",
+        "65536",
+        "-32768",
+        "-32769",
+        "2^31",
+        "-2^31",
+        "2^32",
+        "-2^32",
+        "2^53",
+        "-2^53",
+        "2^62",
+        "-2^63",
+        "0.5",
+        "-2.25",
+        "0.1",
+        "1e300",
+        "-1e-300",
+        "1/0",
+        "-1/0",
+        "3.4028234663852886e38",
+    ];
+    match rng.below(if depth > 3 { 3 } else { 5 }) {
+        0 => NUMS[rng.below(NUMS.len() as u64) as usize].to_string(),
+        1 => format!("{}", rng.next() as i64 >> rng.below(64)),
+        2 => {
+            let n = rng.below(3) * 20 + rng.below(20);
+            format!("string.rep('a' .. string.char(0), {n})")
+        }
+        3 => {
+            let items: Vec<String> = (0..rng.below(6))
+                .map(|_| lua_value(rng, depth + 1))
+                .collect();
+            format!("{{{}}}", items.join(", "))
+        }
+        _ => {
+            let items: Vec<String> = (0..rng.below(6))
+                .map(|i| format!("k{i} = {}", lua_value(rng, depth + 1)))
+                .collect();
+            format!("{{{}}}", items.join(", "))
+        }
+    }
+}
+
+const DEEP_EQUAL: &str = "local function eq(a, b) if type(a) ~= type(b) then return false end \
+     if type(a) ~= 'table' then return a == b end \
+     for k, v in pairs(a) do if not eq(v, b[k]) then return false end end \
+     for k in pairs(b) do if a[k] == nil then return false end end return true end ";
+
+/// cmsgpack.unpack gives back what cmsgpack.pack was given, value by value, for random nested
+/// values packed together (and unpack_one walks the same stream); struct.unpack reads back
+/// what struct.pack wrote. Against redis-server too under `MEMKEEP_CONFORMANCE=redis`.
+#[test]
+fn cmsgpack_and_struct_round_trip_random_values() {
+    let mut server = target(&[]);
+    let mut c = Conn::open(&server);
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    for round in 0..60 {
+        let values: Vec<String> = (0..1 + rng.below(4))
+            .map(|_| lua_value(&mut rng, 0))
+            .collect();
+        let script = format!(
+            "{DEEP_EQUAL} local v = {{{list}}} local p = cmsgpack.pack({list}) \
+             local u = {{cmsgpack.unpack(p)}} if #u ~= #v then return 'count ' .. #u end \
+             for i = 1, #v do if not eq(v[i], u[i]) then return 'value ' .. i end end \
+             local off, i = 0, 0 repeat local r = {{cmsgpack.unpack_one(p, off)}} off = r[1] \
+             i = i + 1 if not eq(r[2], v[i]) then return 'one ' .. i end until off == -1 \
+             return 'ok'",
+            list = values.join(", ")
+        );
+        assert_eq!(
+            c.cmd(&["EVAL", &script, "0"]),
+            "ok",
+            "round {round}: {values:?}"
+        );
+    }
+    // Every option once, in both byte orders and with alignment; c0 packs the whole string, and
+    // is read back as c4.
+    let struct_script = "local f = '<!4 b B h H i I l L T f d c3 s >i2 I3 i16 x c0' \
+        local vals = {-5, 200, -30000, 60000, -2^31, 2^32 - 1, -2^53, 2^53, 12345, 0.5, -1e300, \
+        'abc', 'zero', -2, 2^24 - 1, -77, 'tail'} \
+        local p = struct.pack(f, unpack(vals)) \
+        local r = {struct.unpack((string.gsub(f, 'c0', 'c4')), p)} \
+        for i = 1, #vals do if r[i] ~= vals[i] then return 'field ' .. i .. ' ' .. tostring(r[i]) end end \
+        if r[#vals + 1] ~= #p + 1 then return 'position' end return 'ok'";
+    assert_eq!(c.cmd(&["EVAL", struct_script, "0"]), "ok");
+    assert_healthy(&mut server);
+}
+
+/// Random bytes into cmsgpack.unpack and struct.unpack: each call answers values or a Lua
+/// error the script catches, never anything worse (the server stays up and answers).
+#[test]
+fn library_unpacking_of_random_bytes_fails_cleanly() {
+    let mut server = target(&[]);
+    let mut c = Conn::open(&server);
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    for _ in 0..40 {
+        let bytes: Vec<String> = (0..rng.below(40))
+            .map(|_| rng.below(256).to_string())
+            .collect();
+        let data = if bytes.is_empty() {
+            "''".to_string()
+        } else {
+            format!("string.char({})", bytes.join(", "))
+        };
+        let fmt: String = (0..1 + rng.below(6))
+            .map(|_| {
+                [
+                    "b", "H", "i3", "l", "f", "d", "c0", "c2", "s", "!", ">", "x",
+                ][rng.below(12) as usize]
+            })
+            .collect();
+        let script = format!(
+            "local d = {data} local n = 0 \
+             for _, f in ipairs({{function() return cmsgpack.unpack(d) end, \
+             function() return cmsgpack.unpack_limit(d, 2, 1) end, \
+             function() return struct.unpack('{fmt}', d) end}}) do \
+             local ok, e = pcall(f) if ok or type(e) == 'string' then n = n + 1 end end return n"
+        );
+        assert_eq!(c.cmd(&["EVAL", &script, "0"]), ":3", "{script}");
+    }
     assert_healthy(&mut server);
 }

@@ -1,5 +1,5 @@
-//! Conversions between RESP replies and Lua values, as Redis 7.0 makes them, and the `bit`
-//! and `cjson` libraries.
+//! Conversions between RESP replies and Lua values, as Redis 7.0 makes them, and the `cjson`
+//! library.
 //!
 //! Replies to Lua (RESP2 after `redis.setresp(2)`, the default): integer -> number, bulk ->
 //! string, null bulk or null array -> false, array -> table, status -> `{ok=...}`, error ->
@@ -228,57 +228,6 @@ fn encode_table(out: &mut Vec<u8>, t: &Table, v3: bool, lua3: bool, depth: usize
     for v in &items {
         encode_reply(out, v, v3, lua3, depth + 1);
     }
-}
-
-/// A number as Lua BitOp sees it: modulo 2^32, as a signed 32-bit integer.
-fn tobit(n: f64) -> i32 {
-    n.rem_euclid(4_294_967_296.0) as u32 as i32
-}
-
-/// The `bit` library (LuaBitOp's functions, on 32-bit integers).
-pub fn bit_lib(lua: &Lua) -> mlua::Result<Table> {
-    let t = lua.create_table()?;
-    t.raw_set("tobit", lua.create_function(|_, n: f64| Ok(tobit(n)))?)?;
-    t.raw_set("bnot", lua.create_function(|_, n: f64| Ok(!tobit(n)))?)?;
-    let fold = |lua: &Lua, f: fn(i32, i32) -> i32| {
-        lua.create_function(move |_, args: mlua::Variadic<f64>| {
-            let mut it = args.iter();
-            let first = it.next().copied().map(tobit).ok_or_else(|| {
-                mlua::Error::RuntimeError("bad argument #1 (number expected, got no value)".into())
-            })?;
-            Ok(it.fold(first, |a, &b| f(a, tobit(b))))
-        })
-    };
-    t.raw_set("band", fold(lua, |a, b| a & b)?)?;
-    t.raw_set("bor", fold(lua, |a, b| a | b)?)?;
-    t.raw_set("bxor", fold(lua, |a, b| a ^ b)?)?;
-    let shift = |lua: &Lua, f: fn(i32, u32) -> i32| {
-        lua.create_function(move |_, (a, n): (f64, f64)| Ok(f(tobit(a), tobit(n) as u32 & 31)))
-    };
-    t.raw_set("lshift", shift(lua, |a, n| ((a as u32) << n) as i32)?)?;
-    t.raw_set("rshift", shift(lua, |a, n| ((a as u32) >> n) as i32)?)?;
-    t.raw_set("arshift", shift(lua, |a, n| a >> n)?)?;
-    t.raw_set("rol", shift(lua, |a, n| (a as u32).rotate_left(n) as i32)?)?;
-    t.raw_set("ror", shift(lua, |a, n| (a as u32).rotate_right(n) as i32)?)?;
-    t.raw_set(
-        "bswap",
-        lua.create_function(|_, a: f64| Ok(tobit(a).swap_bytes()))?,
-    )?;
-    t.raw_set(
-        "tohex",
-        lua.create_function(|_, (a, n): (f64, Option<f64>)| {
-            let n = n.map_or(8, |n| n as i64);
-            let (upper, width) = (n < 0, n.unsigned_abs().min(8) as usize);
-            let v = tobit(a) as u32;
-            let s = if upper {
-                format!("{v:08X}")
-            } else {
-                format!("{v:08x}")
-            };
-            Ok(s[8 - width..].to_string())
-        })?,
-    )?;
-    Ok(t)
 }
 
 /// The `cjson` library: `encode` and `decode`, through serde_json.

@@ -22,9 +22,11 @@
 //! script runs at a time (the writer's lock). The script cache is in
 //! memory only (after a restart EVALSHA answers NOSCRIPT, as Redis does).
 //!
-//! The libraries: `string`, `table`, `math`, `bit` (ours) and `cjson` (encode/decode through
-//! serde_json). Not provided: `struct`, `cmsgpack`. Commands called from a script run with the
-//! permissions of the script itself (ACL is checked for EVAL, not for each call).
+//! The libraries: `string`, `table`, `math` (Lua's), `bit` (ours, `bitlib`), `cjson`
+//! (encode/decode through serde_json), `cmsgpack` (`cmsgpack`: MessagePack through the `rmp`
+//! crate, Lua glue ours) and `struct` (`structlib`: ours). The last three raise their errors as
+//! Lua's C libraries do (`libs`): text with the caller's line in front, a string to `pcall`.
+//! Commands called from a script are checked against the caller's ACL permissions (`Permit`).
 //!
 //! Time limit: a script running past `lua_time_limit` ms sets `Scripts::busy`; workers then
 //! answer other clients `-BUSY`; `SCRIPT KILL` sets a flag that a Lua hook checks (only while
@@ -44,7 +46,11 @@ use crate::commands::{Args, Cmd, OwnedArgs, QueuedRead, ScanCursors, lookup, rea
 use crate::protocol::resp::enc;
 use crate::storage::StoreError;
 
+mod bitlib;
+mod cmsgpack;
 mod convert;
+mod libs;
+mod structlib;
 
 /// The caller's ACL check for each command a script calls (None: the caller may run anything).
 /// Err is the ACL's refusal (`NOPERM ...`).
@@ -647,6 +653,16 @@ impl ScriptRun {
 
     /// The reply for an error the script raised: Redis's text, then where it happened.
     fn error_reply(&self, out: &mut Vec<u8>, err: &Value, state: &RunState<'_>) {
+        // A string error (the script's own, or a library's): "user_script:3: message", the
+        // line Lua put in front.
+        let located = |text: String| {
+            let line = text
+                .strip_prefix("user_script:")
+                .and_then(|r| r.split(':').next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            (format!("ERR {text}"), line)
+        };
         let (msg, line) = match err {
             Value::Table(t) => {
                 let msg = t
@@ -655,15 +671,9 @@ impl ScriptRun {
                     .unwrap_or_else(|_| "ERR unknown error".into());
                 (msg, state.err_line.get())
             }
-            Value::String(s) => {
-                let text = s.to_string_lossy();
-                // "user_script:3: message": the line Lua put in front.
-                let line = text
-                    .strip_prefix("user_script:")
-                    .and_then(|r| r.split(':').next())
-                    .and_then(|n| n.parse().ok())
-                    .unwrap_or(0);
-                (format!("ERR {text}"), line)
+            Value::String(s) => located(s.to_string_lossy()),
+            Value::Error(e) if let Some(lib) = libs::lib_error(e) => {
+                (format!("ERR {}", lib.text), lib.line)
             }
             Value::Error(e) if call_error(e).is_some() => {
                 (call_error(e).unwrap_or_default(), state.err_line.get())
@@ -1040,7 +1050,7 @@ xpcall = function(f, h)
   return real_xpcall(f, function(e) return h(err_of(e, true)) end)
 end
 local readonly = function(t, k, v) error('Attempt to modify a readonly table', 2) end
-for _, name in ipairs({'redis', 'string', 'table', 'math', 'bit', 'cjson'}) do
+for _, name in ipairs({'redis', 'string', 'table', 'math', 'bit', 'cjson', 'cmsgpack', 'struct'}) do
   local real = _G[name]
   _G[name] = setmetatable({}, {__index = real, __newindex = readonly, __metatable = false})
 end
@@ -1128,7 +1138,11 @@ fn new_vm(scripts: Arc<Scripts>) -> mlua::Result<Vm> {
                 Value::Error(ref x) => match call_error(x) {
                     Some(msg) if table => convert::error_table(lua, &msg)?,
                     Some(msg) => Value::String(lua.create_string(&msg)?),
-                    None => e,
+                    // Our libraries raise strings, as Lua's C libraries do.
+                    None => match libs::lib_error(x) {
+                        Some(lib) => Value::String(lua.create_string(&lib.text)?),
+                        None => e,
+                    },
                 },
                 Value::Table(ref t) if !table => match t.raw_get::<Value>("err")? {
                     Value::String(msg) => Value::String(msg),
@@ -1138,8 +1152,10 @@ fn new_vm(scripts: Arc<Scripts>) -> mlua::Result<Vm> {
             })
         })?,
     )?;
-    g.raw_set("bit", convert::bit_lib(&lua)?)?;
+    g.raw_set("bit", bitlib::bit_lib(&lua)?)?;
     g.raw_set("cjson", convert::cjson_lib(&lua)?)?;
+    g.raw_set("cmsgpack", cmsgpack::cmsgpack_lib(&lua)?)?;
+    g.raw_set("struct", structlib::struct_lib(&lua)?)?;
     lua.load(PRELUDE).set_name("=prelude").exec()?;
     let names = [lua.create_string("KEYS")?, lua.create_string("ARGV")?];
     // The time limit and SCRIPT KILL: checked every 100k instructions.
