@@ -72,6 +72,11 @@ struct Backlog {
     /// Frames are kept only once a replica has asked for the stream (as Redis creates its
     /// backlog with the first replica): until then only the position moves.
     active: bool,
+    /// After a promotion: the previous primary's replication id and the offset the stream
+    /// had reached under it (Redis's `master_replid2` and `second_repl_offset` less one). A
+    /// replica of that primary at exactly that offset holds what this server held at its
+    /// promotion, and may continue here without a full copy.
+    previous: Option<(String, u64)>,
 }
 
 /// Why frames could not be served from a position.
@@ -113,6 +118,7 @@ impl Hub {
                 first_seq: last_seq,
                 first_offset: 0,
                 active: false,
+                previous: None,
             }),
             grew: Condvar::new(),
             commits: Mutex::new(commits),
@@ -128,10 +134,14 @@ impl Hub {
     }
 
     /// Becomes a primary under a new replication id whose stream starts at `offset` (a
-    /// promoted replica goes on from the offset it had applied); the backlog starts empty.
+    /// promoted replica goes on from the offset it had applied); the backlog starts empty and
+    /// keeps frames from now on (the other replicas of the old primary are about to ask). The
+    /// old id stays valid up to `offset` (`previous`).
     pub fn restart_stream(&self, replid: String, offset: u64) {
         let mut b = lock(&self.backlog);
-        b.replid = replid;
+        let old = std::mem::replace(&mut b.replid, replid);
+        b.previous = (!old.is_empty()).then_some((old, offset));
+        b.active = true;
         b.frames.clear();
         b.bytes = 0;
         b.offset = offset;
@@ -265,11 +275,23 @@ impl Hub {
             .ok_or(Gone::NotHeld)
     }
 
-    /// Whether a replica of `replid` at `offset` can continue from the backlog.
+    /// The previous primary's replication id and the offset this server took over at, after a
+    /// promotion (INFO's `master_replid2`, `second_repl_offset`).
+    pub fn previous(&self) -> Option<(String, u64)> {
+        lock(&self.backlog).previous.clone()
+    }
+
+    /// Whether a replica of `replid` at `offset` can continue from the backlog: of this
+    /// stream, or of the previous primary's up to where this server took over (a replica
+    /// re-pointed here by a failover, no further than this server had applied).
     pub fn can_continue(&self, replid: &str, offset: u64) -> bool {
         let b = lock(&self.backlog);
-        b.replid == replid
-            && offset >= b.first_offset
+        let same = b.replid == replid
+            || b
+                .previous
+                .as_ref()
+                .is_some_and(|(id, until)| id == replid && offset <= *until);
+        same && offset >= b.first_offset
             && offset <= b.offset
             && (offset == b.offset
                 || offset == b.first_offset

@@ -40,6 +40,8 @@ pub struct Session {
     pub psync: Option<(String, i64)>,
     /// REPLCONF listening-port: the port a replica says it serves on.
     pub repl_port: u16,
+    /// REPLCONF ip-address: the address a replica announces (`replica-announce-ip`).
+    pub repl_ip: Option<String>,
     /// WAIT in progress: the offset it waits for and when it gives up.
     pub wait: Option<(u64, Option<std::time::Instant>)>,
     /// MULTI was sent: commands are queued until EXEC or DISCARD.
@@ -527,7 +529,7 @@ const SUBCOMMANDS: &[(Cmd, &str, SubArities)] = &[
     (
         Cmd::Config,
         "config",
-        &[("GET", -3), ("SET", -4), ("RESETSTAT", 2)],
+        &[("GET", -3), ("SET", -4), ("RESETSTAT", 2), ("REWRITE", 2)],
     ),
     (
         Cmd::Command,
