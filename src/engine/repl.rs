@@ -135,12 +135,12 @@ impl Hub {
 
     /// Becomes a primary under a new replication id whose stream starts at `offset` (a
     /// promoted replica goes on from the offset it had applied); the backlog starts empty and
-    /// keeps frames from now on (the other replicas of the old primary are about to ask). The
-    /// old id stays valid up to `offset` (`previous`).
-    pub fn restart_stream(&self, replid: String, offset: u64) {
+    /// keeps frames from now on (the other replicas of the old primary are about to ask).
+    /// `previous`: the replication id of the primary it replicated, valid here up to `offset`.
+    pub fn restart_stream(&self, replid: String, offset: u64, previous: Option<String>) {
         let mut b = lock(&self.backlog);
-        let old = std::mem::replace(&mut b.replid, replid);
-        b.previous = (!old.is_empty()).then_some((old, offset));
+        b.replid = replid;
+        b.previous = previous.filter(|id| !id.is_empty()).map(|id| (id, offset));
         b.active = true;
         b.frames.clear();
         b.bytes = 0;

@@ -302,16 +302,29 @@ pub fn promote(shared: &Arc<Shared>) {
     let repl = &shared.repl;
     repl.generation.fetch_add(1, Ordering::AcqRel);
     repl.cut_link();
-    let link = lock(&repl.link).take();
-    // The receiver may be applying a group: wait for it to notice (it checks between groups).
+    // The receiver may be applying a group: wait for it to notice (it checks between groups),
+    // so the link's offset is what the store holds (a replica of the old primary may continue
+    // here from exactly that offset).
     let deadline = Instant::now() + Duration::from_secs(5);
     while repl.receivers.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));
     }
+    let stopped = repl.receivers.load(Ordering::Acquire) == 0;
+    let mut link = lock(&repl.link).take();
+    if !stopped {
+        // Its last group may land after the offset is read: no replica may continue here.
+        warn!("promoted while the replication receiver was still applying a write");
+        if let Some(l) = &mut link {
+            l.replid.clear();
+        }
+    }
     if let Some(hub) = repl.hub() {
-        let offset = link.map_or_else(|| hub.offset(), |l| l.offset);
+        let (offset, previous) = match link {
+            Some(l) => (l.offset, Some(l.replid)),
+            None => (hub.offset(), None),
+        };
         hub.set_replica(false);
-        hub.restart_stream(super::replication_id(), offset);
+        hub.restart_stream(super::replication_id(), offset, previous);
         info!("promoted to primary at offset {offset}");
     }
     // The stored position no longer describes the data once it takes writes of its own: it
