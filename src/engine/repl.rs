@@ -287,8 +287,7 @@ impl Hub {
     pub fn can_continue(&self, replid: &str, offset: u64) -> bool {
         let b = lock(&self.backlog);
         let same = b.replid == replid
-            || b
-                .previous
+            || b.previous
                 .as_ref()
                 .is_some_and(|(id, until)| id == replid && offset <= *until);
         same && offset >= b.first_offset

@@ -1171,7 +1171,11 @@ pub fn info(repl: &Repl, backlog_size: u64) -> String {
     let (first, histlen) = repl.hub().map_or((0, 0), |h| h.backlog_span());
     // After a promotion, the old primary's id and where this server took over (Redis's
     // second_repl_offset is the first byte no longer served under it).
-    let (replid2, second) = match repl.hub().and_then(|h| h.previous()).filter(|_| link.is_none()) {
+    let (replid2, second) = match repl
+        .hub()
+        .and_then(|h| h.previous())
+        .filter(|_| link.is_none())
+    {
         Some((id, until)) => (id, (until + 1) as i64),
         None => ("0".repeat(40), -1),
     };
@@ -1267,9 +1271,9 @@ fn setting_name(name: &[u8]) -> Option<&'static str> {
 fn set_one(s: &mut Settings, name: &str, value: &[u8]) -> Result<(), String> {
     let int = |max: i64| match parse_i64(value) {
         None => Err("argument couldn't be parsed into an integer".to_string()),
-        Some(n) if !(0..=max).contains(&n) => Err(format!(
-            "argument must be between 0 and {max} inclusive"
-        )),
+        Some(n) if !(0..=max).contains(&n) => {
+            Err(format!("argument must be between 0 and {max} inclusive"))
+        }
         Some(n) => Ok(n),
     };
     match name {
