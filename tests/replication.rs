@@ -672,7 +672,10 @@ fn sentinels_promotion_transaction_promotes_and_the_other_replica_continues() {
     let mut normal = resp(&a);
     assert_eq!(normal.cmd("PING"), Reply::Simple("PONG".into()));
     let mut sub = resp(&a);
-    assert!(matches!(sub.cmd("SUBSCRIBE __sentinel__:hello"), Reply::Array(_)));
+    assert!(matches!(
+        sub.cmd("SUBSCRIBE __sentinel__:hello"),
+        Reply::Array(_)
+    ));
     ok(s.cmd("CLIENT SETNAME sentinel-test-cmd"));
     ok(s.cmd("MULTI"));
     for c in [
@@ -754,7 +757,10 @@ fn config_rewrite_saves_replicaof_and_the_priority_in_the_config_file() {
     ok(c.cmd(&format!("REPLICAOF 127.0.0.1 {port}")));
     ok(c.cmd("CONFIG REWRITE"));
     let text = std::fs::read_to_string(&conf).expect("read config");
-    assert!(text.starts_with("# my settings\nmax_batch = 512\n"), "{text}");
+    assert!(
+        text.starts_with("# my settings\nmax_batch = 512\n"),
+        "{text}"
+    );
     assert!(text.contains("\nreplica_priority = 7\n"), "{text}");
     assert!(
         text.contains(&format!("\nreplica_of = \"127.0.0.1:{port}\"\n")),
