@@ -1,6 +1,6 @@
 //! Failover driven by the real Redis Sentinel (Debian `redis-sentinel`, 7.0): a memkeep
 //! primary, two memkeep replicas and three `redis-sentinel` processes on loopback ports, each
-//! in its own temporary directory. A redis-py `Sentinel` client (the venv's) writes through
+//! in its own temporary directory. A redis-py `Sentinel` client (the venv's, 4 threads) writes through
 //! whatever Sentinel names the primary: odd keys as plain SETs, even keys as `SET` + `WAIT 1`
 //! pipelined on one connection. The primary is killed with SIGKILL under that load; Sentinel
 //! must promote a replica and re-point the other, and the client must write through the new
@@ -209,16 +209,20 @@ impl Drop for Sentinel {
     }
 }
 
+/// Threads of the writing client, each writing one key at a time.
+const WRITER_THREADS: usize = 4;
+
 /// The writing client: redis-py's Sentinel support, asking our three Sentinels for the
-/// primary on every reconnection. One line per write: `P n t` a plain SET acknowledged,
+/// primary on every reconnection; `WRITER_THREADS` threads share its connection pool. One line per write: `P n t` a plain SET acknowledged,
 /// `W n t` a SET whose WAIT 1 answered >= 1, `U n t` a SET acknowledged whose WAIT answered
 /// 0, `E n t why` a write that failed (unknown outcome); t is the unix time. Stops when its
 /// standard input closes.
 const WRITER: &str = r#"
-import sys, threading, time
+import itertools, sys, threading, time
 from redis.sentinel import Sentinel
 ports = [int(p) for p in sys.argv[1].split(",")]
 prefix = sys.argv[2]
+threads = int(sys.argv[3])
 stop = threading.Event()
 def watch():
     sys.stdin.read()
@@ -227,25 +231,36 @@ threading.Thread(target=watch, daemon=True).start()
 sentinel = Sentinel([("127.0.0.1", p) for p in ports], socket_timeout=0.5,
                     socket_connect_timeout=0.5)
 primary = sentinel.master_for("mm", socket_timeout=2.0, socket_connect_timeout=0.5)
-n = 0
+numbers = itertools.count(1)
 out = sys.stdout
-while not stop.is_set():
-    n += 1
-    key = f"{prefix}:{n}"
-    try:
-        if n % 2:
-            primary.set(key, n)
-            out.write(f"P {n} {time.time():.3f}\n")
-        else:
-            p = primary.pipeline(transaction=False)
-            p.set(key, n)
-            p.execute_command("WAIT", 1, 1000)
-            got = p.execute()
-            out.write(f"{'W' if got[1] >= 1 else 'U'} {n} {time.time():.3f}\n")
-    except Exception as e:
-        out.write(f"E {n} {time.time():.3f} {type(e).__name__}\n")
-        time.sleep(0.05)
-    out.flush()
+lock = threading.Lock()
+def say(line):
+    with lock:
+        out.write(line)
+        out.flush()
+def write():
+    while not stop.is_set():
+        n = next(numbers)
+        key = f"{prefix}:{n}"
+        try:
+            if n % 2:
+                primary.set(key, n)
+                say(f"P {n} {time.time():.3f}\n")
+            else:
+                # One connection for both: WAIT counts this connection's writes.
+                p = primary.pipeline(transaction=False)
+                p.set(key, n)
+                p.execute_command("WAIT", 1, 1000)
+                got = p.execute()
+                say(f"{'W' if got[1] >= 1 else 'U'} {n} {time.time():.3f}\n")
+        except Exception as e:
+            say(f"E {n} {time.time():.3f} {type(e).__name__}\n")
+            time.sleep(0.05)
+workers = [threading.Thread(target=write) for _ in range(threads)]
+for w in workers:
+    w.start()
+for w in workers:
+    w.join()
 "#;
 
 #[derive(Default)]
@@ -279,6 +294,7 @@ impl Writer {
             .arg(WRITER)
             .arg(ports.join(","))
             .arg(prefix)
+            .arg(WRITER_THREADS.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
