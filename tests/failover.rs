@@ -482,9 +482,10 @@ fn sentinel_promotes_a_replica_and_no_write_acknowledged_after_wait_is_lost() {
             .iter()
             .position(|&p| p == primary)
             .expect("the primary is one of ours");
-        let killed_at = now();
         let kill_instant = Instant::now();
         nodes[victim].kill9();
+        // Once it is reaped: every acknowledgement stamped after this came from another server.
+        let killed_at = now();
         // All three Sentinels name another server, and it says it is a primary.
         let mut promoted = 0;
         let start = Instant::now();
