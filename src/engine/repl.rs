@@ -510,16 +510,24 @@ mod tests {
         hub.restart_stream(new.clone(), 100, Some(old.clone()));
         assert_eq!(hub.previous(), Some((old.clone(), 100)));
         assert!(hub.can_continue(&old, 100), "exactly where it took over");
-        assert!(!hub.can_continue(&old, 90), "behind: the backlog starts at 100");
+        assert!(
+            !hub.can_continue(&old, 90),
+            "behind: the backlog starts at 100"
+        );
         assert!(!hub.can_continue(&old, 110), "ahead: data it never had");
         assert!(hub.can_continue(&new, 100));
         // Its own writes go on in the backlog (kept from the promotion on) past 100.
         hub.release(&mut vec![(2, vec![0; 5])]);
         assert_eq!(hub.offset(), 110);
         assert!(hub.can_continue(&old, 100));
-        assert!(!hub.can_continue(&old, 110), "110 is the new stream's, not the old one's");
+        assert!(
+            !hub.can_continue(&old, 110),
+            "110 is the new stream's, not the old one's"
+        );
         assert!(hub.can_continue(&new, 110));
-        let f = hub.frames_after(100, 1 << 20, Duration::ZERO).expect("held");
+        let f = hub
+            .frames_after(100, 1 << 20, Duration::ZERO)
+            .expect("held");
         assert_eq!(f.iter().map(|f| f.seq).collect::<Vec<_>>(), vec![2]);
         // A replica that was never linked has no previous id to offer.
         hub.restart_stream("m".repeat(40), 110, Some(String::new()));
