@@ -89,6 +89,12 @@ pub struct Config {
     /// Redis's `replica-announce-port`: the port a replica gives its primary instead of its
     /// `resp_port`; 0: `resp_port`.
     pub replica_announce_port: u16,
+    /// Redis's `min-replicas-to-write`: a primary refuses writes (RESP `-NOREPLICAS`) while
+    /// fewer than this many replicas have acknowledged within `min_replicas_max_lag` seconds;
+    /// 0: never refuses. CONFIG SET changes it at run time.
+    pub min_replicas_to_write: u32,
+    /// Redis's `min-replicas-max-lag`, in seconds (see `min_replicas_to_write`).
+    pub min_replicas_max_lag: u32,
     /// The config file the server was started with (`--config`), which CONFIG REWRITE
     /// updates; not a setting of the file itself.
     #[serde(skip)]
@@ -166,6 +172,8 @@ impl Default for Config {
             replica_priority: 100,
             replica_announce_ip: String::new(),
             replica_announce_port: 0,
+            min_replicas_to_write: 0,
+            min_replicas_max_lag: 10,
             config_file: None,
             aclfile: None,
             idle_timeout: 0,
@@ -266,6 +274,14 @@ pub struct Cli {
     /// its RESP port]
     #[arg(long, value_name = "PORT")]
     pub replica_announce_port: Option<u16>,
+    /// A primary refuses writes while fewer replicas than this acknowledged within
+    /// --min-replicas-max-lag seconds (Redis's min-replicas-to-write) [default: 0 = never]
+    #[arg(long)]
+    pub min_replicas_to_write: Option<u32>,
+    /// Seconds within which a replica must have acknowledged to count for
+    /// --min-replicas-to-write [default: 10]
+    #[arg(long)]
+    pub min_replicas_max_lag: Option<u32>,
     /// Redis ACL users: a file of `user <name> <rules...>` lines (Redis's aclfile)
     #[arg(long, value_name = "FILE")]
     pub aclfile: Option<PathBuf>,
@@ -525,6 +541,8 @@ impl Config {
             replica_priority,
             replica_announce_ip,
             replica_announce_port,
+            min_replicas_to_write,
+            min_replicas_max_lag,
             idle_timeout,
             backup_dir,
             tls_port
@@ -748,6 +766,8 @@ mod tests {
             "replica_priority",
             "replica_announce_ip",
             "replica_announce_port",
+            "min_replicas_to_write",
+            "min_replicas_max_lag",
             "backup_dir",
             "idle_timeout",
             "verbosity",

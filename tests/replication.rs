@@ -785,3 +785,56 @@ fn config_rewrite_saves_replicaof_and_the_priority_in_the_config_file() {
     r.restart();
     assert_eq!(info(&r, "role"), "master");
 }
+
+/// `min-replicas-to-write`: a primary refuses writes on every protocol while fewer replicas
+/// than that have acknowledged within `min-replicas-max-lag` seconds, takes them once a
+/// replica is online, and refuses again once that replica has been gone longer than the lag.
+/// Reads go on throughout.
+#[test]
+fn min_replicas_to_write_refuses_writes_without_enough_replicas() {
+    let p = primary();
+    let mut c = resp(&p);
+    ok(c.cmd("SET before 1"));
+    ok(c.cmd("CONFIG SET min-replicas-to-write 1 min-replicas-max-lag 1"));
+    assert_eq!(
+        c.cmd("CONFIG GET min-slaves-to-write"),
+        Reply::bulks(&["min-slaves-to-write", "1"])
+    );
+    let refused = Reply::Error("NOREPLICAS Not enough good replicas to write.".into());
+    assert_eq!(c.cmd("SET x 1"), refused);
+    assert_eq!(c.cmd("GET before"), Reply::bulk("1"));
+    let mut mc = Mc::connect(&p);
+    assert_eq!(
+        mc.call("set m 0 0 1\r\nv\r\n"),
+        "SERVER_ERROR Not enough good replicas to write."
+    );
+    // In MULTI the refused write fails the transaction, as in Redis.
+    ok(c.cmd("MULTI"));
+    assert_eq!(c.cmd("SET y 1"), refused);
+    assert!(matches!(c.cmd("EXEC"), Reply::Error(e) if e.starts_with("EXECABORT")));
+
+    let mut r = replica_of(&p);
+    let deadline = Instant::now() + CONVERGE;
+    while resp(&p).cmd("SET x 1") != Reply::Simple("OK".into()) {
+        assert!(
+            Instant::now() < deadline,
+            "writes still refused with a replica online"
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(mc.call("set m 0 0 1\r\nv\r\n"), "STORED");
+    converge(&p, &r);
+    assert_eq!(resp(&r).cmd("GET x"), Reply::bulk("1"));
+
+    r.kill9();
+    let deadline = Instant::now() + CONVERGE;
+    while resp(&p).cmd("SET x 2") != refused {
+        assert!(
+            Instant::now() < deadline,
+            "writes still taken with the replica gone"
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    ok(resp(&p).cmd("CONFIG SET min-replicas-to-write 0"));
+    ok(resp(&p).cmd("SET x 3"));
+}

@@ -106,6 +106,8 @@ pub struct Repl {
     pub run_id: String,
     /// What CONFIG SET may change at run time (`replica-priority`, `replica-announce-*`).
     settings: Mutex<Settings>,
+    /// `settings.min_to_write`, read by every write without the lock.
+    min_to_write: AtomicU64,
 }
 
 /// The replication settings CONFIG SET changes and CONFIG REWRITE saves.
@@ -118,6 +120,9 @@ pub struct Settings {
     /// of its connection's source address and its RESP port; empty and 0: those.
     pub announce_ip: String,
     pub announce_port: u16,
+    /// Redis's `min-replicas-to-write` and `min-replicas-max-lag` (seconds).
+    pub min_to_write: u32,
+    pub max_lag: u32,
 }
 
 impl Settings {
@@ -126,6 +131,8 @@ impl Settings {
             priority: c.replica_priority,
             announce_ip: c.replica_announce_ip.clone(),
             announce_port: c.replica_announce_port,
+            min_to_write: c.min_replicas_to_write,
+            max_lag: c.min_replicas_max_lag,
         }
     }
 }
@@ -154,7 +161,26 @@ impl Repl {
             sock: Mutex::new(None),
             run_id: super::replication_id(),
             settings: Mutex::new(Settings::from_config(config)),
+            min_to_write: AtomicU64::new(config.min_replicas_to_write as u64),
         })
+    }
+
+    /// Whether a primary refuses writes now: `min-replicas-to-write` is set and fewer
+    /// replicas than that are online with an acknowledgement within `min-replicas-max-lag`
+    /// seconds (Redis's "good replicas"). Never on a replica (it refuses writes anyway).
+    pub fn too_few_replicas(&self) -> bool {
+        let min = self.min_to_write.load(Ordering::Relaxed);
+        if min == 0 || self.is_replica() {
+            return false;
+        }
+        let max_lag = lock(&self.settings).max_lag as u64;
+        let good = lock(&self.peers)
+            .iter()
+            .filter(|p| {
+                *lock(&p.state) == "online" && lock(&p.ack_at).elapsed().as_secs() <= max_lag
+            })
+            .count();
+        (good as u64) < min
     }
 
     pub fn settings(&self) -> Settings {
@@ -162,6 +188,8 @@ impl Repl {
     }
 
     pub fn set_settings(&self, s: Settings) {
+        self.min_to_write
+            .store(s.min_to_write as u64, Ordering::Relaxed);
         *lock(&self.settings) = s;
     }
 
@@ -957,6 +985,11 @@ pub fn readonly_error() -> String {
 /// The same words for memcached's text and meta protocols.
 pub const MC_READONLY: &str = "SERVER_ERROR You can't write against a read only replica.";
 
+/// A write refused for want of replicas (`min-replicas-to-write`): RESP, and memcached's text
+/// and meta protocols with the same words.
+pub const NOREPLICAS: &str = "NOREPLICAS Not enough good replicas to write.";
+pub const MC_NOREPLICAS: &str = "SERVER_ERROR Not enough good replicas to write.";
+
 /// Runs a replication command (WAIT may leave `sess.wait` set and write nothing: not yet).
 pub fn run(
     cmd: Cmd,
@@ -1216,6 +1249,10 @@ pub fn config_params(repl: &Repl) -> Vec<(&'static str, String)> {
         ("slave-read-only", "yes".into()),
         ("replicaof", replicaof.clone()),
         ("slaveof", replicaof),
+        ("min-replicas-to-write", s.min_to_write.to_string()),
+        ("min-slaves-to-write", s.min_to_write.to_string()),
+        ("min-replicas-max-lag", s.max_lag.to_string()),
+        ("min-slaves-max-lag", s.max_lag.to_string()),
     ]
 }
 
@@ -1263,6 +1300,8 @@ fn setting_name(name: &[u8]) -> Option<&'static str> {
         b"replica-announce-ip" | b"slave-announce-ip" => "replica-announce-ip",
         b"replica-announce-port" | b"slave-announce-port" => "replica-announce-port",
         b"replica-read-only" | b"slave-read-only" => "replica-read-only",
+        b"min-replicas-to-write" | b"min-slaves-to-write" => "min-replicas-to-write",
+        b"min-replicas-max-lag" | b"min-slaves-max-lag" => "min-replicas-max-lag",
         _ => return None,
     })
 }
@@ -1280,6 +1319,8 @@ fn set_one(s: &mut Settings, name: &str, value: &[u8]) -> Result<(), String> {
         "replica-priority" => s.priority = int(i32::MAX as i64)? as u32,
         "replica-announce-port" => s.announce_port = int(u16::MAX as i64)? as u16,
         "replica-announce-ip" => s.announce_ip = String::from_utf8_lossy(value).into_owned(),
+        "min-replicas-to-write" => s.min_to_write = int(i32::MAX as i64)? as u32,
+        "min-replicas-max-lag" => s.max_lag = int(i32::MAX as i64)? as u32,
         // memkeep replicas always refuse writes: `yes` is what they are already.
         _ if value.eq_ignore_ascii_case(b"yes") => {}
         _ if value.eq_ignore_ascii_case(b"no") => {
@@ -1300,7 +1341,7 @@ pub fn config_rewrite(out: &mut Vec<u8>, shared: &Shared) {
     let repl = &shared.repl;
     let s = repl.settings();
     let defaults = crate::config::Config::default();
-    let entries: [(&str, toml::Value, bool); 4] = [
+    let entries: [(&str, toml::Value, bool); 6] = [
         (
             "replica_of",
             toml::Value::String(repl.target()),
@@ -1320,6 +1361,16 @@ pub fn config_rewrite(out: &mut Vec<u8>, shared: &Shared) {
             "replica_announce_port",
             toml::Value::Integer(s.announce_port as i64),
             s.announce_port != 0,
+        ),
+        (
+            "min_replicas_to_write",
+            toml::Value::Integer(s.min_to_write as i64),
+            s.min_to_write != defaults.min_replicas_to_write,
+        ),
+        (
+            "min_replicas_max_lag",
+            toml::Value::Integer(s.max_lag as i64),
+            s.max_lag != defaults.min_replicas_max_lag,
         ),
     ];
     match rewrite_file(path, &entries) {

@@ -643,6 +643,12 @@ fn check(args: Args<'_>, sess: &Session, pass: &Pass<'_>) -> Result<&'static Spe
     {
         return Err(super::repl::readonly_error());
     }
+    // A primary with too few replicas acknowledging (`min-replicas-to-write`).
+    if (spec.write || matches!(spec.cmd, Cmd::Eval | Cmd::EvalSha))
+        && pass.shared.repl.too_few_replicas()
+    {
+        return Err(super::repl::NOREPLICAS.into());
+    }
     if acl.restricted() || sess.user.is_some() {
         let all: Vec<&[u8]> = (0..args.len()).map(|i| args.get(i)).collect();
         acl.permit(sess.user.as_deref(), spec, &all)?;
