@@ -92,6 +92,15 @@ soak:
 crash:
 	MEMKEEP_CRASH_KILLS=60 $(CARGO) test --release --test crash -- --nocapture
 
+# Failover, long form: 20 failovers driven by three real redis-sentinel processes (kill -9 of
+# the primary under a redis-py Sentinel client's writes each time); prints the table: promoted,
+# writes lost after WAIT 1 (must be 0), plain acknowledged writes lost, time to the new primary.
+# `make test` runs one. MEMKEEP_FAILOVERS sets the count.
+FAILOVERS ?= 20
+.PHONY: failover
+failover: deps
+	MEMKEEP_FAILOVERS=$(FAILOVERS) $(CARGO) test --release --test failover -- --nocapture
+
 # Power loss, long form: 50 cuts per sync mode on cutfs (tests/powerloss/: a FUSE file system
 # that forgets unsynced writes), each store read back through both protocols; prints the table.
 # MEMKEEP_POWERLOSS_MODES=always,periodic,never picks modes, MEMKEEP_POWERLOSS_SEED replays.

@@ -3,7 +3,7 @@
 # everything is already there. Debian/Ubuntu only (apt-get); runs apt-get through sudo when not root.
 #
 # - apt: memcached, libmemcached-tools (memccapable, memccp, memccat, memcstat, memcdump),
-#   redis-server (RESP conformance), redis-tools (redis-cli, redis-benchmark), nutcracker
+#   redis-server (RESP conformance), redis-sentinel (tests/failover.rs), redis-tools (redis-cli, redis-benchmark), nutcracker
 #   (twemproxy, tests/twemproxy.rs), libspymemcached-java and a JDK (javac) for the spymemcached
 #   client test (tests/memcached_clients.rs), sasl2-bin (saslpasswd2, so `make conformance` can
 #   replay proto/binary/sasl.txt against memcached -S), strace (tests/fsync_order.rs), fuse3
@@ -36,6 +36,8 @@ need=()
 command -v memcached >/dev/null 2>&1 || need+=(memcached)
 command -v memccapable >/dev/null 2>&1 || need+=(libmemcached-tools)
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+# Redis Sentinel drives memkeep's failover (tests/failover.rs).
+command -v redis-sentinel >/dev/null 2>&1 || need+=(redis-sentinel)
 { command -v redis-cli >/dev/null 2>&1 && command -v redis-benchmark >/dev/null 2>&1; } ||
   need+=(redis-tools)
 command -v saslpasswd2 >/dev/null 2>&1 || need+=(sasl2-bin)
@@ -84,7 +86,7 @@ fi
 
 # The Debian packages may start their own daemons; the tests start their own on free ports.
 if command -v systemctl >/dev/null 2>&1; then
-  for svc in memcached redis-server nutcracker; do
+  for svc in memcached redis-server redis-sentinel nutcracker; do
     if systemctl is-active --quiet "$svc" 2>/dev/null; then
       systemctl stop "$svc" || true
     fi

@@ -79,6 +79,26 @@ pub struct Config {
     /// Bytes of replication stream a primary keeps for replicas that reconnect (`PSYNC`).
     #[serde(deserialize_with = "de_size")]
     pub repl_backlog_size: u64,
+    /// Redis's `replica-priority` (INFO `slave_priority`): Redis Sentinel promotes the replica
+    /// with the lowest one, never one with 0. CONFIG SET changes it at run time.
+    pub replica_priority: u32,
+    /// Redis's `replica-announce-ip`: the address a replica gives its primary (which lists it
+    /// in INFO, where Sentinel finds replicas) instead of its connection's source address;
+    /// empty: that address.
+    pub replica_announce_ip: String,
+    /// Redis's `replica-announce-port`: the port a replica gives its primary instead of its
+    /// `resp_port`; 0: `resp_port`.
+    pub replica_announce_port: u16,
+    /// Redis's `min-replicas-to-write`: a primary refuses writes (RESP `-NOREPLICAS`) while
+    /// fewer than this many replicas have acknowledged within `min_replicas_max_lag` seconds;
+    /// 0: never refuses. CONFIG SET changes it at run time.
+    pub min_replicas_to_write: u32,
+    /// Redis's `min-replicas-max-lag`, in seconds (see `min_replicas_to_write`).
+    pub min_replicas_max_lag: u32,
+    /// The config file the server was started with (`--config`), which CONFIG REWRITE
+    /// updates; not a setting of the file itself.
+    #[serde(skip)]
+    pub config_file: Option<PathBuf>,
     /// Redis ACL users: a file of `user <name> <rules...>` lines (Redis's `aclfile`).
     pub aclfile: Option<PathBuf>,
     /// Close client connections that send nothing for this many seconds; 0 never does.
@@ -149,6 +169,12 @@ impl Default for Config {
             requirepass: String::new(),
             replica_of: String::new(),
             repl_backlog_size: 16 << 20,
+            replica_priority: 100,
+            replica_announce_ip: String::new(),
+            replica_announce_port: 0,
+            min_replicas_to_write: 0,
+            min_replicas_max_lag: 10,
+            config_file: None,
             aclfile: None,
             idle_timeout: 0,
             auth_file: None,
@@ -237,6 +263,25 @@ pub struct Cli {
     /// Replication backlog a primary keeps for reconnecting replicas, e.g. 16m [default: 16m]
     #[arg(long, value_parser = parse_size)]
     pub repl_backlog_size: Option<u64>,
+    /// Sentinel promotes the replica with the lowest priority, never 0 [default: 100]
+    #[arg(long)]
+    pub replica_priority: Option<u32>,
+    /// Address a replica announces to its primary (Redis's replica-announce-ip) [default: its
+    /// connection's source address]
+    #[arg(long, value_name = "IP")]
+    pub replica_announce_ip: Option<String>,
+    /// Port a replica announces to its primary (Redis's replica-announce-port) [default: 0 =
+    /// its RESP port]
+    #[arg(long, value_name = "PORT")]
+    pub replica_announce_port: Option<u16>,
+    /// A primary refuses writes while fewer replicas than this acknowledged within
+    /// --min-replicas-max-lag seconds (Redis's min-replicas-to-write) [default: 0 = never]
+    #[arg(long)]
+    pub min_replicas_to_write: Option<u32>,
+    /// Seconds within which a replica must have acknowledged to count for
+    /// --min-replicas-to-write [default: 10]
+    #[arg(long)]
+    pub min_replicas_max_lag: Option<u32>,
     /// Redis ACL users: a file of `user <name> <rules...>` lines (Redis's aclfile)
     #[arg(long, value_name = "FILE")]
     pub aclfile: Option<PathBuf>,
@@ -466,6 +511,11 @@ impl Config {
             Some(path) => Config::from_file(path)?,
             None => Config::default(),
         };
+        // Absolute, so CONFIG REWRITE finds it whatever the working directory becomes.
+        c.config_file = cli
+            .config
+            .as_ref()
+            .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone()));
         macro_rules! take {
             ($($field:ident),*) => { $( if let Some(v) = &cli.$field { c.$field = v.clone(); } )* };
         }
@@ -488,6 +538,11 @@ impl Config {
             requirepass,
             replica_of,
             repl_backlog_size,
+            replica_priority,
+            replica_announce_ip,
+            replica_announce_port,
+            min_replicas_to_write,
+            min_replicas_max_lag,
             idle_timeout,
             backup_dir,
             tls_port
@@ -708,6 +763,11 @@ mod tests {
             "requirepass",
             "replica_of",
             "repl_backlog_size",
+            "replica_priority",
+            "replica_announce_ip",
+            "replica_announce_port",
+            "min_replicas_to_write",
+            "min_replicas_max_lag",
             "backup_dir",
             "idle_timeout",
             "verbosity",

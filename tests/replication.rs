@@ -647,3 +647,194 @@ fn a_replica_behind_more_than_the_backlog_takes_a_full_copy() {
     assert_eq!(info(&r, "memkeep_continues_taken"), "0");
     assert_same(&p, &r);
 }
+
+/// What Sentinel sends a replica it promotes, as one transaction (Redis 7.0's
+/// `sentinelSendSlaveOf`): every step runs, CONFIG REWRITE failing alone (no config file)
+/// without aborting the rest, and the replica is a primary afterwards. Then the other
+/// replica, re-pointed at it, continues from where it took over (the old primary's id is its
+/// `master_replid2`) instead of taking a full copy, and follows its writes.
+#[test]
+fn sentinels_promotion_transaction_promotes_and_the_other_replica_continues() {
+    let mut p = primary();
+    let a = replica_of(&p);
+    let b = replica_of(&p);
+    for i in 0..200 {
+        ok(resp(&p).cmd(&format!("SET k{i} v{i}")));
+    }
+    converge(&p, &a);
+    converge(&p, &b);
+    let old_id = info(&p, "master_replid");
+    let at = info(&a, "slave_repl_offset");
+    p.kill9();
+
+    let mut s = resp(&a);
+    // A normal client and a subscriber that the transaction's CLIENT KILLs end.
+    let mut normal = resp(&a);
+    assert_eq!(normal.cmd("PING"), Reply::Simple("PONG".into()));
+    let mut sub = resp(&a);
+    assert!(matches!(
+        sub.cmd("SUBSCRIBE __sentinel__:hello"),
+        Reply::Array(_)
+    ));
+    ok(s.cmd("CLIENT SETNAME sentinel-test-cmd"));
+    ok(s.cmd("MULTI"));
+    for c in [
+        "SLAVEOF NO ONE",
+        "CONFIG REWRITE",
+        "CLIENT KILL TYPE normal",
+        "CLIENT KILL TYPE pubsub",
+    ] {
+        assert_eq!(s.cmd(c), Reply::Simple("QUEUED".into()), "{c}");
+    }
+    match s.cmd("EXEC") {
+        Reply::Array(Some(v)) => {
+            assert_eq!(v.len(), 4, "{v:?}");
+            assert_eq!(v[0], Reply::Simple("OK".into()));
+            assert_eq!(
+                v[1],
+                Reply::Error("ERR The server is running without a config file".into())
+            );
+            // At least the client and the subscriber above (a helper's connection may still
+            // be closing).
+            assert!(matches!(v[2], Reply::Int(n) if n >= 1), "{v:?}");
+            assert!(matches!(v[3], Reply::Int(n) if n >= 1), "{v:?}");
+        }
+        other => panic!("EXEC: {other:?}"),
+    }
+    assert_eq!(info(&a, "role"), "master");
+    assert_eq!(info(&a, "master_replid2"), old_id);
+    assert_eq!(
+        info(&a, "second_repl_offset"),
+        (at.parse::<u64>().expect("offset") + 1).to_string()
+    );
+    ok(s.cmd("SET after promotion"));
+
+    let copies = info(&b, "memkeep_full_copies_taken");
+    let port = a.resp_addr().expect("resp").port();
+    ok(resp(&b).cmd(&format!("REPLICAOF 127.0.0.1 {port}")));
+    converge(&a, &b);
+    assert_eq!(
+        info(&b, "memkeep_full_copies_taken"),
+        copies,
+        "it continued instead of taking a full copy"
+    );
+    assert_eq!(info(&b, "memkeep_continues_taken"), "1");
+    assert_eq!(resp(&b).cmd("GET after"), Reply::bulk("promotion"));
+    assert_eq!(resp(&b).cmd("GET k199"), Reply::bulk("v199"));
+    assert_same(&a, &b);
+}
+
+/// CONFIG SET of the replication settings shows in INFO and CONFIG GET; CONFIG REWRITE writes
+/// them and the REPLICAOF target into the config file the server was started with (keeping
+/// its other lines), so a restart comes back as the same replica; after REPLICAOF NO ONE it
+/// writes the file back to a primary's.
+#[test]
+fn config_rewrite_saves_replicaof_and_the_priority_in_the_config_file() {
+    let p = primary();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let conf = dir.path().join("memkeep.toml");
+    let original = "# my settings\nmax_batch = 512\nreplica_priority = 100 # default\n";
+    std::fs::write(&conf, original).expect("write config");
+    let mut r = Server::start_with(
+        env!("CARGO_BIN_EXE_memkeep"),
+        Options {
+            resp: true,
+            args: vec!["--config".into(), conf.display().to_string()],
+            ..Options::default()
+        },
+    );
+    let port = p.resp_addr().expect("resp").port();
+    let mut c = resp(&r);
+    ok(c.cmd("CONFIG SET replica-priority 7 replica-announce-port 1234"));
+    assert!(matches!(
+        c.cmd("CONFIG SET replica-priority x"),
+        Reply::Error(e) if e == "ERR CONFIG SET failed (possibly related to argument 'replica-priority') - argument couldn't be parsed into an integer"
+    ));
+    assert_eq!(
+        c.cmd("CONFIG GET slave-priority"),
+        Reply::bulks(&["slave-priority", "7"])
+    );
+    ok(c.cmd(&format!("REPLICAOF 127.0.0.1 {port}")));
+    ok(c.cmd("CONFIG REWRITE"));
+    let text = std::fs::read_to_string(&conf).expect("read config");
+    assert!(
+        text.starts_with("# my settings\nmax_batch = 512\n"),
+        "{text}"
+    );
+    assert!(text.contains("\nreplica_priority = 7\n"), "{text}");
+    assert!(
+        text.contains(&format!("\nreplica_of = \"127.0.0.1:{port}\"\n")),
+        "{text}"
+    );
+    assert!(text.contains("\nreplica_announce_port = 1234\n"), "{text}");
+    converge(&p, &r);
+    // The primary lists it under the port it announced.
+    let listed = info(&p, "slave0");
+    assert!(listed.contains("port=1234"), "{listed}");
+
+    r.restart();
+    converge(&p, &r);
+    assert_eq!(info(&r, "role"), "slave");
+    assert_eq!(info(&r, "slave_priority"), "7");
+    assert_eq!(info(&r, "master_port"), port.to_string());
+
+    ok(resp(&r).cmd("REPLICAOF NO ONE"));
+    ok(resp(&r).cmd("CONFIG REWRITE"));
+    let text = std::fs::read_to_string(&conf).expect("read config");
+    assert!(text.contains("\nreplica_of = \"\"\n"), "{text}");
+    r.restart();
+    assert_eq!(info(&r, "role"), "master");
+}
+
+/// `min-replicas-to-write`: a primary refuses writes on every protocol while fewer replicas
+/// than that have acknowledged within `min-replicas-max-lag` seconds, takes them once a
+/// replica is online, and refuses again once that replica has been gone longer than the lag.
+/// Reads go on throughout.
+#[test]
+fn min_replicas_to_write_refuses_writes_without_enough_replicas() {
+    let p = primary();
+    let mut c = resp(&p);
+    ok(c.cmd("SET before 1"));
+    ok(c.cmd("CONFIG SET min-replicas-to-write 1 min-replicas-max-lag 1"));
+    assert_eq!(
+        c.cmd("CONFIG GET min-slaves-to-write"),
+        Reply::bulks(&["min-slaves-to-write", "1"])
+    );
+    let refused = Reply::Error("NOREPLICAS Not enough good replicas to write.".into());
+    assert_eq!(c.cmd("SET x 1"), refused);
+    assert_eq!(c.cmd("GET before"), Reply::bulk("1"));
+    let mut mc = Mc::connect(&p);
+    assert_eq!(
+        mc.call("set m 0 0 1\r\nv\r\n"),
+        "SERVER_ERROR Not enough good replicas to write."
+    );
+    // In MULTI the refused write fails the transaction, as in Redis.
+    ok(c.cmd("MULTI"));
+    assert_eq!(c.cmd("SET y 1"), refused);
+    assert!(matches!(c.cmd("EXEC"), Reply::Error(e) if e.starts_with("EXECABORT")));
+
+    let mut r = replica_of(&p);
+    let deadline = Instant::now() + CONVERGE;
+    while resp(&p).cmd("SET x 1") != Reply::Simple("OK".into()) {
+        assert!(
+            Instant::now() < deadline,
+            "writes still refused with a replica online"
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(mc.call("set m 0 0 1\r\nv\r\n"), "STORED");
+    converge(&p, &r);
+    assert_eq!(resp(&r).cmd("GET x"), Reply::bulk("1"));
+
+    r.kill9();
+    let deadline = Instant::now() + CONVERGE;
+    while resp(&p).cmd("SET x 2") != refused {
+        assert!(
+            Instant::now() < deadline,
+            "writes still taken with the replica gone"
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    ok(resp(&p).cmd("CONFIG SET min-replicas-to-write 0"));
+    ok(resp(&p).cmd("SET x 3"));
+}

@@ -72,6 +72,11 @@ struct Backlog {
     /// Frames are kept only once a replica has asked for the stream (as Redis creates its
     /// backlog with the first replica): until then only the position moves.
     active: bool,
+    /// After a promotion: the previous primary's replication id and the offset the stream
+    /// had reached under it (Redis's `master_replid2` and `second_repl_offset` less one). A
+    /// replica of that primary at exactly that offset holds what this server held at its
+    /// promotion, and may continue here without a full copy.
+    previous: Option<(String, u64)>,
 }
 
 /// Why frames could not be served from a position.
@@ -86,8 +91,8 @@ pub enum Gone {
 pub struct Hub {
     replica: AtomicBool,
     /// `Backlog::active`, readable without the lock: the writer's log copies each batch's
-    /// payload for the backlog only once it is set.
-    wants_frames: AtomicBool,
+    /// payload for the backlog only once it is set (`Wal::share_tap_copy`).
+    wants_frames: Arc<AtomicBool>,
     backlog: Mutex<Backlog>,
     grew: Condvar,
     /// (LMDB transaction id, last batch it holds), newest last.
@@ -106,7 +111,7 @@ impl Hub {
         commits.push_back((txnid, last_seq));
         Hub {
             replica: AtomicBool::new(false),
-            wants_frames: AtomicBool::new(false),
+            wants_frames: Arc::default(),
             backlog: Mutex::new(Backlog {
                 replid,
                 cap: cap.min(usize::MAX as u64) as usize,
@@ -117,6 +122,7 @@ impl Hub {
                 first_seq: last_seq,
                 first_offset: 0,
                 active: false,
+                previous: None,
             }),
             grew: Condvar::new(),
             commits: Mutex::new(commits),
@@ -132,10 +138,15 @@ impl Hub {
     }
 
     /// Becomes a primary under a new replication id whose stream starts at `offset` (a
-    /// promoted replica goes on from the offset it had applied); the backlog starts empty.
-    pub fn restart_stream(&self, replid: String, offset: u64) {
+    /// promoted replica goes on from the offset it had applied); the backlog starts empty and
+    /// keeps frames from now on (the other replicas of the old primary are about to ask).
+    /// `previous`: the replication id of the primary it replicated, valid here up to `offset`.
+    pub fn restart_stream(&self, replid: String, offset: u64, previous: Option<String>) {
         let mut b = lock(&self.backlog);
         b.replid = replid;
+        b.previous = previous.filter(|id| !id.is_empty()).map(|id| (id, offset));
+        b.active = true;
+        self.wants_frames.store(true, Ordering::Release);
         b.frames.clear();
         b.bytes = 0;
         b.offset = offset;
@@ -233,6 +244,11 @@ impl Hub {
         self.wants_frames.load(Ordering::Acquire)
     }
 
+    /// The flag behind `wants_frames`, for the log to read at each append.
+    pub fn frames_flag(&self) -> Arc<AtomicBool> {
+        self.wants_frames.clone()
+    }
+
     /// A replica asked for the stream: keep frames from now on.
     pub fn activate(&self) {
         lock(&self.backlog).active = true;
@@ -288,11 +304,22 @@ impl Hub {
             .ok_or(Gone::NotHeld)
     }
 
-    /// Whether a replica of `replid` at `offset` can continue from the backlog.
+    /// The previous primary's replication id and the offset this server took over at, after a
+    /// promotion (INFO's `master_replid2`, `second_repl_offset`).
+    pub fn previous(&self) -> Option<(String, u64)> {
+        lock(&self.backlog).previous.clone()
+    }
+
+    /// Whether a replica of `replid` at `offset` can continue from the backlog: of this
+    /// stream, or of the previous primary's up to where this server took over (a replica
+    /// re-pointed here by a failover, no further than this server had applied).
     pub fn can_continue(&self, replid: &str, offset: u64) -> bool {
         let b = lock(&self.backlog);
-        b.replid == replid
-            && offset >= b.first_offset
+        let same = b.replid == replid
+            || b.previous
+                .as_ref()
+                .is_some_and(|(id, until)| id == replid && offset <= *until);
+        same && offset >= b.first_offset
             && offset <= b.offset
             && (offset == b.offset
                 || offset == b.first_offset
@@ -528,6 +555,41 @@ mod tests {
         assert_eq!(hub.offset_of_seq(2), Ok(Some(17)));
         let f = hub.frames_after(17, 1 << 20, Duration::ZERO).expect("held");
         assert_eq!(f.iter().map(|f| f.seq).collect::<Vec<_>>(), vec![3]);
+    }
+
+    #[test]
+    fn a_promoted_replica_continues_its_old_primarys_stream_only_where_it_took_over() {
+        let (old, new) = ("o".repeat(40), "n".repeat(40));
+        // A replica: its own batches only move the sequence.
+        let hub = Hub::new("r".repeat(40), 1 << 20, 0, 1);
+        hub.set_replica(true);
+        hub.release(&mut vec![tap(1, 0, 3)]);
+        hub.set_replica(false);
+        hub.restart_stream(new.clone(), 100, Some(old.clone()));
+        assert_eq!(hub.previous(), Some((old.clone(), 100)));
+        assert!(hub.can_continue(&old, 100), "exactly where it took over");
+        assert!(
+            !hub.can_continue(&old, 90),
+            "behind: the backlog starts at 100"
+        );
+        assert!(!hub.can_continue(&old, 110), "ahead: data it never had");
+        assert!(hub.can_continue(&new, 100));
+        // Its own writes go on in the backlog (kept from the promotion on) past 100.
+        hub.release(&mut vec![tap(2, 0, 5)]);
+        assert_eq!(hub.offset(), 110);
+        assert!(hub.can_continue(&old, 100));
+        assert!(
+            !hub.can_continue(&old, 110),
+            "110 is the new stream's, not the old one's"
+        );
+        assert!(hub.can_continue(&new, 110));
+        let f = hub
+            .frames_after(100, 1 << 20, Duration::ZERO)
+            .expect("held");
+        assert_eq!(f.iter().map(|f| f.seq).collect::<Vec<_>>(), vec![2]);
+        // A replica that was never linked has no previous id to offer.
+        hub.restart_stream("m".repeat(40), 110, Some(String::new()));
+        assert_eq!(hub.previous(), None);
     }
 
     #[test]

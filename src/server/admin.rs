@@ -933,7 +933,7 @@ fn config(args: Args<'_>, out: &mut Vec<u8>, sess: &Session, pass: &Pass<'_>) {
             crate::config::SyncMode::Never => "no",
         };
         let cache = cfg.max_disk > 0;
-        let params: [(&str, String); 12] = [
+        let mut params: Vec<(&str, String)> = vec![
             ("save", String::new()),
             ("appendonly", "no".into()),
             ("appendfsync", appendfsync.into()),
@@ -953,6 +953,7 @@ fn config(args: Args<'_>, out: &mut Vec<u8>, sess: &Session, pass: &Pass<'_>) {
             ("proto-max-bulk-len", cfg.proto_max_bulk_len.to_string()),
             ("dir", cfg.data_dir.display().to_string()),
         ];
+        params.extend(super::repl::config_params(&pass.shared.repl));
         // A name without glob characters is echoed as given (Redis does); a pattern answers the
         // parameters' own names.
         let mut hits: Vec<(&[u8], &String)> = Vec::new();
@@ -988,10 +989,15 @@ fn config(args: Args<'_>, out: &mut Vec<u8>, sess: &Session, pass: &Pass<'_>) {
         pass.shared.cache.reset();
         enc::ok(out);
     } else if args.is(1, "SET") {
-        enc::error(
-            out,
-            "ERR CONFIG SET is not supported by memkeep; use its config file or flags",
-        );
+        // The replication settings Sentinel and operators change; nothing else.
+        if !super::repl::config_set(args, out, &pass.shared.repl) {
+            enc::error(
+                out,
+                "ERR CONFIG SET is not supported by memkeep; use its config file or flags",
+            );
+        }
+    } else if args.is(1, "REWRITE") && args.len() == 2 {
+        super::repl::config_rewrite(out, pass.shared);
     } else {
         unknown_sub(out, "CONFIG", args);
     }
@@ -1084,14 +1090,18 @@ fn info_with(
         "server",
         "Server",
         format!(
-            "redis_version:{REDIS_VERSION}\r\nmemkeep_version:{}\r\nredis_mode:standalone\r\nos:{} {}\r\narch_bits:{}\r\nprocess_id:{}\r\ntcp_port:{}\r\nuptime_in_seconds:{uptime}\r\nuptime_in_days:{}\r\nexecutable:memkeep\r\n",
+            "redis_version:{REDIS_VERSION}\r\nmemkeep_version:{}\r\nredis_mode:standalone\r\nos:{} {}\r\narch_bits:{}\r\nprocess_id:{}\r\nrun_id:{}\r\ntcp_port:{}\r\nuptime_in_seconds:{uptime}\r\nuptime_in_days:{}\r\nexecutable:memkeep\r\nconfig_file:{}\r\n",
             env!("CARGO_PKG_VERSION"),
             std::env::consts::OS,
             std::env::consts::ARCH,
             usize::BITS,
             std::process::id(),
+            shared.repl.run_id,
             cfg.resp_port,
-            uptime / 86400
+            uptime / 86400,
+            cfg.config_file
+                .as_ref()
+                .map_or_else(String::new, |p| p.display().to_string()),
         ),
     );
     section(

@@ -93,6 +93,8 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
                 ))
             } else if readonly {
                 Some((status::AUTH_ERROR, b"Read-only user"))
+            } else if pass.shared.repl.too_few_replicas() {
+                Some((status::NOT_STORED, b"Not enough good replicas to write."))
             } else {
                 None
             }

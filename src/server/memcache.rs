@@ -154,7 +154,8 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
             return Stop::Paused;
         }
         let replica = write.is_some() && pass.shared.repl.is_replica();
-        if (readonly || replica) && write.is_some() {
+        let too_few = write.is_some() && !replica && pass.shared.repl.too_few_replicas();
+        if (readonly || replica || too_few) && write.is_some() {
             // A read-only user (`auth_readonly`), or a replica: the write is refused, even
             // with noreply (as memcached sends its errors).
             if inflight > 0 {
@@ -164,6 +165,8 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
                 out,
                 if replica {
                     super::repl::MC_READONLY
+                } else if too_few {
+                    super::repl::MC_NOREPLICAS
                 } else {
                     READONLY_ERROR
                 },

@@ -424,7 +424,7 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         checkpoints: durable.checkpointer.stats.clone(),
         counters: (0..threads).map(|_| Counters::default()).collect(),
         replid: replication_id(),
-        repl: repl::Repl::new(threads)
+        repl: repl::Repl::new(threads, &config)
             .map_err(|e| ServerError(format!("cannot set up replication: {e}")))?,
         command_stats: (0..threads)
             .map(|_| stats::CommandStats::new(resp::stat_slots()))

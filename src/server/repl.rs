@@ -102,11 +102,44 @@ pub struct Repl {
     me: OnceLock<std::sync::Weak<Shared>>,
     /// The receiver's socket, shut down to end its link at once (REPLICAOF).
     sock: Mutex<Option<TcpStream>>,
+    /// INFO's `run_id`: made at every start, as Redis does (Sentinel tells restarts by it).
+    pub run_id: String,
+    /// What CONFIG SET may change at run time (`replica-priority`, `replica-announce-*`).
+    settings: Mutex<Settings>,
+    /// `settings.min_to_write`, read by every write without the lock.
+    min_to_write: AtomicU64,
+}
+
+/// The replication settings CONFIG SET changes and CONFIG REWRITE saves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// Redis's `replica-priority`: Sentinel promotes the lowest non-zero one; 0 never.
+    pub priority: u32,
+    /// Redis's `replica-announce-ip` and `replica-announce-port`: the address a replica
+    /// tells its primary (shown in the primary's INFO, where Sentinel finds replicas) instead
+    /// of its connection's source address and its RESP port; empty and 0: those.
+    pub announce_ip: String,
+    pub announce_port: u16,
+    /// Redis's `min-replicas-to-write` and `min-replicas-max-lag` (seconds).
+    pub min_to_write: u32,
+    pub max_lag: u32,
+}
+
+impl Settings {
+    pub fn from_config(c: &crate::config::Config) -> Settings {
+        Settings {
+            priority: c.replica_priority,
+            announce_ip: c.replica_announce_ip.clone(),
+            announce_port: c.replica_announce_port,
+            min_to_write: c.min_replicas_to_write,
+            max_lag: c.min_replicas_max_lag,
+        }
+    }
 }
 
 impl Repl {
     /// `workers` mailboxes come first in the writer's list; this one is at that index.
-    pub fn new(workers: usize) -> io::Result<Repl> {
+    pub fn new(workers: usize, config: &crate::config::Config) -> io::Result<Repl> {
         let poll = Poll::new()?;
         let waker = Waker::new(poll.registry(), RECEIVER_WAKER)?;
         Ok(Repl {
@@ -126,7 +159,48 @@ impl Repl {
             receivers: AtomicUsize::new(0),
             me: OnceLock::new(),
             sock: Mutex::new(None),
+            run_id: super::replication_id(),
+            settings: Mutex::new(Settings::from_config(config)),
+            min_to_write: AtomicU64::new(config.min_replicas_to_write as u64),
         })
+    }
+
+    /// Whether a primary refuses writes now: `min-replicas-to-write` is set and fewer
+    /// replicas than that are online with an acknowledgement within `min-replicas-max-lag`
+    /// seconds (Redis's "good replicas"). Never on a replica (it refuses writes anyway).
+    pub fn too_few_replicas(&self) -> bool {
+        let min = self.min_to_write.load(Ordering::Relaxed);
+        if min == 0 || self.is_replica() {
+            return false;
+        }
+        let max_lag = lock(&self.settings).max_lag as u64;
+        let good = lock(&self.peers)
+            .iter()
+            .filter(|p| {
+                *lock(&p.state) == "online" && lock(&p.ack_at).elapsed().as_secs() <= max_lag
+            })
+            .count();
+        (good as u64) < min
+    }
+
+    pub fn settings(&self) -> Settings {
+        lock(&self.settings).clone()
+    }
+
+    pub fn set_settings(&self, s: Settings) {
+        self.min_to_write
+            .store(s.min_to_write as u64, Ordering::Relaxed);
+        *lock(&self.settings) = s;
+    }
+
+    /// `replica_of` as it stands now ("host:port", or empty on a primary), for CONFIG
+    /// REWRITE.
+    pub fn target(&self) -> String {
+        match self.link() {
+            Some(l) if l.host.contains(':') => format!("[{}]:{}", l.host, l.port),
+            Some(l) => format!("{}:{}", l.host, l.port),
+            None => String::new(),
+        }
     }
 
     pub fn set_hub(&self, hub: Arc<Hub>) {
@@ -256,16 +330,29 @@ pub fn promote(shared: &Arc<Shared>) {
     let repl = &shared.repl;
     repl.generation.fetch_add(1, Ordering::AcqRel);
     repl.cut_link();
-    let link = lock(&repl.link).take();
-    // The receiver may be applying a group: wait for it to notice (it checks between groups).
+    // The receiver may be applying a group: wait for it to notice (it checks between groups),
+    // so the link's offset is what the store holds (a replica of the old primary may continue
+    // here from exactly that offset).
     let deadline = Instant::now() + Duration::from_secs(5);
     while repl.receivers.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));
     }
+    let stopped = repl.receivers.load(Ordering::Acquire) == 0;
+    let mut link = lock(&repl.link).take();
+    if !stopped {
+        // Its last group may land after the offset is read: no replica may continue here.
+        warn!("promoted while the replication receiver was still applying a write");
+        if let Some(l) = &mut link {
+            l.replid.clear();
+        }
+    }
     if let Some(hub) = repl.hub() {
-        let offset = link.map_or_else(|| hub.offset(), |l| l.offset);
+        let (offset, previous) = match link {
+            Some(l) => (l.offset, Some(l.replid)),
+            None => (hub.offset(), None),
+        };
         hub.set_replica(false);
-        hub.restart_stream(super::replication_id(), offset);
+        hub.restart_stream(super::replication_id(), offset, previous);
         info!("promoted to primary at offset {offset}");
     }
     // The stored position no longer describes the data once it takes writes of its own: it
@@ -307,18 +394,23 @@ pub fn promote(shared: &Arc<Shared>) {
 // Primary side.
 
 /// Serves a replica that sent PSYNC on `stream` (taken out of its event loop).
+/// `announced`: the address and port the replica gave with REPLCONF (none and 0: its
+/// connection's).
 pub fn serve_replica(
     shared: Arc<Shared>,
     stream: TcpStream,
     replid: String,
     offset: i64,
-    listening_port: u16,
+    announced: (Option<String>, u16),
 ) {
     let peer_addr = stream.peer_addr().ok();
+    let (announced_ip, listening_port) = announced;
     let spawned = std::thread::Builder::new()
         .name("memkeep-repl-out".into())
         .spawn(move || {
-            let ip = peer_addr.map_or_else(|| "?".to_string(), |a| a.ip().to_string());
+            let ip = announced_ip.unwrap_or_else(|| {
+                peer_addr.map_or_else(|| "?".to_string(), |a| a.ip().to_string())
+            });
             let port = if listening_port != 0 {
                 listening_port
             } else {
@@ -712,9 +804,18 @@ fn link_once(r: &mut Receiving<'_>, host: &str, port: u16) -> Result<(), LinkErr
     }
     command(&mut out, &["PING"])?;
     expect_ok(&mut input, "PING")?;
-    let my_port = shared.config.resp_port.to_string();
+    let settings = repl.settings();
+    let my_port = match settings.announce_port {
+        0 => shared.config.resp_port,
+        p => p,
+    }
+    .to_string();
     command(&mut out, &["REPLCONF", "listening-port", &my_port])?;
     expect_ok(&mut input, "REPLCONF listening-port")?;
+    if !settings.announce_ip.is_empty() {
+        command(&mut out, &["REPLCONF", "ip-address", &settings.announce_ip])?;
+        expect_ok(&mut input, "REPLCONF ip-address")?;
+    }
     command(&mut out, &["REPLCONF", "capa", "eof", "capa", "psync2"])?;
     expect_ok(&mut input, "REPLCONF capa")?;
     let (replid, offset) = repl
@@ -884,6 +985,11 @@ pub fn readonly_error() -> String {
 /// The same words for memcached's text and meta protocols.
 pub const MC_READONLY: &str = "SERVER_ERROR You can't write against a read only replica.";
 
+/// A write refused for want of replicas (`min-replicas-to-write`): RESP, and memcached's text
+/// and meta protocols with the same words.
+pub const NOREPLICAS: &str = "NOREPLICAS Not enough good replicas to write.";
+pub const MC_NOREPLICAS: &str = "SERVER_ERROR Not enough good replicas to write.";
+
 /// Runs a replication command (WAIT may leave `sess.wait` set and write nothing: not yet).
 pub fn run(
     cmd: Cmd,
@@ -904,6 +1010,19 @@ pub fn run(
                         Ok(p) => sess.repl_port = p,
                         Err(_) => return enc::error(out, "ERR value is out of range"),
                     }
+                } else if args.is(i, "ip-address") {
+                    let ip = text(i + 1);
+                    // Redis keeps at most NET_HOST_STR_LEN - 1 bytes of it.
+                    if ip.len() >= 256 {
+                        return enc::error(
+                            out,
+                            &format!(
+                                "ERR REPLCONF ip-address provided by replica instance is too long: {} bytes",
+                                ip.len()
+                            ),
+                        );
+                    }
+                    sess.repl_ip = (!ip.is_empty()).then_some(ip);
                 }
                 i += 2;
             }
@@ -1062,7 +1181,11 @@ pub fn info(repl: &Repl, backlog_size: u64) -> String {
                     l.down_since.elapsed().as_secs()
                 );
             }
-            s.push_str("slave_priority:100\r\nslave_read_only:1\r\nreplica_announced:1\r\n");
+            let _ = write!(
+                s,
+                "slave_priority:{}\r\nslave_read_only:1\r\nreplica_announced:1\r\n",
+                repl.settings().priority
+            );
         }
         None => s.push_str("role:master\r\n"),
     }
@@ -1079,9 +1202,19 @@ pub fn info(repl: &Repl, backlog_size: u64) -> String {
         );
     }
     let (first, histlen) = repl.hub().map_or((0, 0), |h| h.backlog_span());
+    // After a promotion, the old primary's id and where this server took over (Redis's
+    // second_repl_offset is the first byte no longer served under it).
+    let (replid2, second) = match repl
+        .hub()
+        .and_then(|h| h.previous())
+        .filter(|_| link.is_none())
+    {
+        Some((id, until)) => (id, (until + 1) as i64),
+        None => ("0".repeat(40), -1),
+    };
     let _ = write!(
         s,
-        "master_failover_state:no-failover\r\nmaster_replid:{replid}\r\nmaster_replid2:0000000000000000000000000000000000000000\r\nmaster_repl_offset:{offset}\r\nsecond_repl_offset:-1\r\nrepl_backlog_active:{}\r\nrepl_backlog_size:{backlog_size}\r\nrepl_backlog_first_byte_offset:{}\r\nrepl_backlog_histlen:{histlen}\r\n",
+        "master_failover_state:no-failover\r\nmaster_replid:{replid}\r\nmaster_replid2:{replid2}\r\nmaster_repl_offset:{offset}\r\nsecond_repl_offset:{second}\r\nrepl_backlog_active:{}\r\nrepl_backlog_size:{backlog_size}\r\nrepl_backlog_first_byte_offset:{}\r\nrepl_backlog_histlen:{histlen}\r\n",
         u8::from(link.is_none() && repl.hub().is_some_and(|h| h.active())),
         first + 1,
     );
@@ -1094,4 +1227,220 @@ pub fn info(repl: &Repl, backlog_size: u64) -> String {
         repl.resumes.load(Ordering::Relaxed),
     );
     s
+}
+
+// ---------------------------------------------------------------------------------------
+// CONFIG GET / SET / REWRITE of the replication settings.
+
+/// The replication parameters CONFIG GET answers, Redis's names and aliases with their values.
+pub fn config_params(repl: &Repl) -> Vec<(&'static str, String)> {
+    let s = repl.settings();
+    let replicaof = repl
+        .link()
+        .map_or_else(String::new, |l| format!("{} {}", l.host, l.port));
+    vec![
+        ("replica-priority", s.priority.to_string()),
+        ("slave-priority", s.priority.to_string()),
+        ("replica-announce-ip", s.announce_ip.clone()),
+        ("slave-announce-ip", s.announce_ip),
+        ("replica-announce-port", s.announce_port.to_string()),
+        ("slave-announce-port", s.announce_port.to_string()),
+        ("replica-read-only", "yes".into()),
+        ("slave-read-only", "yes".into()),
+        ("replicaof", replicaof.clone()),
+        ("slaveof", replicaof),
+        ("min-replicas-to-write", s.min_to_write.to_string()),
+        ("min-slaves-to-write", s.min_to_write.to_string()),
+        ("min-replicas-max-lag", s.max_lag.to_string()),
+        ("min-slaves-max-lag", s.max_lag.to_string()),
+    ]
+}
+
+/// CONFIG SET name value [name value ...] for the replication settings, all or none (as Redis
+/// 7 applies several). Returns false, having written nothing, when a parameter is not one of
+/// them (the caller answers for it).
+pub fn config_set(args: Args<'_>, out: &mut Vec<u8>, repl: &Repl) -> bool {
+    if !args.len().is_multiple_of(2) {
+        enc::error(out, "ERR syntax error");
+        return true;
+    }
+    let mut next = repl.settings();
+    let mut seen: Vec<&'static str> = Vec::new();
+    for i in (2..args.len()).step_by(2) {
+        let (name, value) = (args.get(i), args.get(i + 1));
+        let Some(canonical) = setting_name(name) else {
+            return false;
+        };
+        let why = if seen.contains(&canonical) {
+            Some("duplicate parameter".to_string())
+        } else {
+            seen.push(canonical);
+            set_one(&mut next, canonical, value).err()
+        };
+        if let Some(why) = why {
+            enc::error(
+                out,
+                &format!(
+                    "ERR CONFIG SET failed (possibly related to argument '{}') - {why}",
+                    String::from_utf8_lossy(name)
+                ),
+            );
+            return true;
+        }
+    }
+    repl.set_settings(next);
+    enc::ok(out);
+    true
+}
+
+/// A settable replication parameter's canonical name (Redis's `slave-*` aliases included).
+fn setting_name(name: &[u8]) -> Option<&'static str> {
+    Some(match name.to_ascii_lowercase().as_slice() {
+        b"replica-priority" | b"slave-priority" => "replica-priority",
+        b"replica-announce-ip" | b"slave-announce-ip" => "replica-announce-ip",
+        b"replica-announce-port" | b"slave-announce-port" => "replica-announce-port",
+        b"replica-read-only" | b"slave-read-only" => "replica-read-only",
+        b"min-replicas-to-write" | b"min-slaves-to-write" => "min-replicas-to-write",
+        b"min-replicas-max-lag" | b"min-slaves-max-lag" => "min-replicas-max-lag",
+        _ => return None,
+    })
+}
+
+/// Applies one parameter to `s`, or says why not in Redis's words.
+fn set_one(s: &mut Settings, name: &str, value: &[u8]) -> Result<(), String> {
+    let int = |max: i64| match parse_i64(value) {
+        None => Err("argument couldn't be parsed into an integer".to_string()),
+        Some(n) if !(0..=max).contains(&n) => {
+            Err(format!("argument must be between 0 and {max} inclusive"))
+        }
+        Some(n) => Ok(n),
+    };
+    match name {
+        "replica-priority" => s.priority = int(i32::MAX as i64)? as u32,
+        "replica-announce-port" => s.announce_port = int(u16::MAX as i64)? as u16,
+        "replica-announce-ip" => s.announce_ip = String::from_utf8_lossy(value).into_owned(),
+        "min-replicas-to-write" => s.min_to_write = int(i32::MAX as i64)? as u32,
+        "min-replicas-max-lag" => s.max_lag = int(i32::MAX as i64)? as u32,
+        // memkeep replicas always refuse writes: `yes` is what they are already.
+        _ if value.eq_ignore_ascii_case(b"yes") => {}
+        _ if value.eq_ignore_ascii_case(b"no") => {
+            return Err("memkeep replicas are always read-only".into());
+        }
+        _ => return Err("argument must be 'yes' or 'no'".into()),
+    }
+    Ok(())
+}
+
+/// CONFIG REWRITE: writes the replication settings in force (`replica_of` after REPLICAOF,
+/// and what CONFIG SET changed) into the config file the server was started with, keeping
+/// every other line as it is. Without a config file it answers as Redis does.
+pub fn config_rewrite(out: &mut Vec<u8>, shared: &Shared) {
+    let Some(path) = &shared.config.config_file else {
+        return enc::error(out, "ERR The server is running without a config file");
+    };
+    let repl = &shared.repl;
+    let s = repl.settings();
+    let defaults = crate::config::Config::default();
+    let entries: [(&str, toml::Value, bool); 6] = [
+        (
+            "replica_of",
+            toml::Value::String(repl.target()),
+            repl.link().is_some(),
+        ),
+        (
+            "replica_priority",
+            toml::Value::Integer(s.priority as i64),
+            s.priority != defaults.replica_priority,
+        ),
+        (
+            "replica_announce_ip",
+            toml::Value::String(s.announce_ip.clone()),
+            !s.announce_ip.is_empty(),
+        ),
+        (
+            "replica_announce_port",
+            toml::Value::Integer(s.announce_port as i64),
+            s.announce_port != 0,
+        ),
+        (
+            "min_replicas_to_write",
+            toml::Value::Integer(s.min_to_write as i64),
+            s.min_to_write != defaults.min_replicas_to_write,
+        ),
+        (
+            "min_replicas_max_lag",
+            toml::Value::Integer(s.max_lag as i64),
+            s.max_lag != defaults.min_replicas_max_lag,
+        ),
+    ];
+    match rewrite_file(path, &entries) {
+        Ok(()) => enc::ok(out),
+        Err(e) => {
+            warn!("CONFIG REWRITE of {}: {e}", path.display());
+            enc::error(out, &format!("ERR Rewriting config file: {e}"));
+        }
+    }
+}
+
+/// Sets each `key = value` of `entries` in the TOML file at `path`: a line that sets the key
+/// is replaced; a key with no line is added at the end when its flag says
+/// it differs from the default. The new text must parse as a memkeep config; it is written
+/// beside the file, synced and renamed over it, so a crash leaves the old file or the new.
+fn rewrite_file(path: &std::path::Path, entries: &[(&str, toml::Value, bool)]) -> io::Result<()> {
+    let old = std::fs::read_to_string(path)?;
+    let mut done = vec![false; entries.len()];
+    let mut lines: Vec<String> = Vec::new();
+    // memkeep's settings are all top-level keys (a table would not parse as its config).
+    for line in old.lines() {
+        let t = line.trim_start();
+        let key = t.split('=').next().map(str::trim).unwrap_or("");
+        let hit = if t.starts_with('#') || !t.contains('=') {
+            None
+        } else {
+            entries.iter().position(|(k, ..)| *k == key)
+        };
+        match hit {
+            // A second line for the same key (TOML would refuse it anyway) is dropped.
+            Some(i) if done[i] => {}
+            Some(i) => {
+                lines.push(format!("{} = {}", entries[i].0, entries[i].1));
+                done[i] = true;
+            }
+            None => lines.push(line.to_string()),
+        }
+    }
+    let mut added = false;
+    for (i, (k, v, differs)) in entries.iter().enumerate() {
+        if !done[i] && *differs {
+            if !added {
+                lines.push("# Written by CONFIG REWRITE.".into());
+                added = true;
+            }
+            lines.push(format!("{k} = {v}"));
+        }
+    }
+    let mut text = lines.join("\n");
+    text.push('\n');
+    crate::config::Config::from_toml(&text)
+        .map_err(|e| io::Error::other(format!("the rewritten file would not parse: {e}")))?;
+    let tmp = path.with_extension("rewrite.tmp");
+    let result = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        drop(f);
+        // Keep the file's permissions.
+        if let Ok(m) = std::fs::metadata(path) {
+            std::fs::set_permissions(&tmp, m.permissions())?;
+        }
+        std::fs::rename(&tmp, path)?;
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::File::open(dir)?.sync_all()?;
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
 }

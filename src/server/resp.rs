@@ -40,6 +40,8 @@ pub struct Session {
     pub psync: Option<(String, i64)>,
     /// REPLCONF listening-port: the port a replica says it serves on.
     pub repl_port: u16,
+    /// REPLCONF ip-address: the address a replica announces (`replica-announce-ip`).
+    pub repl_ip: Option<String>,
     /// WAIT in progress: the offset it waits for and when it gives up.
     pub wait: Option<(u64, Option<std::time::Instant>)>,
     /// MULTI was sent: commands are queued until EXEC or DISCARD.
@@ -527,7 +529,7 @@ const SUBCOMMANDS: &[(Cmd, &str, SubArities)] = &[
     (
         Cmd::Config,
         "config",
-        &[("GET", -3), ("SET", -4), ("RESETSTAT", 2)],
+        &[("GET", -3), ("SET", -4), ("RESETSTAT", 2), ("REWRITE", 2)],
     ),
     (
         Cmd::Command,
@@ -640,6 +642,12 @@ fn check(args: Args<'_>, sess: &Session, pass: &Pass<'_>) -> Result<&'static Spe
     if (spec.write || matches!(spec.cmd, Cmd::Eval | Cmd::EvalSha)) && pass.shared.repl.is_replica()
     {
         return Err(super::repl::readonly_error());
+    }
+    // A primary with too few replicas acknowledging (`min-replicas-to-write`).
+    if (spec.write || matches!(spec.cmd, Cmd::Eval | Cmd::EvalSha))
+        && pass.shared.repl.too_few_replicas()
+    {
+        return Err(super::repl::NOREPLICAS.into());
     }
     if acl.restricted() || sess.user.is_some() {
         let all: Vec<&[u8]> = (0..args.len()).map(|i| args.get(i)).collect();

@@ -952,6 +952,7 @@ impl Worker {
 
 /// Hands a replica's connection to a replication sender thread (`repl.rs`).
 fn detach(conn: Conn, poll: &Poll, shared: &Arc<Shared>, replid: String, offset: i64, port: u16) {
+    let ip = conn.resp.repl_ip.clone();
     if let Some(info) = &conn.resp.info {
         shared.clients.remove(info.id);
     }
@@ -964,7 +965,7 @@ fn detach(conn: Conn, poll: &Poll, shared: &Arc<Shared>, replid: String, offset:
         debug!("deregister failed: {e}");
     }
     let stream = super::into_std(stream);
-    super::repl::serve_replica(shared.clone(), stream, replid, offset, port);
+    super::repl::serve_replica(shared.clone(), stream, replid, offset, (ip, port));
 }
 
 /// Removes a connection: deregisters its socket and closes it. A late write completion for it

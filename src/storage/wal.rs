@@ -57,6 +57,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Batch header: magic, payload length, sequence number, checksum.
 pub const HEADER: usize = 20;
@@ -865,8 +866,10 @@ pub struct Wal {
     /// undone append leaves it too.
     tap: Option<Vec<Tapped>>,
     /// Whether tapped batches keep a copy of their payload (a replica may want it), or only
-    /// their size (no backlog is kept: a copy per batch would be wasted).
-    tap_copy: bool,
+    /// their size (no backlog is kept: a copy per batch would be wasted). Shared with the
+    /// replication hub, which sets it when a replica asks for the stream, and read at each
+    /// append.
+    tap_copy: Arc<std::sync::atomic::AtomicBool>,
     /// What the last append added to `since_checkpoint` beyond its bytes (its patches'
     /// values), for `undo`.
     last_patched: u64,
@@ -919,7 +922,7 @@ impl Wal {
             since_checkpoint: len.saturating_sub(format.start()),
             unsynced: false,
             tap: None,
-            tap_copy: false,
+            tap_copy: Arc::default(),
             last_patched: 0,
         };
         if format == Format::Legacy {
@@ -961,7 +964,10 @@ impl Wal {
             tap.push(Tapped {
                 seq,
                 len: payload.len(),
-                payload: self.tap_copy.then(|| payload.to_vec()),
+                payload: self
+                    .tap_copy
+                    .load(std::sync::atomic::Ordering::Acquire)
+                    .then(|| payload.to_vec()),
             });
         }
         Ok(seq)
@@ -972,9 +978,10 @@ impl Wal {
         self.tap = on.then(Vec::new);
     }
 
-    /// Whether the batches tapped from now on keep a copy of their payload.
-    pub fn set_tap_copy(&mut self, on: bool) {
-        self.tap_copy = on;
+    /// The flag that says whether the batches tapped from now on keep a copy of their
+    /// payload (the replication hub's).
+    pub fn share_tap_copy(&mut self, flag: Arc<std::sync::atomic::AtomicBool>) {
+        self.tap_copy = flag;
     }
 
     /// Moves the batches tapped since the last call into `out`, in sequence order.

@@ -35,6 +35,8 @@ impl<T: Send + Clone> Writer<T> {
         let txnid = self.store.env().info().last_txn_id as u64;
         let hub = Arc::new(Hub::new(replid, backlog, self.wal.last_seq(), txnid));
         self.wal.set_tap(true);
+        // Copies of the batches' payloads only once a replica wants the stream.
+        self.wal.share_tap_copy(hub.frames_flag());
         self.repl = Some(hub.clone());
         (self, hub)
     }
@@ -60,8 +62,6 @@ impl<T: Send + Clone> Writer<T> {
         }
         self.wal.take_tapped(&mut self.tapped);
         hub.release(&mut self.tapped);
-        // Copies of the batches' payloads only once a replica wants the stream.
-        self.wal.set_tap_copy(hub.wants_frames());
     }
 
     /// Installs any full copy in `batch` (writer thread), after committing the submissions
