@@ -652,7 +652,8 @@ class Runner:
     def resp_servers(self) -> list[str]:
         return [s for s in self.servers if s in MEMKEEP_MODES] + [s for s in self.servers if s in REDIS_MODES]
 
-    def redis_benchmark(self, srv: Server, workload: str, argv_tail: list[str], label: str) -> list[dict]:
+    def redis_benchmark(self, srv: Server, workload: str, argv_tail: list[str], label: str,
+                        extra: dict | None = None) -> list[dict]:
         argv = [self.bins["redis-benchmark"], "-h", "127.0.0.1", "-p", str(srv.resp_port)] + argv_tail
         tmpl = ["redis-benchmark", "-h", "127.0.0.1", "-p", "$PORT"] + argv_tail
         self.commands.setdefault(f"{workload} {label}", shlex.join(tmpl))
@@ -695,6 +696,7 @@ class Runner:
         for rec in recs:
             rec["secs"] = secs
             rec["cpu_s"] = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
+            rec.update(extra or {})
             self.record(rec)
         summary = ", ".join(f"{r['test']}={r['rps']:.0f}" if r.get("rps") else f"{r['test']}=ERROR" for r in recs)
         log(f"  {workload} {srv.name:16} {summary}" + (f"  [{err}]" if err else ""))
@@ -718,25 +720,29 @@ class Runner:
                 srv.cleanup()
 
     def run_rb_series(self, workload: str, names: list[str], n: int, tests: list[str], argv,
-                      setup=None, finish=None, extra=None) -> None:
+                      setup=None, finish=None, extra=None, rounds: int = 1) -> None:
         """A fresh server per name (with `extra(name)`'s flags), `setup(srv)`, then redis-benchmark
-        with `argv(srv, test)` for each test, then `finish(srv)`."""
-        for name in names:
-            srv = self.new_server_with(name, workload, extra(name) if extra else [])
-            try:
-                if setup:
-                    setup(srv)
-                reqs = 0
-                for t in tests:
-                    recs = self.redis_benchmark(srv, workload, argv(srv, t), t)
-                    reqs += n * sum(1 for r in recs if r.get("rps"))
-                self.server_summary(srv, workload, requests=reqs)
-                if finish:
-                    finish(srv)
-            except BenchError as e:
-                self.fail(f"{workload} {name}: {e}")
-            finally:
-                srv.cleanup()
+        with `argv(srv, test)` for each test, then `finish(srv)`; with `rounds` > 1, all of it that
+        many times, every other round in reverse order (see `round_orders`)."""
+        for rnd, order in self.round_orders(names, rounds):
+            tag = {"round": rnd} if rounds > 1 else None
+            for name in order:
+                srv = self.new_server_with(name, workload, extra(name) if extra else [])
+                try:
+                    if setup:
+                        setup(srv)
+                    reqs = 0
+                    for t in tests:
+                        recs = self.redis_benchmark(srv, workload, argv(srv, t), t, extra=tag)
+                        reqs += n * sum(1 for r in recs if r.get("rps"))
+                    if rnd == 0:
+                        self.server_summary(srv, workload, requests=reqs)
+                    if finish:
+                        finish(srv)
+                except BenchError as e:
+                    self.fail(f"{workload} {name}: {e}")
+                finally:
+                    srv.cleanup()
 
     def run_w3b(self) -> None:
         n = self.n(self.args.n_w3b)
@@ -779,8 +785,10 @@ class Runner:
 
     def run_eval(self) -> None:
         n = self.n(self.args.n_eval)
+        # A one-second sample per server swung from 0.7x to 1.4x between runs: paired rounds.
         self.run_rb_series("eval", [s for s in self.resp_servers() if s in EVAL_SERVERS], n, EVAL_TESTS,
-                           lambda srv, t: ["-n", str(n), "--csv", "EVAL", EVAL_SCRIPT, "1", "counter"])
+                           lambda srv, t: ["-n", str(n), "--csv", "EVAL", EVAL_SCRIPT, "1", "counter"],
+                           rounds=self.args.rounds)
 
     def fill_edits(self, srv: Server) -> None:
         """`big`: EDITS_SIZE bytes of `x`; `bits`: a bitmap of EDITS_SIZE bytes."""
@@ -908,12 +916,13 @@ class Runner:
                     finally:
                         srv.cleanup()
 
-    def round_orders(self, servers: list) -> list[tuple[int, list]]:
+    def round_orders(self, servers: list, rounds: int | None = None) -> list[tuple[int, list]]:
         """The servers of one comparison point, once per --rounds, every other round in reverse
         order (A B, B A, ...): a drift of the machine over the point (the disk's fsync latency
         moves from minute to minute here) then weighs on both sides alike."""
+        n = self.args.rounds if rounds is None else rounds
         return [(i, list(servers) if i % 2 == 0 else list(reversed(servers)))
-                for i in range(max(1, self.args.rounds))]
+                for i in range(max(1, n))]
 
     # -- transactions and queues, durable ---------------------------------------------------
 
@@ -1168,6 +1177,37 @@ def per_round(r: dict) -> str:
     return " [" + " / ".join(fmt_n(v) if v else "-" for v in ops) + "]"
 
 
+def merge_rb_rounds(rbs: list[dict]) -> list[dict]:
+    """One redis-benchmark record per (workload, server, test) from its --rounds repeats
+    (records with a "round"): the median rate and latencies, each round's rate in "round_rps";
+    a round's error is kept. Other records pass as they are."""
+    groups: dict = {}
+    out: list = []
+    for r in rbs:
+        if "round" not in r or r.get("rps") is None:
+            out.append(r)
+            continue
+        k = (r["workload"], r["server"], r["label"], r["test"])
+        if k not in groups:
+            groups[k] = []
+            out.append(k)
+        groups[k].append(r)
+    merged = []
+    for item in out:
+        if isinstance(item, dict):
+            merged.append(item)
+            continue
+        rs = groups[item]
+        m = dict(rs[0])
+        for f in ("rps", "avg_ms", "p50_ms", "p99_ms", "max_ms"):
+            vals = [r[f] for r in rs if isinstance(r.get(f), (int, float))]
+            m[f] = statistics.median(vals) if vals else None
+        if len(rs) > 1:
+            m["round_rps"] = [r["rps"] for r in rs]
+        merged.append(m)
+    return merged
+
+
 def merge_rounds(phases: list[dict]) -> list[dict]:
     """One record per point from the --rounds repeats of a point (records with a "round"):
     rates and latencies are the median over the rounds (the mean of two), the per-round rates
@@ -1215,7 +1255,7 @@ class Report:
     def __init__(self, records: list[dict]):
         self.meta = next((r for r in records if r["type"] == "meta"), {})
         self.phases = merge_rounds([r for r in records if r["type"] == "phase"])
-        self.rbs = [r for r in records if r["type"] == "rb"]
+        self.rbs = merge_rb_rounds([r for r in records if r["type"] == "rb"])
         self.restarts = [r for r in records if r["type"] == "restart"]
         self.summaries = [r for r in records if r["type"] == "server"]
         self.end = next((r for r in records if r["type"] == "end"), {})
@@ -1417,7 +1457,10 @@ class Report:
                 if rps is None and labels is None:
                     # W3: the label is the -t name, the csv test name differs; find the error by label.
                     pass
-                cells.append(fmt_n(rps) if rps is not None else ("error" if err else "n/a"))
+                r = self.rb(workload, s, t)
+                rounds = (r or {}).get("round_rps") or []
+                each = " [" + " / ".join(fmt_n(v) for v in rounds) + "]" if len(rounds) > 1 else ""
+                cells.append(fmt_n(rps) + each if rps is not None else ("error" if err else "n/a"))
             w(f"| `{t}` | " + " | ".join(cells) + " |")
         cpu = {s["server"]: s for s in self.summaries if s["workload"] == workload}
         w("| server CPU s per M requests | " + " | ".join(
@@ -1897,7 +1940,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--n-w2", type=int, default=20_000, help="W2 keys (default 20000)")
     p.add_argument("--n-w3", type=int, default=50_000, help="W3 redis-benchmark -n (default 50000)")
     p.add_argument("--n-w3b", type=int, default=30_000, help="W3b redis-benchmark -n (default 30000)")
-    p.add_argument("--n-eval", type=int, default=50_000, help="eval redis-benchmark -n (default 50000)")
+    p.add_argument("--n-eval", type=int, default=100_000,
+                   help="eval redis-benchmark -n per round (default 100000)")
     p.add_argument("--n-edits", type=int, default=20_000, help="edits redis-benchmark -n per command (default 20000)")
     p.add_argument("--n-w4a", type=int, default=300_000, help="W4a keys (default 300000)")
     p.add_argument("--n-w4b", type=int, default=1_000_000, help="W4b keys (default 1000000)")

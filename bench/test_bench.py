@@ -123,10 +123,23 @@ class Rounds(unittest.TestCase):
         self.assertIn("| MULTI + 10 SETs + EXEC, 1 conns | 4,000 [3,000 / 5,000] | 2,000 [1,000 / 3,000] | **2.00** |", md)
         self.assertIn("ran 2 times", md)
 
+    def test_redis_benchmark_rounds_merge_into_medians(self):
+        def rb(server, rps, rnd):
+            return {"type": "rb", "workload": "eval", "server": server, "label": "eval", "test": "EVAL x",
+                    "rps": rps, "p50_ms": 1.0, "p99_ms": 2.0, "round": rnd}
+        recs = [{"type": "meta", "scale": 1, "date": "today"},
+                rb("memkeep-never", 40000.0, 0), rb("redis-nopersist", 60000.0, 0),
+                rb("redis-nopersist", 40000.0, 1), rb("memkeep-never", 60000.0, 1)]
+        rep = run.Report(recs)
+        self.assertEqual(rep.rb("eval", "memkeep-never", "eval")["rps"], 50000.0)
+        self.assertEqual(rep.rb("eval", "redis-nopersist", "eval")["round_rps"], [60000.0, 40000.0])
+        self.assertIn("50,000 [40,000 / 60,000]", rep.markdown(None))
+
     def test_every_other_round_runs_in_reverse(self):
         b = run.Runner.__new__(run.Runner)
         b.args = type("A", (), {"rounds": 3})()
         self.assertEqual(b.round_orders(["a", "b"]), [(0, ["a", "b"]), (1, ["b", "a"]), (2, ["a", "b"])])
+        self.assertEqual(b.round_orders(["a", "b"], 1), [(0, ["a", "b"])])
 
 
 class Helpers(unittest.TestCase):
