@@ -1177,33 +1177,45 @@ def per_round(r: dict) -> str:
     return " [" + " / ".join(fmt_n(v) if v else "-" for v in ops) + "]"
 
 
+def group_rounds(records: list[dict], key, grouped) -> list:
+    """`records` in order, those `grouped(r)` says came from --rounds gathered into one list per
+    `key(r)` (at the place of the first), the others as they are."""
+    groups: dict = {}
+    out: list = []
+    for r in records:
+        if not grouped(r):
+            out.append(r)
+            continue
+        k = key(r)
+        if k not in groups:
+            groups[k] = []
+            out.append(groups[k])
+        groups[k].append(r)
+    return out
+
+
+def median_of(rs: list[dict], fields) -> dict:
+    """The first record with each of `fields` the median over `rs` (None where none has one)."""
+    m = dict(rs[0])
+    for f in fields:
+        vals = [r[f] for r in rs if isinstance(r.get(f), (int, float))]
+        m[f] = statistics.median(vals) if vals else None
+    return m
+
+
 def merge_rb_rounds(rbs: list[dict]) -> list[dict]:
     """One redis-benchmark record per (workload, server, test) from its --rounds repeats
     (records with a "round"): the median rate and latencies, each round's rate in "round_rps";
     a round's error is kept. Other records pass as they are."""
-    groups: dict = {}
-    out: list = []
-    for r in rbs:
-        if "round" not in r or r.get("rps") is None:
-            out.append(r)
-            continue
-        k = (r["workload"], r["server"], r["label"], r["test"])
-        if k not in groups:
-            groups[k] = []
-            out.append(k)
-        groups[k].append(r)
     merged = []
-    for item in out:
+    for item in group_rounds(rbs, lambda r: (r["workload"], r["server"], r["label"], r["test"]),
+                             lambda r: "round" in r and r.get("rps") is not None):
         if isinstance(item, dict):
             merged.append(item)
             continue
-        rs = groups[item]
-        m = dict(rs[0])
-        for f in ("rps", "avg_ms", "p50_ms", "p99_ms", "max_ms"):
-            vals = [r[f] for r in rs if isinstance(r.get(f), (int, float))]
-            m[f] = statistics.median(vals) if vals else None
-        if len(rs) > 1:
-            m["round_rps"] = [r["rps"] for r in rs]
+        m = median_of(item, ("rps", "avg_ms", "p50_ms", "p99_ms", "max_ms"))
+        if len(item) > 1:
+            m["round_rps"] = [r["rps"] for r in item]
         merged.append(m)
     return merged
 
@@ -1213,40 +1225,25 @@ def merge_rounds(phases: list[dict]) -> list[dict]:
     rates and latencies are the median over the rounds (the mean of two), the per-round rates
     are kept in "round_ops", and errors, misses and mismatches add up. Other records pass as
     they are."""
-    def point(r):
-        return (r["workload"], r["server"], r["proto"], r["phase"], r["connections"], r.get("consumers"))
-
-    groups: dict = {}
-    out = []
-    for r in phases:
-        if "round" not in r:
-            out.append(r)
-            continue
-        k = point(r)
-        if k not in groups:
-            groups[k] = []
-            out.append(k)
-        groups[k].append(r)
     merged = []
-    for item in out:
+    for item in group_rounds(phases, lambda r: (r["workload"], r["server"], r["proto"], r["phase"],
+                                                r["connections"], r.get("consumers")),
+                             lambda r: "round" in r):
         if isinstance(item, dict):
             merged.append(item)
             continue
-        rs = groups[item]
-        if len(rs) == 1:
-            merged.append(rs[0])
+        if len(item) == 1:
+            merged.append(item[0])
             continue
-        m = dict(rs[0])
-        for f in ("ops_per_sec", "p50_ms", "p99_ms", "p999_ms", "secs", "cpu_s_per_M", "fsync_p50_ms"):
-            vals = [r[f] for r in rs if isinstance(r.get(f), (int, float))]
-            m[f] = statistics.median(vals) if vals else None
+        m = median_of(item, ("ops_per_sec", "p50_ms", "p99_ms", "p999_ms", "secs", "cpu_s_per_M",
+                             "fsync_p50_ms"))
         for f in ("misses", "mismatches", "errors", "duplicates"):
-            vals = [r[f] for r in rs if isinstance(r.get(f), (int, float))]
+            vals = [r[f] for r in item if isinstance(r.get(f), (int, float))]
             if vals:
                 m[f] = sum(vals)
-        errs = [r["error"] for r in rs if r.get("error")]
+        errs = [r["error"] for r in item if r.get("error")]
         m["error"] = "; ".join(errs) if errs else None
-        m["round_ops"] = [r.get("ops_per_sec") for r in rs]
+        m["round_ops"] = [r.get("ops_per_sec") for r in item]
         merged.append(m)
     return merged
 

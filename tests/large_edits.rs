@@ -13,26 +13,11 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use common::resp::{Reply, Resp};
-use common::{Options, Server};
+use common::{Options, Rng, Server};
 
-/// A tiny deterministic generator (xorshift), so a failure replays.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| b'a' + self.below(26) as u8).collect()
-    }
+/// `n` random lowercase letters.
+fn letters(rng: &mut Rng, n: usize) -> Vec<u8> {
+    (0..n).map(|_| b'a' + rng.below(26) as u8).collect()
 }
 
 /// The memcached text port, one request at a time.
@@ -134,7 +119,7 @@ fn edit(rng: &mut Rng, mc: &mut Mc, rs: &mut Resp, model: &mut BTreeMap<String, 
     let key = keys[rng.below(keys.len() as u64) as usize].clone();
     let v = model.get_mut(&key).expect("modelled key");
     let n = 1 + rng.below(300) as usize;
-    let data = rng.bytes(n);
+    let data = letters(rng, n);
     match rng.below(9) {
         0 => {
             assert_eq!(mc.store("append", &key, &data), "STORED\r\n");
@@ -256,7 +241,7 @@ fn edits_of_large_values_survive_kill9_across_checkpoints() {
             // log's commit and checkpoint steps are counted in.
             for (i, len) in [5_000usize, 40_000, 300_000].into_iter().enumerate() {
                 let k = format!("big{i}");
-                let v = rng.bytes(len);
+                let v = letters(&mut rng, len);
                 assert_eq!(mc.store("set", &k, &v), "STORED\r\n");
                 model.insert(k, v);
             }

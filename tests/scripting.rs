@@ -17,7 +17,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use common::programs::{assert_healthy, python};
-use common::{Kind, Options, Server};
+use common::{Kind, Options, Rng, Server};
 
 const BIN: &str = env!("CARGO_BIN_EXE_memkeep");
 
@@ -426,21 +426,6 @@ fn a_script_moved_off_a_leader_writes_and_publishes_once() {
         "a message published twice: {extra:?}"
     );
     assert_healthy(&mut server);
-}
-
-/// A small deterministic generator (xorshift) for the library properties below.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
 }
 
 /// A random Lua value as source text: numbers at MessagePack's boundaries, strings with NUL

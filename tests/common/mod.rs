@@ -72,6 +72,22 @@ pub fn now_ms() -> u64 {
 }
 
 /// A loopback port that was free a moment ago (bind port 0, read it, drop the listener).
+/// A small deterministic generator (xorshift), so a failing run replays with its seed.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
 pub fn free_port() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
     l.local_addr().unwrap().port()
