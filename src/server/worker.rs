@@ -865,7 +865,10 @@ impl Worker {
             ring.submit();
         }
         if !self.pending.is_empty() {
-            let reqs = std::mem::take(&mut self.pending);
+            // The next pass likely queues as many: one allocation then, not a chain of
+            // regrowths that each copy every (large) request.
+            let n = self.pending.len();
+            let reqs = std::mem::replace(&mut self.pending, Vec::with_capacity(n));
             let submitted = self.gate.submit(Submission {
                 worker: self.id,
                 reqs,
