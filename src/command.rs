@@ -210,6 +210,10 @@ pub enum WriteOp {
     /// nothing between them. Answers `Outcome::Array` (one outcome per step), or `NilArray`
     /// when a watched key changed.
     Exec(Box<ExecOp>),
+    /// A read whose snapshot was too old for it (a collection it reads changed after the
+    /// snapshot: `overlay::Snap::note_pending`): run against the writer's transaction, which
+    /// holds every acknowledged write, changing nothing. Answers `Outcome::Reply`.
+    Read(ReadStep),
     /// A blocking pop registered in `engine::blocking` under this id: the writer pops at once
     /// if it can, else queues the waiter (answering `Outcome::Blocked`, which is never sent;
     /// the waiter's reply comes later, through the registry).
@@ -354,6 +358,16 @@ pub struct ExecOp {
     pub steps: Vec<Step>,
 }
 
+/// A read for the writer to run (`WriteOp::Read`); equal only to itself.
+#[derive(Debug, Clone)]
+pub struct ReadStep(pub std::sync::Arc<dyn TxnRead>);
+
+impl PartialEq for ReadStep {
+    fn eq(&self, other: &ReadStep) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
 /// One command of a transaction.
 #[derive(Debug, Clone)]
 pub enum Step {
@@ -441,6 +455,7 @@ impl WriteOp {
                 }
             }
             WriteOp::FlushAll { .. }
+            | WriteOp::Read(_)
             | WriteOp::Exec(_)
             | WriteOp::Block { .. }
             | WriteOp::Script(_)

@@ -321,6 +321,12 @@ pub(super) fn read(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, view: 
             let Some(item) = item else {
                 return enc::null(out, v3);
             };
+            if item.meta.kind != Kind::String
+                && let Ok(c) = types::CollMeta::decode(item.value)
+                && store.coll_dirty(c.id)
+            {
+                return failed(out, store.note_pending());
+            }
             match types::keys::dump(&store.elems, txn, &item) {
                 Ok(payload) => enc::bulk(out, &payload),
                 Err(e) => failed(out, e),
@@ -416,6 +422,9 @@ fn object_encoding(
         let coll = types::CollMeta::decode(item.value)?;
         if coll.len > max_len {
             return Ok(false);
+        }
+        if store.coll_dirty(coll.id) {
+            return Err(store.note_pending());
         }
         for r in store.elems.prefix_iter(txn, &coll.id.to_be_bytes()[..])? {
             let (k, v) = r?;

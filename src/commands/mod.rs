@@ -92,6 +92,7 @@ impl<'a> View<'a, '_> {
     pub fn hit(&self, found: bool) {
         if let Some(c) = self.counters
             && !self.store.found_cold()
+            && !self.store.is_pending()
         {
             c.count(found);
         }
@@ -137,7 +138,8 @@ pub fn storage_error(out: &mut Vec<u8>, e: impl Into<StoreError>) {
 
 /// Answers a failed read (damage is logged where it was found).
 pub fn failed(out: &mut Vec<u8>, e: StoreError) {
-    if !e.is_damage() {
+    // Damage was logged where it was found; a pending read's reply is thrown away.
+    if !e.is_damage() && !matches!(e, StoreError::Pending) {
         error!("read of a stored item failed: {e}");
     }
     enc::error(out, &e.resp_reply())
@@ -157,7 +159,16 @@ impl TxnRead for FixedReply {
     }
 }
 
-/// A read command queued by MULTI, run by the writer against EXEC's transaction.
+/// Keyspace hits and misses of the reads the writer runs for connections (`WriteOp::Read`).
+/// Only the holder of the writer's lock bumps them, so plain loads and stores suffice.
+#[derive(Debug, Default)]
+pub struct ReadHits {
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+}
+
+/// A read command queued by MULTI, run by the writer against EXEC's transaction; or a read
+/// whose snapshot was too old, run by the writer for its connection (`WriteOp::Read`).
 #[derive(Debug)]
 pub struct QueuedRead {
     pub cmd: Cmd,
@@ -166,6 +177,8 @@ pub struct QueuedRead {
     pub cursors: Arc<Mutex<ScanCursors>>,
     /// RESP's `proto_max_bulk_len` (`View::max_bulk`).
     pub max_bulk: usize,
+    /// Where its keyspace hits and misses count (none inside EXEC).
+    pub hits: Option<Arc<ReadHits>>,
 }
 
 impl TxnRead for QueuedRead {
@@ -183,7 +196,10 @@ impl TxnRead for QueuedRead {
             now: now_ms,
             flushed: false,
             cursors: &self.cursors,
-            counters: None,
+            counters: self.hits.as_ref().map(|h| Hits {
+                hits: &h.hits,
+                misses: &h.misses,
+            }),
             max_bulk: self.max_bulk,
         };
         let mut out = Vec::new();

@@ -43,7 +43,7 @@ use crate::storage::StoreError;
 use crate::storage::cache::{Cache, CacheStats};
 use crate::storage::durable::{Checkpointer, Durable};
 use crate::storage::lmdb::{LmdbStore, LmdbWrite, LogTxn, OpenTxn};
-use crate::storage::overlay::{self, Map};
+use crate::storage::overlay::{self, Dirty, Map};
 use crate::storage::wal::{LogBuf, Wal};
 use crate::storage::watch::{Touched, Watches};
 
@@ -137,6 +137,11 @@ fn apply(
     }
     if let WriteOp::Script(x) = op {
         return script(w, x, ctx, watches, touched, &mut Vec::new());
+    }
+    if let WriteOp::Read(r) = op {
+        // Changes nothing, so notes no key.
+        let (store, txn) = w.parts();
+        return Ok(r.0.run(store, txn, ctx.now_ms));
     }
     let watching = watches.active();
     if watching
@@ -542,6 +547,8 @@ pub struct Writer<T> {
     open: Option<OpenTxn>,
     /// What the open transaction changed in `items`, as last published to readers.
     map: Map,
+    /// The collections whose elements the open transaction changed, as last published.
+    dirty: Dirty,
     /// The log payloads of every batch in the open transaction, in order: replayed into a
     /// fresh transaction when this one must be aborted (a write failed half-way).
     uncommitted: Vec<u8>,
@@ -715,6 +722,7 @@ impl<T: Send + Clone> Writer<T> {
             blocking,
             open: None,
             map: Map::new_sync(),
+            dirty: Dirty::new_sync(),
             uncommitted: Vec::new(),
             uncommitted_patched: 0,
             since: None,
@@ -928,15 +936,22 @@ impl<T: Send + Clone> Writer<T> {
         self.broken = Some(why);
     }
 
+    /// Publishes (and keeps) an empty overlay over LMDB transaction `base`, which holds
+    /// everything.
+    fn publish_empty(&mut self, base: usize) {
+        self.map = Map::new_sync();
+        self.dirty = Dirty::new_sync();
+        self.store
+            .overlay()
+            .publish(base, Map::new_sync(), Dirty::new_sync());
+    }
+
     /// Begins the write transaction batches go into (writer thread only) and publishes the
     /// empty overlay over the snapshot it starts from.
     fn begin(&mut self) -> Result<(), StoreError> {
         if self.open.is_none() {
             let open = OpenTxn::begin(&self.store)?;
-            self.store
-                .overlay()
-                .publish(open.id().saturating_sub(1), Map::new_sync());
-            self.map = Map::new_sync();
+            self.publish_empty(open.id().saturating_sub(1));
             self.open = Some(open);
         }
         Ok(())
@@ -1010,8 +1025,7 @@ impl<T: Send + Clone> Writer<T> {
                 if let Err(e) = crate::storage::durable::cover(&self.data, need) {
                     warn!("cannot extend the data file: {e}");
                 }
-                self.store.overlay().publish(id, Map::new_sync());
-                self.map = Map::new_sync();
+                self.publish_empty(id);
                 self.uncommitted.clear();
                 self.uncommitted_patched = 0;
                 if self.uncommitted.capacity() > 2 * COMMIT_BYTES {
@@ -1310,13 +1324,15 @@ impl<T: Send + Clone> Writer<T> {
         }
         if !log.is_empty() {
             let mut map = self.map.clone();
-            let visible_now = match overlay::absorb(&mut map, log.payload(), log.patched()) {
-                Ok(v) => v && !self.near_full(log.payload_len() + log.patched_bytes() as usize),
-                Err(e) => {
-                    error!("cannot read back a batch's records: {e}");
-                    false
-                }
-            };
+            let mut dirty = self.dirty.clone();
+            let visible_now =
+                match overlay::absorb(&mut map, &mut dirty, log.payload(), log.patched()) {
+                    Ok(v) => v && !self.near_full(log.payload_len() + log.patched_bytes() as usize),
+                    Err(e) => {
+                        error!("cannot read back a batch's records: {e}");
+                        false
+                    }
+                };
             if visible_now || leader.is_some() {
                 match self.wal.append(&mut log) {
                     Err(e) => {
@@ -1331,8 +1347,11 @@ impl<T: Send + Clone> Writer<T> {
                         self.since.get_or_insert_with(Instant::now);
                         if visible_now {
                             let base = self.open.as_ref().map_or(0, |o| o.id().saturating_sub(1));
-                            self.store.overlay().publish(base, map.clone());
+                            self.store
+                                .overlay()
+                                .publish(base, map.clone(), dirty.clone());
                             self.map = map;
+                            self.dirty = dirty;
                         } else {
                             handled = Handled::Held;
                         }

@@ -839,6 +839,7 @@ impl ScriptRun {
                 v3,
                 cursors: self.cursors.clone(),
                 max_bulk: self.max_bulk,
+                hits: None,
             };
             match txn.read(&read) {
                 Outcome::Reply(b) if b.len() <= REPLY_MAX => out = b,
@@ -918,6 +919,7 @@ impl ScriptRun {
             v3: false,
             cursors: self.cursors.clone(),
             max_bulk: self.max_bulk,
+            hits: None,
         };
         match txn.read(&read) {
             Outcome::Reply(b) => {

@@ -67,6 +67,8 @@ fn apply_inner<S: WriteView>(s: &mut S, op: &WriteOp, ctx: Ctx) -> Result<Outcom
         )),
         // Scripts run in the writer, on its transaction.
         WriteOp::Script(_) => Ok(Outcome::Err("ERR scripts are not supported by this store")),
+        // Reads for the writer run on its transaction.
+        WriteOp::Read(_) => Ok(Outcome::Err("ERR reads are not supported by this store")),
         // Replication runs in the writer, on the LMDB store (`engine::repl`).
         WriteOp::Replicate(_) | WriteOp::ReplInstall(_) => Ok(Outcome::Err(
             "ERR replication is not supported by this store",

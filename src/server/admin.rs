@@ -986,6 +986,9 @@ fn config(args: Args<'_>, out: &mut Vec<u8>, sess: &Session, pass: &Pass<'_>) {
         for c in pass.shared.command_stats.iter() {
             c.reset();
         }
+        let w = &pass.shared.writer_hits;
+        w.hits.store(0, Ordering::Relaxed);
+        w.misses.store(0, Ordering::Relaxed);
         pass.shared.cache.reset();
         enc::ok(out);
     } else if args.is(1, "SET") {
@@ -1048,6 +1051,9 @@ fn info_with(
     for c in shared.counters.iter() {
         t.add(c);
     }
+    // Reads the writer ran for connections count as Redis counts any read.
+    t.get_hits += shared.writer_hits.hits.load(Ordering::Relaxed);
+    t.get_misses += shared.writer_hits.misses.load(Ordering::Relaxed);
     // Before the snapshot (see `CacheStats::figures`).
     let cache = shared.cache.figures();
     let (keys, expires) = keyspace();
@@ -1158,7 +1164,7 @@ fn info_with(
         "stats",
         "Stats",
         format!(
-            "total_connections_received:{}\r\ntotal_commands_processed:{}\r\ninstantaneous_ops_per_sec:0\r\nrejected_connections:{}\r\nexpired_keys:{}\r\nevicted_keys:{}\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\npubsub_channels:{channels}\r\npubsub_patterns:{patterns}\r\npubsubshard_channels:0\r\nclient_output_buffer_limit_disconnections:{}\r\nacl_access_denied_auth:{}\r\nacl_access_denied_cmd:{}\r\nacl_access_denied_key:{}\r\nacl_access_denied_channel:{}\r\ntotal_error_replies:{}\r\n",
+            "total_connections_received:{}\r\ntotal_commands_processed:{}\r\ninstantaneous_ops_per_sec:0\r\nrejected_connections:{}\r\nexpired_keys:{}\r\nevicted_keys:{}\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\npubsub_channels:{channels}\r\npubsub_patterns:{patterns}\r\npubsubshard_channels:0\r\nclient_output_buffer_limit_disconnections:{}\r\nacl_access_denied_auth:{}\r\nacl_access_denied_cmd:{}\r\nacl_access_denied_key:{}\r\nacl_access_denied_channel:{}\r\ntotal_error_replies:{}\r\nmemkeep_reads_in_writer:{}\r\n",
             t.total_connections,
             t.resp_commands + t.cmd_get + t.cmd_set,
             t.rejected_connections,
@@ -1172,6 +1178,7 @@ fn info_with(
             shared.acl.denied_key.load(Ordering::Relaxed),
             shared.acl.denied_channel.load(Ordering::Relaxed),
             super::stats::CommandStats::total_errors(&shared.command_stats),
+            t.reads_in_writer,
         ),
     );
     // Monitoring (redis_exporter and the like) reads the role from here.

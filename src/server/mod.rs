@@ -60,6 +60,8 @@ pub struct Shared {
     /// Per worker: INFO commandstats and errorstats.
     pub command_stats: Vec<stats::CommandStats>,
     pub counters: Vec<Counters>,
+    /// Keyspace hits and misses of the reads the writer ran for connections (`WriteOp::Read`).
+    pub writer_hits: Arc<crate::commands::ReadHits>,
     /// INFO replication's `master_replid`: made at start, as Redis does.
     pub replid: String,
     /// Replication: the backlog's hub, the receiver, the replicas connected (`repl.rs`).
@@ -423,6 +425,7 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         flush_at: Arc::new(AtomicU64::new(0)),
         checkpoints: durable.checkpointer.stats.clone(),
         counters: (0..threads).map(|_| Counters::default()).collect(),
+        writer_hits: Arc::default(),
         replid: replication_id(),
         repl: repl::Repl::new(threads, &config)
             .map_err(|e| ServerError(format!("cannot set up replication: {e}")))?,

@@ -19,7 +19,7 @@ use super::conn::{Conn, WRITE_HIGH};
 use super::stats::{CallEnd, CommandStats, Counters};
 use super::worker::{Pass, Reply, Stop, Tag};
 
-use crate::command::{ExecOp, Outcome, Step, WriteOp};
+use crate::command::{ExecOp, Outcome, ReadStep, Step, WriteOp};
 pub use crate::commands::RespReply;
 use crate::commands::args::unknown_command;
 use crate::commands::blocking;
@@ -341,6 +341,40 @@ pub fn process(conn: &mut Conn, pass: &mut Pass<'_>, slot: u32, budget: usize) -
                 sess.room = room;
                 let start = out.len();
                 let close = run.run(args, out, sess, pass);
+                if pass.take_pending()
+                    && sess.mget_resume == 0
+                    && let Some(spec) = lookup(args.get(0))
+                {
+                    // A collection it reads changed after the pass's snapshot (collections
+                    // reach LMDB at its next commit): the writer runs it on its transaction,
+                    // which holds the change, and it is answered as a write is.
+                    out.truncate(start);
+                    Counters::bump(&pass.counters.reads_in_writer);
+                    let slot_stat = sess.stat.map_or(NO_SLOT, |(s, _)| s);
+                    sess.stat_inflight.push_back((slot_stat, t0));
+                    let read = QueuedRead {
+                        cmd: spec.cmd,
+                        args: OwnedArgs::new(args),
+                        v3: sess.v3,
+                        cursors: pass.shared.scan_cursors.clone(),
+                        max_bulk: pass.shared.config.proto_max_bulk_len as usize,
+                        hits: Some(pass.shared.writer_hits.clone()),
+                    };
+                    pass.pending.push(crate::engine::writer::WriteRequest {
+                        tag: Tag {
+                            slot,
+                            epoch,
+                            reply: Reply::Resp {
+                                kind: RespReply::Plain,
+                            },
+                        },
+                        op: WriteOp::Read(ReadStep(Arc::new(read))),
+                    });
+                    conn.inflight += 1;
+                    conn.consume(consumed);
+                    left -= 1;
+                    continue;
+                }
                 if sess.mget_resume > 0 {
                     // Paused at the output limit, or at a value being read in: run it again,
                     // from where it stopped, later.
@@ -787,6 +821,7 @@ fn exec(sess: &mut Session, pass: &mut Pass<'_>) -> Action {
                 cursors: pass.shared.scan_cursors.clone(),
                 max_bulk: pass.shared.config.proto_max_bulk_len as usize,
                 args: q,
+                hits: None,
             };
             (Step::Read(Arc::new(read)), RespReply::Plain)
         } else {

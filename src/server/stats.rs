@@ -60,6 +60,7 @@ counters!(
     auth_cmds,
     auth_errors,
     output_limit_disconnections,
+    reads_in_writer,
 );
 
 impl Counters {

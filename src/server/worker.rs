@@ -140,6 +140,12 @@ impl<'a> Pass<'a> {
         self.snap.as_ref().is_some_and(|s| s.found_cold())
     }
 
+    /// Whether the last request's read stopped at a collection changed after the pass's
+    /// snapshot (`Snap::note_pending`); forgets it.
+    pub fn take_pending(&self) -> bool {
+        self.snap.as_ref().is_some_and(|s| s.take_pending())
+    }
+
     /// Sets up reads for the next connection: residency checks on or off, and the records
     /// read for it (replacing the previous connection's, which are dropped).
     fn for_conn(&mut self, checks: bool, fetched: Vec<Fetched>) {

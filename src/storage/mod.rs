@@ -39,6 +39,10 @@ pub enum StoreError {
     Damaged(String),
     /// Any other LMDB or I/O failure.
     Backend(String),
+    /// A reader's snapshot predates changes to the collection it is reading
+    /// (`overlay::Snap::note_pending`): the read's reply is thrown away and it runs in the
+    /// writer's transaction instead. Never reaches a client.
+    Pending,
 }
 
 /// The memcached text and meta protocols' reply to an operation that met damage.
@@ -106,6 +110,7 @@ impl fmt::Display for StoreError {
             StoreError::BadKey => write!(f, "keys must be 1 to {MAX_KEY} bytes"),
             StoreError::Damaged(m) => write!(f, "storage corrupted: {m}"),
             StoreError::Backend(m) => write!(f, "storage error: {m}"),
+            StoreError::Pending => f.write_str("collection changed after the read's snapshot"),
         }
     }
 }

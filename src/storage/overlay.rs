@@ -15,10 +15,16 @@
 //!   empty), so a pass sees exactly the store after some batch: MGET and EXEC are atomic,
 //!   and nothing a reader saw can be "unseen" later in its pass.
 //! - Each batch is published in one swap, before any of its replies leaves.
-//! - Only string items and deletions live here. A batch that writes collection elements or
-//!   metadata, or clears a database, is committed to LMDB before it is acknowledged and adds
-//!   nothing here: a collection read takes the metadata from `items` and the elements from
-//!   `elems`, and those must come from one snapshot.
+//! - Every `items` record lives here: strings, deletions, and collections' metadata. A
+//!   collection's elements (`elems`, `zscore`) do not: the state names, in `dirty`, every
+//!   collection id whose elements changed since `base`. A reader that is about to read the
+//!   elements of a dirty collection stops (`Snap::note_pending`, `StoreError::Pending`) and the
+//!   server runs that read inside the writer's transaction instead, which has them; reads of
+//!   other collections, and of any `items` record, stay on the snapshot. So collection writes
+//!   no longer commit LMDB per batch (each commit took fresh pages for every B-tree path it
+//!   touched, which a pinned checkpoint kept from reuse: the data file grew 10x faster than
+//!   the data). A batch that clears a database is still committed to LMDB before it is
+//!   acknowledged, and adds nothing here.
 //! - After an LMDB commit the writer publishes an empty state on the new transaction; states
 //!   still held by readers stay valid (their transaction is older, their map covers the rest).
 
@@ -39,11 +45,22 @@ use super::resident::Fetched;
 /// An item record, or None for a deleted key.
 pub type Val = Option<Arc<[u8]>>;
 pub type Map = rpds::RedBlackTreeMapSync<Box<[u8]>, Val>;
+/// Ids of the collections whose elements changed after `base` (rank-directory bit cleared).
+pub type Dirty = rpds::HashTrieSetSync<u64>;
 
-/// The published view: item records changed after LMDB transaction `base`.
+/// The published view: item records changed after LMDB transaction `base`, and the
+/// collections whose elements did.
 pub struct State {
     pub base: usize,
     pub map: Map,
+    pub dirty: Dirty,
+}
+
+impl State {
+    /// Nothing changed after `base`.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty() && self.dirty.is_empty()
+    }
 }
 
 /// The current state, swapped by the writer, cloned by readers.
@@ -59,6 +76,7 @@ impl Overlay {
             current: Mutex::new(Arc::new(State {
                 base,
                 map: Map::new_sync(),
+                dirty: Dirty::new_sync(),
             })),
             commit_asked: AtomicBool::new(false),
         }
@@ -68,7 +86,7 @@ impl Overlay {
     /// moment has been committed), asking the writer to commit soon; false on timeout.
     pub fn wait_committed(&self, timeout: std::time::Duration) -> bool {
         let then = self.current();
-        if then.map.is_empty() {
+        if then.is_empty() {
             return true;
         }
         self.commit_asked.store(true, Ordering::Release);
@@ -90,8 +108,8 @@ impl Overlay {
     }
 
     /// Publishes a new state (the writer only).
-    pub fn publish(&self, base: usize, map: Map) {
-        let state = Arc::new(State { base, map });
+    pub fn publish(&self, base: usize, map: Map, dirty: Dirty) {
+        let state = Arc::new(State { base, map, dirty });
         let old = std::mem::replace(
             &mut *self.current.lock().unwrap_or_else(|p| p.into_inner()),
             state,
@@ -102,25 +120,32 @@ impl Overlay {
     }
 }
 
-/// Applies the `items` records of a batch's log payload to `map`. Returns false (and leaves
-/// `map` as it may be, partly updated: the caller discards it) when the batch did something a
-/// reader must not see through the overlay: collection records, or a clear.
+/// The collection an element record (`elems`, or `zscore` with its rank directory) belongs
+/// to: its key's first 8 bytes, big-endian, without the rank-directory bit.
+fn owner(key: &[u8]) -> Option<u64> {
+    let id: [u8; 8] = key.get(..8)?.try_into().ok()?;
+    Some(u64::from_be_bytes(id) & !super::lmdb::ZRANK_DIR)
+}
+
+/// Applies the `items` records of a batch's log payload to `map`, and notes in `dirty` the
+/// collections whose elements it changed. Returns false (and leaves both as they may be,
+/// partly updated: the caller discards them) when the batch did something a reader must not
+/// see through the overlay: a clear.
 ///
 /// `patched` holds the whole new items of the payload's `PATCH` records, in order (the log's
 /// records carry only the change): `LogBuf::patched`.
-pub fn absorb(map: &mut Map, payload: &[u8], patched: &[Arc<[u8]>]) -> Result<bool, String> {
+pub fn absorb(
+    map: &mut Map,
+    dirty: &mut Dirty,
+    payload: &[u8],
+    patched: &[Arc<[u8]>],
+) -> Result<bool, String> {
     use super::lmdb::{DB_ELEMS, DB_ITEMS, DB_ZSCORE};
     use super::wal::Op;
     let mut patched = patched.iter();
     for op in super::wal::ops(payload) {
         match op? {
             Op::Put { db, key, value } if db == DB_ITEMS => {
-                let string = item::decode(value)
-                    .map(|i| i.meta.kind == super::Kind::String)
-                    .unwrap_or(false);
-                if !string {
-                    return Ok(false);
-                }
                 map.insert_mut(key.into(), Some(Arc::from(value)));
             }
             Op::Del { db, key } if db == DB_ITEMS => map.insert_mut(key.into(), None),
@@ -131,7 +156,12 @@ pub fn absorb(map: &mut Map, payload: &[u8], patched: &[Arc<[u8]>]) -> Result<bo
                 };
                 map.insert_mut(key.into(), Some(item.clone()));
             }
-            Op::Put { db, .. } if db == DB_ELEMS || db == DB_ZSCORE => return Ok(false),
+            Op::Put { db, key, .. } | Op::Del { db, key } if db == DB_ELEMS || db == DB_ZSCORE => {
+                match owner(key) {
+                    Some(id) => dirty.insert_mut(id),
+                    None => return Err("an element record shorter than its collection id".into()),
+                }
+            }
             Op::Clear { .. } => return Ok(false),
             // The expiry index, the CAS counter and reclaimed elements of deleted collections
             // are the writer's own business: no reader looks at them.
@@ -158,6 +188,8 @@ pub struct Snap<'s> {
     /// Records a reader thread read for the connection at hand (`server/cold.rs`): `lookup`
     /// answers from them first.
     fetched: Vec<Fetched>,
+    /// A read met a collection whose elements changed after this snapshot (`note_pending`).
+    pending: Cell<bool>,
 }
 
 /// What `Snap::lookup` found under a key.
@@ -197,7 +229,7 @@ impl<'s> Snap<'s> {
         for _ in 0..OPEN_TRIES {
             let state = store.overlay().current();
             let txn = store.read_txn_static()?;
-            if state.map.is_empty() || txn.id() == state.base {
+            if state.is_empty() || txn.id() == state.base {
                 return Ok(Snap {
                     store,
                     state,
@@ -205,6 +237,7 @@ impl<'s> Snap<'s> {
                     cold_checks: Cell::new(false),
                     cold: RefCell::new(Vec::new()),
                     fetched: Vec::new(),
+                    pending: Cell::new(false),
                 });
             }
             drop(txn);
@@ -222,11 +255,13 @@ impl<'s> Snap<'s> {
             state: Arc::new(State {
                 base: 0,
                 map: Map::new_sync(),
+                dirty: Dirty::new_sync(),
             }),
             txn: SnapTxn::Within(txn),
             cold_checks: Cell::new(false),
             cold: RefCell::new(Vec::new()),
             fetched: Vec::new(),
+            pending: Cell::new(false),
         }
     }
 
@@ -252,6 +287,7 @@ impl<'s> Snap<'s> {
             cold_checks,
             cold,
             fetched,
+            pending,
         } = self;
         let (txn, kept) = match txn {
             SnapTxn::Own(t) => {
@@ -268,6 +304,7 @@ impl<'s> Snap<'s> {
             cold_checks,
             cold,
             fetched,
+            pending,
         };
         (snap, kept)
     }
@@ -287,6 +324,29 @@ impl<'s> Snap<'s> {
     /// Records read for the connection about to run (replacing any earlier ones).
     pub fn set_fetched(&mut self, fetched: Vec<Fetched>) {
         self.fetched = fetched;
+    }
+
+    /// Whether the elements of collection `id` changed after this snapshot: a read of them
+    /// must not come from it (`note_pending`).
+    pub fn coll_dirty(&self, id: u64) -> bool {
+        !self.state.dirty.is_empty() && self.state.dirty.contains(&id)
+    }
+
+    /// Notes that a read stopped at a dirty collection: the caller throws its reply away and
+    /// has the writer run it (`take_pending`). The error to stop with.
+    pub fn note_pending(&self) -> StoreError {
+        self.pending.set(true);
+        StoreError::Pending
+    }
+
+    /// Whether a read stopped at a dirty collection (its reply is to be thrown away).
+    pub fn is_pending(&self) -> bool {
+        self.pending.get()
+    }
+
+    /// Whether a read stopped at a dirty collection since the last call (and forgets it).
+    pub fn take_pending(&self) -> bool {
+        self.pending.replace(false)
     }
 
     /// Whether a lookup has found a cold record since the last `take_cold`.
@@ -486,46 +546,68 @@ mod tests {
     }
 
     #[test]
-    fn absorb_takes_strings_and_deletions_and_refuses_collections_and_clears() {
+    fn absorb_takes_items_and_names_changed_collections_and_refuses_clears() {
+        use crate::storage::lmdb::{DB_ELEMS, DB_EXPIRY, DB_ITEMS, DB_ZSCORE, ZRANK_DIR};
         let mut map = Map::new_sync();
+        let mut dirty = Dirty::new_sync();
         let mut log = LogBuf::default();
+        log.put(DB_ITEMS, b"a", &[&record(Kind::String, b"1")]);
+        log.del(DB_ITEMS, b"b");
+        log.put(DB_EXPIRY, b"x", &[b""]);
+        log.put(DB_ITEMS, b"l", &[&record(Kind::List, &[0; 32])]);
+        log.put(DB_ELEMS, &[&7u64.to_be_bytes()[..], b"f"].concat(), &[b"v"]);
+        log.del(DB_ZSCORE, &[&9u64.to_be_bytes()[..], b"s"].concat());
         log.put(
-            crate::storage::lmdb::DB_ITEMS,
-            b"a",
-            &[&record(Kind::String, b"1")],
+            DB_ZSCORE,
+            &[&(11u64 | ZRANK_DIR).to_be_bytes()[..], b"c"].concat(),
+            &[b"n"],
         );
-        log.del(crate::storage::lmdb::DB_ITEMS, b"b");
-        log.put(crate::storage::lmdb::DB_EXPIRY, b"x", &[b""]);
-        assert_eq!(absorb(&mut map, log.payload(), log.patched()), Ok(true));
+        assert_eq!(
+            absorb(&mut map, &mut dirty, log.payload(), log.patched()),
+            Ok(true)
+        );
         assert!(map.get(&b"a"[..]).is_some_and(|v| v.is_some()));
         assert!(map.get(&b"b"[..]).is_some_and(|v| v.is_none()));
         assert!(map.get(&b"x"[..]).is_none());
-        for log in [
-            {
-                let mut l = LogBuf::default();
-                l.put(
-                    crate::storage::lmdb::DB_ITEMS,
-                    b"l",
-                    &[&record(Kind::List, &[0; 32])],
-                );
-                l
-            },
-            {
-                let mut l = LogBuf::default();
-                l.put(crate::storage::lmdb::DB_ELEMS, b"e", &[b"v"]);
-                l
-            },
-            {
-                let mut l = LogBuf::default();
-                l.clear(crate::storage::lmdb::DB_ITEMS);
-                l
-            },
-        ] {
-            assert_eq!(
-                absorb(&mut map.clone(), log.payload(), log.patched()),
-                Ok(false)
-            );
-        }
+        // A collection's metadata is served from here like a string's record.
+        assert!(map.get(&b"l"[..]).is_some_and(|v| v.is_some()));
+        let mut ids: Vec<u64> = dirty.iter().copied().collect();
+        ids.sort_unstable();
+        assert_eq!(ids, vec![7, 9, 11]);
+        let mut l = LogBuf::default();
+        l.clear(DB_ITEMS);
+        assert_eq!(
+            absorb(
+                &mut map.clone(),
+                &mut dirty.clone(),
+                l.payload(),
+                l.patched()
+            ),
+            Ok(false)
+        );
+        let mut short = LogBuf::default();
+        short.put(DB_ELEMS, b"abc", &[b"v"]);
+        assert!(absorb(&mut map, &mut dirty, short.payload(), short.patched()).is_err());
+    }
+
+    #[test]
+    fn a_snapshot_pairs_dirty_collections_with_their_base_only() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = store(dir.path());
+        let base = s.read_txn().expect("txn").id();
+        let dirty = Dirty::new_sync().insert(5);
+        s.overlay().publish(base, Map::new_sync(), dirty);
+        let snap = Snap::open(&s).expect("snap");
+        assert!(snap.coll_dirty(5) && !snap.coll_dirty(6));
+        assert!(!snap.take_pending());
+        assert!(matches!(snap.note_pending(), StoreError::Pending));
+        assert!(snap.take_pending() && !snap.take_pending());
+        drop(snap);
+        // Only element changes outstanding: a snapshot still may not pair them with a later
+        // LMDB transaction.
+        put_lmdb(&s, &[(b"k", b"v")]);
+        assert!(Snap::open(&s).is_err());
+        assert!(!s.overlay().current().is_empty());
     }
 
     #[test]
@@ -541,7 +623,7 @@ mod tests {
             b"e"[..].into(),
             Some(Arc::from(record(Kind::String, b"55"))),
         );
-        s.overlay().publish(base, map);
+        s.overlay().publish(base, map, Dirty::new_sync());
         let snap = Snap::open(&s).expect("snap");
         let seen: Vec<(Vec<u8>, Vec<u8>)> = snap
             .range(Unbounded, Unbounded)
@@ -577,13 +659,13 @@ mod tests {
         let base = s.read_txn().expect("txn").id();
         let mut map = Map::new_sync();
         map.insert_mut(b"k"[..].into(), Some(Arc::from(record(Kind::String, b"v"))));
-        s.overlay().publish(base, map);
+        s.overlay().publish(base, map, Dirty::new_sync());
         // LMDB moves on without the overlay being republished over it: no snapshot may mix
         // the two.
         put_lmdb(&s, &[(b"k", b"lmdb")]);
         assert!(Snap::open(&s).is_err());
         let now = s.read_txn().expect("txn").id();
-        s.overlay().publish(now, Map::new_sync());
+        s.overlay().publish(now, Map::new_sync(), Dirty::new_sync());
         let snap = Snap::open(&s).expect("snap");
         assert_eq!(
             snap.get(b"k").expect("get").map(|i| i.value),

@@ -349,14 +349,31 @@ impl ReadCx<'_, '_> {
         if self.flushed || key.is_empty() || key.len() > crate::storage::MAX_KEY {
             return Ok(FoundAny::Missing);
         }
-        classify_any(self.store.record(key)?, kinds, self.now)
+        let found = classify_any(self.store.record(key)?, kinds, self.now)?;
+        match found {
+            FoundAny::Coll(_, c) => self.current(c).map(|_| found),
+            _ => Ok(found),
+        }
     }
 
     pub fn find(&self, key: &[u8], kind: Kind) -> Result<Found, StoreError> {
         if self.flushed || key.is_empty() || key.len() > crate::storage::MAX_KEY {
             return Ok(Found::Missing);
         }
-        classify(self.store.record(key)?, kind, self.now)
+        let found = classify(self.store.record(key)?, kind, self.now)?;
+        match found {
+            Found::Coll(_, c) => self.current(c).map(|_| found),
+            _ => Ok(found),
+        }
+    }
+
+    /// Ok when this snapshot holds `coll`'s elements as they are; else the read stops here
+    /// and runs in the writer's transaction (`Snap::note_pending`).
+    pub fn current(&self, coll: CollMeta) -> Result<(), StoreError> {
+        match self.store.coll_dirty(coll.id) {
+            true => Err(self.store.note_pending()),
+            false => Ok(()),
+        }
     }
 }
 

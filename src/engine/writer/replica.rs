@@ -22,7 +22,6 @@ use crate::command::{Outcome, ReplInstall, WriteOp};
 use crate::config::SyncMode;
 use crate::engine::repl::{Hub, REPL_KEY, encode_position};
 use crate::storage::lmdb::{DB_META, Replay};
-use crate::storage::overlay::Map;
 use crate::storage::wal::{Op, ops};
 
 /// Databases a full copy replaces (every one a log record can name).
@@ -160,8 +159,7 @@ impl<T: Send + Clone> Writer<T> {
                 if let Err(e) = crate::storage::durable::cover(&self.data, need) {
                     log::warn!("cannot extend the data file: {e}");
                 }
-                self.store.overlay().publish(id, Map::new_sync());
-                self.map = Map::new_sync();
+                self.publish_empty(id);
                 if let Some(hub) = &self.repl {
                     hub.committed(id as u64, self.wal.last_seq());
                 }
