@@ -1788,16 +1788,16 @@ const LEAD_TRIES: usize = 8;
 /// How long a worker spins for the writer's lock before it starts yielding, outside `always`.
 const LEAD_SPIN: Duration = Duration::from_micros(30);
 
-/// Writes a leader leaves to the writer thread: they change collections (readers may see
-/// them only once LMDB has them, and only the writer thread commits) or clear the store, or
-/// are a transaction that may (or reads collections inside the write transaction). A script
-/// is led like a string write: one that writes collections comes back `Held` (its reply waits
-/// for the writer thread's LMDB commit), and one that runs long or publishes fails its batch
-/// with `command::MOVED`, which comes back `Requeue` (see `scripting`), and is not led again.
+/// Writes a leader leaves to the writer thread: they clear the store (readers may see that
+/// only once LMDB has it, and only the writer thread commits), block, or replicate, or are a
+/// transaction with such a step. Collection writes are led like string writes: readers see
+/// them through the overlay (`overlay.rs`). A script is led too; one that runs long or
+/// publishes fails its batch with `command::MOVED`, which comes back `Requeue` (see
+/// `scripting`), and is not led again. (A batch the overlay cannot take, near a full map,
+/// comes back `Held`: its replies wait for the writer thread's LMDB commit.)
 fn for_writer_thread(op: &WriteOp) -> bool {
     match op {
-        WriteOp::Coll(_)
-        | WriteOp::FlushAll { .. }
+        WriteOp::FlushAll { .. }
         | WriteOp::Block { .. }
         | WriteOp::Replicate(_)
         | WriteOp::ReplInstall(_) => true,
