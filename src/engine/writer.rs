@@ -10,8 +10,10 @@
 //! write of the batch.
 //!
 //! The LMDB transaction spans many batches and is committed (no sync) every 4 MiB of log or
-//! 250 ms, before checkpoints, and at once for a batch that changes collections (readers see
-//! collections only through LMDB). Only the writer thread begins, commits or aborts it (LMDB's
+//! 250 ms, before checkpoints, and at once for a batch that clears a database or that the
+//! overlay cannot take (near a full map). Readers see the rest through the overlay: every
+//! `items` record, and which collections' elements changed, whose reads then run here, on this
+//! transaction (`WriteOp::Read`). Only the writer thread begins, commits or aborts it (LMDB's
 //! write lock is owned by a thread); leaders hand it what needs that.
 //!
 //! Between batches the writer starts checkpoints (`durable.rs`) once enough log has built up,
@@ -510,8 +512,8 @@ const SWEEP_LIMIT: usize = 1000;
 pub type FlushAt = Arc<AtomicU64>;
 
 /// LMDB commits: the open write transaction is committed once the log holds this much since
-/// it began, or its first batch is this old (and at once for a batch that changed a
-/// collection, before any checkpoint, and at a stop). What it holds is served meanwhile from
+/// it began, or its first batch is this old (and at once for a batch that cleared a database
+/// or that the overlay could not take, before any checkpoint, and at a stop). What it holds is served meanwhile from
 /// the overlay (`overlay.rs`) and kept in `uncommitted` for a rebuild.
 const COMMIT_BYTES: usize = 4 << 20;
 const COMMIT_EVERY: Duration = Duration::from_millis(250);
@@ -562,7 +564,8 @@ pub struct Writer<T> {
     /// `uncommitted` before anything else goes in.
     poisoned: bool,
     /// Completions of batches a leader applied that readers may see only once LMDB has them
-    /// (they changed a collection): delivered by the writer thread's next commit.
+    /// (the overlay could not take them, near a full map): delivered by the writer thread's
+    /// next commit.
     held: Vec<(usize, Completion<T>)>,
     /// The last commit did not fit the map: none is tried again before this (unless asked).
     full_until: Option<Instant>,
@@ -1155,7 +1158,7 @@ impl<T: Send + Clone> Writer<T> {
 
     /// Applies `batch` to the open transaction and logs it as one batch, then delivers the
     /// outcomes once it is durable per the sync mode and visible to readers (in the overlay,
-    /// or committed to LMDB for a batch that changed collections).
+    /// or committed to LMDB for a batch the overlay cannot take).
     ///
     /// `leader` is the worker committing on its own thread, or None on the writer thread. A
     /// leader never begins or ends the LMDB transaction (see `OpenTxn`): what needs that comes
