@@ -52,6 +52,7 @@ pub mod commands;
 pub mod config;
 pub mod engine;
 pub mod float;
+pub mod int;
 pub mod migrate;
 pub mod outcome;
 pub mod protocol;

@@ -22,7 +22,9 @@ pub mod blocking;
 pub mod hash;
 pub mod keys;
 pub mod list;
+pub mod model;
 pub mod rdb;
+pub mod read;
 pub mod set;
 pub mod zcombine;
 pub mod zrank;
@@ -333,17 +335,6 @@ pub struct ReadCx<'a, 't> {
 }
 
 impl ReadCx<'_, '_> {
-    /// The collection of `kind` under `key` for a read: None when absent; Err carries the
-    /// error reply (WRONGTYPE, or a storage failure).
-    pub fn lookup(&self, key: &[u8], kind: Kind) -> Result<Option<CollMeta>, String> {
-        match self.find(key, kind) {
-            Ok(Found::Missing) => Ok(None),
-            Ok(Found::Coll(_, c)) => Ok(Some(c)),
-            Ok(Found::WrongType) => Err(WRONGTYPE.to_string()),
-            Err(e) => Err(e.resp_reply()),
-        }
-    }
-
     /// Looks `key` up as a collection of any of `kinds` for a read.
     pub fn find_any(&self, key: &[u8], kinds: &[Kind]) -> Result<FoundAny, StoreError> {
         if self.flushed || key.is_empty() || key.len() > crate::storage::MAX_KEY {
@@ -383,9 +374,6 @@ pub fn random_u64() -> u64 {
         x
     })
 }
-
-/// The message Redis gives for a command on the wrong kind of value.
-pub const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
 
 /// Redis's index rule for ranges: negatives count from the end; the result is clamped to
 /// [0, len) and may be empty (None).
