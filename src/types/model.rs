@@ -140,7 +140,13 @@ impl Value {
         }
     }
 
-    fn len(&self) -> usize {
+    /// Whether it is a collection with no elements (which the store never keeps).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Its element count (1 for a string).
+    pub fn len(&self) -> usize {
         match self {
             Value::Other(_) => 1,
             Value::List(l) => l.len(),
@@ -195,6 +201,11 @@ impl Model {
         self.keys.insert(key.to_vec(), Value::Other(value.to_vec()));
     }
 
+    /// Deletes whatever is under `key`.
+    pub fn delete(&mut self, key: &[u8]) {
+        self.keys.remove(key);
+    }
+
     /// Every key and its value, in key order.
     pub fn keys(&self) -> &BTreeMap<Vec<u8>, Value> {
         &self.keys
@@ -224,7 +235,7 @@ impl Model {
             CollOp::ZSet(op) => self.zset(op)?,
             CollOp::Pop(_) | CollOp::Key(_) => return None,
         };
-        self.keys.retain(|_, v| v.len() > 0);
+        self.keys.retain(|_, v| !v.is_empty());
         Some(out)
     }
 
