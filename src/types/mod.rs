@@ -12,11 +12,18 @@
 //! DEL of any collection is O(1): its id goes to the `gc` database and the writer reclaims the
 //! elements in bounded chunks. An empty collection is deleted, as Redis does.
 //!
-//! This is storage, protocol-neutral: each family module defines its typed write (`ListOp`,
-//! `HashOp`, `SetOp`, `ZSetOp`, `blocking::PopForm`), `apply` (run it in the writer's
-//! transaction, answering an `Outcome`), and the reads and walks of its layout with typed
-//! results (`ReadCx`, a read snapshot). The RESP side of each family (its command table, the
-//! parse of its arguments into those writes, its read replies) is in `crate::commands`.
+//! This is storage, protocol-neutral (`tests/layering.rs` checks that nothing here names a
+//! protocol or the command layer):
+//! - each family module defines its typed write (`ListOp`, `HashOp`, `SetOp`, `ZSetOp`,
+//!   `blocking::PopForm`) and `apply` (run it in the writer's transaction, answering an
+//!   `Outcome`), and the walks of its layout;
+//! - `read` defines the typed reads of all four families (`CollRead`), implemented on `ReadCx`
+//!   (a worker's snapshot, or EXEC's and a script's write transaction seen as a read one);
+//! - `model` is the same writes and reads on plain in-memory collections, the reference the
+//!   model-based tests (`tests/types_model.rs`) compare the store with.
+//!
+//! The RESP side of each family (its command table, the parse of its arguments into those
+//! writes and reads, the encoding of their results) is in `crate::commands`.
 
 pub mod blocking;
 pub mod hash;
