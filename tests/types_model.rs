@@ -24,8 +24,9 @@ use memkeep::storage::{ItemMeta, Kind, WriteView};
 use memkeep::types::hash::HashOp;
 use memkeep::types::list::ListOp;
 use memkeep::types::model::{Model, Value};
-use memkeep::types::read::{CollRead, PosQuery, ReadError};
+use memkeep::types::read::{CollRead, PosQuery, ReadError, ZInput};
 use memkeep::types::set::{Combine, SetOp};
+use memkeep::types::zcombine::Aggregate;
 use memkeep::types::zset::{AddFlags, RangeBy, RangeQuery, RangeSpec, ZSetOp};
 use memkeep::types::{self, CollOp, ReadCx};
 
@@ -74,6 +75,9 @@ const SCORES: [f64; 10] = [
     1e300,
     f64::INFINITY,
 ];
+
+/// WEIGHTS, with the ones whose products are NaN (`inf * 0`).
+const WEIGHTS: [f64; 6] = [1.0, 2.0, -1.0, 0.0, 0.5, f64::INFINITY];
 
 /// Score range ends as a client writes them.
 const SCORE_ENDS: [&[u8]; 10] = [
@@ -279,7 +283,20 @@ impl Gen {
                 key,
                 members: self.subs(3),
             }),
-            20 => CollOp::ZSet(match self.0.below(3) {
+            20 => CollOp::ZSet(match self.0.below(4) {
+                3 => {
+                    let keys = self.zinputs();
+                    ZSetOp::Store {
+                        dst: key,
+                        how: self.pick(&[Combine::Inter, Combine::Union, Combine::Diff]),
+                        weights: (0..self.int(0, keys.len() as i64))
+                            .map(|_| self.pick(&WEIGHTS))
+                            .collect(),
+                        keys,
+                        agg: self.pick(&[Aggregate::Sum, Aggregate::Min, Aggregate::Max]),
+                        deferred: self.chance(20).then_some("ERR syntax error"),
+                    }
+                }
                 0 => ZSetOp::RemRange {
                     key,
                     by: match self.range_query() {
@@ -307,10 +324,28 @@ impl Gen {
         }
     }
 
+    /// The inputs of a ZUNION-style command: sorted sets, sets, or anything.
+    fn zinputs(&mut self) -> Vec<Vec<u8>> {
+        (0..self.int(1, 3))
+            .map(|_| {
+                let kind = if self.chance(3) {
+                    Kind::Set
+                } else {
+                    Kind::ZSet
+                };
+                self.read_key(kind)
+            })
+            .filter(|k| !k.is_empty() && k.len() <= 511)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .chain(std::iter::once(self.key(Kind::ZSet)))
+            .collect()
+    }
+
     /// Members enough to span several chunks of the rank directory, often with equal scores.
     fn big_zset(&mut self) -> Vec<(f64, Vec<u8>)> {
         let n = if self.chance(4) {
-            self.int(300, 700)
+            self.int(300, 900)
         } else {
             1
         };
@@ -357,6 +392,8 @@ enum Read {
     ZLexCount(Vec<u8>, Vec<u8>, Vec<u8>),
     ZRange(Vec<u8>, RangeSpec),
     ZScan(Vec<u8>, Option<Vec<u8>>, usize),
+    /// ZUNION/ZINTER/ZDIFF (inputs, weights) and ZINTERCARD's count (`limit` Some).
+    ZCombine(Combine, Vec<(Vec<u8>, f64)>, Aggregate, Option<u64>),
     /// The whole value under a key, whatever its kind.
     Whole(Vec<u8>),
 }
@@ -366,7 +403,7 @@ impl Gen {
         self.chance(3).then(|| self.sub())
     }
     fn read(&mut self) -> Read {
-        let n = self.0.below(15);
+        let n = self.0.below(16);
         let kind = match n {
             0..=2 => Kind::List,
             3 | 4 => Kind::Hash,
@@ -425,7 +462,20 @@ impl Gen {
             ),
             11 => Read::ZLexCount(key, self.lex_end(), self.lex_end()),
             12 | 13 => Read::ZRange(key, self.range_spec()),
-            _ => Read::ZScan(key, self.after(), self.int(0, 4) as usize),
+            14 => Read::ZScan(key, self.after(), self.int(0, 4) as usize),
+            _ => {
+                let inputs = self
+                    .zinputs()
+                    .into_iter()
+                    .map(|k| (k, self.pick(&WEIGHTS)))
+                    .collect();
+                Read::ZCombine(
+                    self.pick(&[Combine::Inter, Combine::Union, Combine::Diff]),
+                    inputs,
+                    self.pick(&[Aggregate::Sum, Aggregate::Min, Aggregate::Max]),
+                    self.chance(4).then(|| self.int(0, 3) as u64),
+                )
+            }
         }
     }
 }
@@ -543,6 +593,37 @@ fn run<S: CollRead>(s: &S, read: &Read) -> Got {
                 v.push((m.to_vec(), bits(sc).to_be_bytes().to_vec()))
             }));
             Got::Page(v, next.map(<[u8]>::to_vec))
+        }
+        Read::ZCombine(how, keys, agg, limit) => {
+            let mut inputs = Vec::new();
+            for (k, weight) in keys {
+                let (kind, coll) = match s.open_scored(k) {
+                    Err(ReadError::WrongType) => return Got::WrongType,
+                    Err(ReadError::Store(e)) => panic!("storage failed: {e}"),
+                    Ok(None) => (Kind::ZSet, None),
+                    Ok(Some((kind, c))) => (kind, Some(c)),
+                };
+                inputs.push(ZInput {
+                    kind,
+                    coll,
+                    weight: *weight,
+                });
+            }
+            let mut v = Vec::new();
+            ok(s.zcombine(*how, &inputs, *agg, |m, sc| {
+                v.push((m.to_vec(), bits(sc)));
+                limit.is_none_or(|l| l == 0 || (v.len() as u64) < l)
+            }));
+            if limit.is_some() {
+                return Got::Count(v.len() as u64);
+            }
+            // The reply's order: by score, then member.
+            v.sort_by(|a, b| {
+                f64::from_bits(a.1)
+                    .total_cmp(&f64::from_bits(b.1))
+                    .then_with(|| a.0.cmp(&b.0))
+            });
+            Got::Scored(v)
         }
         Read::Whole(k) => whole(s, k),
     }
@@ -678,9 +759,9 @@ fn run_seed(seed: u64, steps: usize) {
     // The stream did what it is for: kinds met, and reads found things.
     assert!(writes > steps / 2, "{writes} writes");
     assert!(reads > steps, "{reads} reads");
-    // Several chunks of the rank directory (256 entries each).
+    // More than one chunk of the rank directory (256 entries each).
     assert!(
-        biggest_zset > 512,
+        biggest_zset > 256,
         "largest sorted set: {biggest_zset} members"
     );
 }

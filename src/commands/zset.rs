@@ -2,12 +2,12 @@
 //! `types::zset`'s `ZSetOp`, `ScoreRange`, `LexRange`, `RangeSpec`), and the reads: ZSCORE,
 //! ZMSCORE, ZRANK, ZCOUNT, ZLEXCOUNT, ZRANGE and its older forms and ZSCAN parsed into
 //! `types::read::CollRead`'s typed reads, whose members are encoded into the reply as they
-//! are walked; ZUNION/ZINTER/ZDIFF, ZINTERCARD and ZRANDMEMBER on `types::zcombine` and
-//! `types::zset` directly. The writes ZUNIONSTORE/ZINTERSTORE/ZDIFFSTORE and ZRANGESTORE share
+//! are walked, and so are ZUNION/ZINTER/ZDIFF and ZINTERCARD (`CollRead::zcombine`);
+//! ZRANDMEMBER's picks are `types::zset`'s. The writes ZUNIONSTORE/ZINTERSTORE/ZDIFFSTORE and ZRANGESTORE share
 //! their parsing with the reads and run in the writer (`types::zcombine`, `types::zset`). The
 //! layout, the walks and the rank directory are `types::zset`'s and `types::zrank`'s.
 
-use super::args::{Args, NOT_INTEGER, SYNTAX, WRONGTYPE, int_arg};
+use super::args::{Args, NOT_INTEGER, SYNTAX, int_arg};
 use super::hash::{MAX_REPEAT_PICKS, REPLY_TOO_LARGE, TOO_MANY_PICKS, rand_count};
 use super::table::{Cmd, Family, KEY1, NOKEY, R, Spec, W, spec};
 use super::{Cx, read_error_text};
@@ -15,14 +15,14 @@ use crate::command::REPLY_MAX;
 use crate::protocol::resp::enc::{ScoreText, fmt_double as fmt_score};
 use crate::protocol::resp::{enc, parse_i64};
 use crate::storage::{Kind, StoreError};
-use crate::types::read::CollRead;
+use crate::types::read::{CollRead, ZInput};
 use crate::types::set::Combine;
-use crate::types::zcombine::{Aggregate, Source, combine, sort_result};
+use crate::types::zcombine::{Aggregate, sort_result};
 use crate::types::zset::{
     AddFlags, Lex, LexRange, RangeBy, RangeQuery, RangeSpec, ScoreRange, ZSetOp, random_members,
     score_key,
 };
-use crate::types::{CollMeta, FoundAny, MAX_SUB};
+use crate::types::{CollMeta, MAX_SUB};
 
 const ZADD: u8 = 0;
 const ZINCRBY: u8 = 1;
@@ -668,33 +668,25 @@ fn combine_read(
     };
     let card = code == ZINTERCARD;
     let keys = numkeys(args, 1, name)?;
-    let mut sources = Vec::with_capacity(keys.len());
+    let mut inputs = Vec::with_capacity(keys.len());
     for i in keys.clone() {
-        let found = cx
-            .find_any(args.get(i), &[Kind::Set, Kind::ZSet])
-            .map_err(storage_err)?;
-        sources.push(match found {
-            FoundAny::WrongType => return Err(WRONGTYPE.into()),
-            FoundAny::Missing => Source {
-                kind: Kind::ZSet,
-                coll: None,
-                weight: 1.0,
-            },
-            FoundAny::Coll(kind, c) => Source {
-                kind,
-                coll: Some(c),
-                weight: 1.0,
-            },
+        let (kind, coll) = match cx.open_scored(args.get(i)).map_err(read_error_text)? {
+            None => (Kind::ZSet, None),
+            Some((kind, c)) => (kind, Some(c)),
+        };
+        inputs.push(ZInput {
+            kind,
+            coll,
+            weight: 1.0,
         });
     }
     let opts = combine_opts(args, keys.end, keys.len(), how, false, card)?;
-    for (s, w) in sources.iter_mut().zip(&opts.weights) {
+    for (s, w) in inputs.iter_mut().zip(&opts.weights) {
         s.weight = *w;
     }
-    let db = *cx.store.elems;
     if card {
         let mut n = 0u64;
-        combine(db, cx.txn, how, &sources, opts.agg, |_, _| {
+        cx.zcombine(how, &inputs, opts.agg, |_, _| {
             n += 1;
             opts.limit == 0 || n < opts.limit
         })
@@ -703,7 +695,7 @@ fn combine_read(
         return Ok(());
     }
     let mut got: Vec<(&[u8], f64)> = Vec::new();
-    combine(db, cx.txn, how, &sources, opts.agg, |m, s| {
+    cx.zcombine(how, &inputs, opts.agg, |m, s| {
         got.push((m, s));
         true
     })

@@ -4,14 +4,15 @@
 //! stream of operations on both and compare every result (as `storage::model` is for strings).
 //!
 //! Not modelled (`Model::apply` answers None): the writes that pick at random (SPOP, the
-//! blocking pops' forms), ZUNIONSTORE and its kin, COPY and RESTORE.
+//! blocking pops' forms), COPY and RESTORE.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use super::hash::HashOp;
 use super::list::ListOp;
-use super::read::{CollRead, PosQuery, ReadError};
+use super::read::{CollRead, PosQuery, ReadError, ZInput};
 use super::set::{Combine, SetOp};
+use super::zcombine::{Aggregate, aggregate, weighted};
 use super::zset::{Lex, LexRange, RangeBy, RangeQuery, RangeSpec, ScoreRange, ZSetOp, score_key};
 use super::{CollOp, MAX_SUB, clamp_range};
 use crate::int::parse_i64;
@@ -693,7 +694,39 @@ impl Model {
                 self.keys.insert(dst.clone(), Value::ZSet(z));
                 Outcome::Int(picked.len() as i64)
             }
-            ZSetOp::Store { .. } => return None,
+            ZSetOp::Store {
+                dst,
+                how,
+                keys,
+                weights,
+                agg,
+                deferred,
+            } => {
+                let mut inputs = Vec::new();
+                for (i, k) in keys.iter().enumerate() {
+                    let (kind, coll) = match self.open_scored(k) {
+                        Err(_) => return Some(Outcome::WrongType),
+                        Ok(None) => (Kind::ZSet, None),
+                        Ok(Some((kind, c))) => (kind, Some(c)),
+                    };
+                    let weight = weights.get(i).copied().unwrap_or(1.0);
+                    inputs.push(ZInput { kind, coll, weight });
+                }
+                if let Some(msg) = deferred {
+                    return Some(Outcome::Err(msg));
+                }
+                let mut result = ZSet::default();
+                let combined = self.zcombine(*how, &inputs, *agg, |m, s| {
+                    result.insert(m, s);
+                    true
+                });
+                if combined.is_err() {
+                    return Some(Outcome::Failed);
+                }
+                let n = result.scores.len() as i64;
+                self.keys.insert(dst.clone(), Value::ZSet(result));
+                Outcome::Int(n)
+            }
         })
     }
 }
@@ -939,5 +972,87 @@ impl CollRead for Model {
         };
         let items = z.scores.iter().map(|(m, s)| (m.as_slice(), *s));
         Ok(scan_page(items, after, count, each))
+    }
+
+    fn open_scored(&self, key: &[u8]) -> Result<Option<(Kind, &Value)>, ReadError> {
+        match self.open(key, Kind::Set) {
+            Ok(found) => Ok(found.map(|c| (Kind::Set, c))),
+            Err(_) => self
+                .open(key, Kind::ZSet)
+                .map(|c| c.map(|c| (Kind::ZSet, c))),
+        }
+    }
+
+    fn zcombine<'s>(
+        &'s self,
+        how: Combine,
+        inputs: &[ZInput<&'s Value>],
+        agg: Aggregate,
+        mut each: impl FnMut(&'s [u8], f64) -> bool,
+    ) -> Result<(), StoreError> {
+        // Each input as (member, score) in member order; a set's members score 1.
+        let mut scored: Vec<(BTreeMap<&'s [u8], f64>, f64)> = Vec::new();
+        for i in inputs {
+            let members: BTreeMap<&[u8], f64> = match i.coll {
+                None => BTreeMap::new(),
+                Some(Value::Set(s)) => s.iter().map(|m| (m.as_slice(), 1.0)).collect(),
+                Some(Value::ZSet(z)) => z.scores.iter().map(|(m, s)| (m.as_slice(), *s)).collect(),
+                Some(_) => return Err(not_kind()),
+            };
+            scored.push((members, i.weight));
+        }
+        // Union and intersection aggregate from the smallest input on (a stable sort).
+        if how != Combine::Diff {
+            scored.sort_by_key(|(m, _)| m.len());
+        }
+        let Some(((first, w1), others)) = scored.split_first() else {
+            return Ok(());
+        };
+        match how {
+            Combine::Inter => {
+                for (m, s) in first {
+                    let mut score = weighted(*s, *w1);
+                    let mut everywhere = true;
+                    for (o, w) in others {
+                        match o.get(m) {
+                            Some(s) => aggregate(&mut score, s * w, agg),
+                            None => everywhere = false,
+                        }
+                    }
+                    if everywhere && !each(m, score) {
+                        break;
+                    }
+                }
+            }
+            Combine::Diff => {
+                for (m, s) in first {
+                    if !others.iter().any(|(o, _)| o.contains_key(m)) && !each(m, *s) {
+                        break;
+                    }
+                }
+            }
+            Combine::Union => {
+                let all: BTreeSet<&[u8]> =
+                    scored.iter().flat_map(|(m, _)| m.keys().copied()).collect();
+                for m in all {
+                    let mut acc: Option<f64> = None;
+                    for (input, w) in &scored {
+                        if let Some(s) = input.get(m) {
+                            let v = weighted(*s, *w);
+                            match &mut acc {
+                                None => acc = Some(v),
+                                Some(a) => aggregate(a, v, agg),
+                            }
+                        }
+                    }
+                    if let Some(a) = acc
+                        && !each(m, a)
+                    {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 }

@@ -11,13 +11,16 @@
 //! A read first opens its key as a collection of one kind (`open`: missing, the wrong kind, or
 //! a handle), then reads through the handle. Walks hand their elements to a callback,
 //! borrowed from the store (LMDB's map, or the model), so a reply is encoded straight from
-//! them with no copy. What is not here yet: the random picks (HRANDFIELD, SRANDMEMBER,
-//! ZRANDMEMBER) and ZUNION/ZINTER/ZDIFF, which `commands` runs on `hash`, `zset` and
-//! `zcombine` directly.
+//! them with no copy. What is not here: the random picks (HRANDFIELD, SRANDMEMBER,
+//! ZRANDMEMBER), which `commands` runs on `hash` and `zset` directly and no model can
+//! reproduce.
 
 use super::set::Combine;
+use super::zcombine::{self, Aggregate};
 use super::zset::{LexRange, RangeSpec, ScoreRange};
-use super::{CollMeta, Found, MAX_SUB, ReadCx, clamp_range, elem_key, hash, list, set, zset};
+use super::{
+    CollMeta, Found, FoundAny, MAX_SUB, ReadCx, clamp_range, elem_key, hash, list, set, zset,
+};
 use crate::storage::{Kind, StoreError};
 
 /// Why `open` gives no collection.
@@ -42,6 +45,16 @@ pub struct PosQuery {
     pub rank: i64,
     pub want: usize,
     pub maxlen: u64,
+}
+
+/// One input of ZUNION, ZINTER, ZDIFF (and their STORE forms, ZINTERCARD): a set or a sorted
+/// set (`coll` None: a missing key, an empty input; its `kind` then does not matter) and its
+/// weight.
+#[derive(Debug, Clone, Copy)]
+pub struct ZInput<C> {
+    pub kind: Kind,
+    pub coll: Option<C>,
+    pub weight: f64,
 }
 
 /// The typed reads of lists, hashes, sets and sorted sets. A missing key is not an error:
@@ -158,6 +171,20 @@ pub trait CollRead {
         count: usize,
         each: impl FnMut(&'s [u8], f64),
     ) -> Result<Option<&'s [u8]>, StoreError>;
+
+    /// An input of `zcombine`: the set or sorted set under `key`, and which it is.
+    fn open_scored(&self, key: &[u8]) -> Result<Option<(Kind, Self::Coll<'_>)>, ReadError>;
+
+    /// ZUNION, ZINTER, ZDIFF, ZINTERCARD: each (member, score) of the inputs' combination
+    /// (Redis 7.0's arithmetic: `zcombine`), in member order for a union and in no given order
+    /// otherwise, until `each` answers false.
+    fn zcombine<'s>(
+        &'s self,
+        how: Combine,
+        inputs: &[ZInput<Self::Coll<'s>>],
+        agg: Aggregate,
+        each: impl FnMut(&'s [u8], f64) -> bool,
+    ) -> Result<(), StoreError>;
 }
 
 impl CollRead for ReadCx<'_, '_> {
@@ -320,5 +347,31 @@ impl CollRead for ReadCx<'_, '_> {
                 },
             )?;
         failed.map_or(Ok(last), Err)
+    }
+
+    fn open_scored(&self, key: &[u8]) -> Result<Option<(Kind, CollMeta)>, ReadError> {
+        match self.find_any(key, &[Kind::Set, Kind::ZSet])? {
+            FoundAny::Missing => Ok(None),
+            FoundAny::WrongType => Err(ReadError::WrongType),
+            FoundAny::Coll(kind, c) => Ok(Some((kind, c))),
+        }
+    }
+
+    fn zcombine<'s>(
+        &'s self,
+        how: Combine,
+        inputs: &[ZInput<CollMeta>],
+        agg: Aggregate,
+        each: impl FnMut(&'s [u8], f64) -> bool,
+    ) -> Result<(), StoreError> {
+        let sources: Vec<zcombine::Source> = inputs
+            .iter()
+            .map(|i| zcombine::Source {
+                kind: i.kind,
+                coll: i.coll,
+                weight: i.weight,
+            })
+            .collect();
+        zcombine::combine(*self.store.elems, self.txn, how, &sources, agg, each)
     }
 }
