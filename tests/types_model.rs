@@ -234,6 +234,11 @@ impl Gen {
                 key,
                 fields: self.subs(3),
             }),
+            11 if self.chance(3) => CollOp::Hash(HashOp::IncrByFloat {
+                key,
+                field: self.sub(),
+                delta: self.pick(&[&b"1.5"[..], b"-0.25", b"3e2", b"0"]).to_vec(),
+            }),
             11 => CollOp::Hash(HashOp::IncrBy {
                 key,
                 field: self.sub(),
