@@ -1,5 +1,6 @@
 //! The crate's layering (see `src/lib.rs`): the top-level modules under `src/` import one
-//! another without a circle, and nothing but `server` itself names `crate::server`. A circle
+//! another without a circle, nothing but `server` itself names `crate::server`, and `types`
+//! (the collections' storage) names no protocol and nothing of the command layer or above. A circle
 //! inside one folder (`engine`'s writer and blocking registry, say) is allowed; one between
 //! folders fails this test with the edges that close it.
 
@@ -165,6 +166,23 @@ fn top_level_modules_import_each_other_without_a_circle() {
     assert!(
         below_server.is_empty(),
         "only `server` may name crate::server: {below_server:#?}"
+    );
+
+    // The collections are storage, protocol-neutral: typed operations and results, no reply
+    // encoding (`protocol`) and nothing of the command layer or above.
+    let types_above: Vec<&String> = graph
+        .get("types")
+        .map(|to| {
+            to.iter()
+                .filter(|m| {
+                    ["protocol", "commands", "server", "scripting", "engine"].contains(&m.as_str())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(
+        graph.contains_key("types") && types_above.is_empty(),
+        "`types` imports {types_above:?}"
     );
 
     let circles: Vec<Vec<String>> = components(&graph)

@@ -69,6 +69,8 @@ impl<'a> Args<'a> {
 }
 
 pub const SYNTAX: &str = "ERR syntax error";
+/// The message Redis gives for a command on the wrong kind of value.
+pub const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
 pub const NOT_INTEGER: &str = "ERR value is not an integer or out of range";
 pub const BAD_KEY: &str = "ERR invalid key: memkeep keys are 1 to 511 bytes";
 

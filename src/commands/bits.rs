@@ -193,7 +193,7 @@ pub(super) fn read(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, view: 
 fn string<'a>(view: &View<'a, '_>, args: Args<'_>, out: &mut Vec<u8>) -> Option<Option<&'a [u8]>> {
     match view.live(args.get(1)) {
         Ok(Some(item)) if item.meta.kind != Kind::String => {
-            enc::error(out, crate::types::WRONGTYPE);
+            enc::error(out, super::args::WRONGTYPE);
             None
         }
         Ok(item) => Some(item.map(|i| i.value)),

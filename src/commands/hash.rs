@@ -1,17 +1,19 @@
 //! Hash commands: the table, the parse of hash writes into `types::hash::HashOp`, and the hash
-//! reads answered from a snapshot. Also here, shared with sets: the HSCAN/SSCAN reply and the
-//! parse of HRANDFIELD/SRANDMEMBER counts (the random picks are `types::hash`'s).
-
-use std::ops::Bound;
+//! reads: their arguments parsed into `types::read::CollRead`'s typed reads, and what those
+//! give encoded as the reply. Also here, shared with sets and sorted sets: the
+//! HSCAN/SSCAN/ZSCAN reply, and the parse of HRANDFIELD/SRANDMEMBER counts (the random picks
+//! are `types::hash`'s).
 
 use super::args::{Args, NOT_INTEGER, SYNTAX, glob_match, int_arg, scan_opts};
 use super::table::{Cmd, Family, KEY1, R, Spec, W, spec};
-use super::{Cx, storage_error};
+use super::zset::fmt_scan_score;
+use super::{Cx, read_error, storage_error};
 use crate::command::REPLY_MAX;
 use crate::protocol::resp::{enc, parse_i64};
-use crate::storage::{Kind, StoreError};
-use crate::types::hash::{HashOp, pick_one, sample_distinct, sample_repeats, walk};
-use crate::types::{MAX_SUB, elem_key};
+use crate::storage::Kind;
+use crate::types::MAX_SUB;
+use crate::types::hash::{HashOp, pick_one, sample_distinct, sample_repeats};
+use crate::types::read::CollRead;
 
 const HSET: u8 = 0;
 const HSETNX: u8 = 1;
@@ -125,28 +127,24 @@ pub fn write_op(code: u8, args: Args<'_>) -> Result<HashOp, String> {
     })
 }
 
-/// Answers a hash read from the worker's transaction, writing RESP into `out`.
+/// Answers a hash read (typed: `CollRead`'s hash reads), writing RESP into `out`.
 pub fn read(code: u8, args: Args<'_>, cx: &Cx<'_, '_>, out: &mut Vec<u8>, v3: bool) {
     match code {
         HSCAN => return scan(args, cx, Kind::Hash, out),
         HRANDFIELD => return randfield(args, cx, out, v3),
         _ => {}
     }
-    let coll = match cx.lookup(args.get(1), Kind::Hash) {
+    let coll = match cx.open(args.get(1), Kind::Hash) {
         Ok(c) => c,
-        Err(msg) => return enc::error(out, &msg),
+        Err(e) => return read_error(out, e),
     };
     // The value of `field`, if present.
-    let value = |field: &[u8]| -> Result<Option<&[u8]>, StoreError> {
-        match coll {
-            Some(c) if field.len() <= MAX_SUB => {
-                Ok(cx.store.elems.get(cx.txn, &elem_key(c.id, field))?)
-            }
-            _ => Ok(None),
-        }
+    let value = |field: &[u8]| match coll {
+        Some(c) => cx.hget(c, field),
+        None => Ok(None),
     };
     match code {
-        HLEN => enc::int(out, coll.map_or(0, |c| c.len as i64)),
+        HLEN => enc::int(out, coll.map_or(0, |c| cx.len(c) as i64)),
         HGET => match value(args.get(2)) {
             Ok(Some(v)) => enc::bulk(out, v),
             Ok(None) => enc::null(out, v3),
@@ -188,11 +186,11 @@ pub fn read(code: u8, args: Args<'_>, cx: &Cx<'_, '_>, out: &mut Vec<u8>, v3: bo
             };
             let start = out.len();
             if code == HGETALL {
-                enc::map(out, c.len as usize, v3);
+                enc::map(out, cx.len(c) as usize, v3);
             } else {
-                enc::array(out, c.len as usize);
+                enc::array(out, cx.len(c) as usize);
             }
-            let walked = walk(cx.store, cx.txn, &c, |f, v| {
+            let walked = cx.hwalk(c, |f, v| {
                 if code != HVALS {
                     enc::bulk(out, f);
                 }
@@ -200,20 +198,20 @@ pub fn read(code: u8, args: Args<'_>, cx: &Cx<'_, '_>, out: &mut Vec<u8>, v3: bo
                     enc::bulk(out, v);
                 }
             });
-            if let Err(msg) = walked {
+            if let Err(e) = walked {
                 out.truncate(start);
-                enc::error(out, &msg);
+                storage_error(out, e);
             }
         }
         _ => enc::error(out, SYNTAX),
     }
 }
 
-/// HSCAN/SSCAN key cursor [MATCH pattern] [COUNT n]: like SCAN, the cursor names (server-side,
-/// in `cx.cursors`) the last sub-key examined, so elements present for the whole scan are
-/// returned exactly once even while others are written. COUNT elements are examined per call
-/// (Redis returns a small hash or set whole, whatever COUNT says). A hash answers field, value
-/// pairs; a set (or any other `kind`) answers sub-keys only.
+/// HSCAN/SSCAN/ZSCAN key cursor [MATCH pattern] [COUNT n]: like SCAN, the cursor names
+/// (server-side, in `cx.cursors`) the last sub-key examined, so elements present for the whole
+/// scan are returned exactly once even while others are written. COUNT elements are examined
+/// per call (Redis returns a small collection whole, whatever COUNT says). A hash answers
+/// field, value pairs; a sorted set member, score pairs (`fmt_scan_score`); a set members.
 pub(crate) fn scan(args: Args<'_>, cx: &Cx<'_, '_>, kind: Kind, out: &mut Vec<u8>) {
     let Some(cursor) = std::str::from_utf8(args.get(2))
         .ok()
@@ -221,9 +219,9 @@ pub(crate) fn scan(args: Args<'_>, cx: &Cx<'_, '_>, kind: Kind, out: &mut Vec<u8
     else {
         return enc::error(out, "ERR invalid cursor");
     };
-    let coll = match cx.lookup(args.get(1), kind) {
+    let coll = match cx.open(args.get(1), kind) {
         Ok(c) => c,
-        Err(msg) => return enc::error(out, &msg),
+        Err(e) => return read_error(out, e),
     };
     let Some(coll) = coll else {
         // As Redis: a missing key answers an empty scan before the options are looked at.
@@ -245,57 +243,47 @@ pub(crate) fn scan(args: Args<'_>, cx: &Cx<'_, '_>, kind: Kind, out: &mut Vec<u8
             None => return enc::error(out, "ERR invalid cursor"),
         }
     };
-    let prefix = coll.id.to_be_bytes();
-    let lo = match &after {
-        Some(sub) => elem_key(coll.id, sub),
-        None => prefix.to_vec(),
+    let after = after.as_deref();
+    let wanted = |sub: &[u8]| pattern.is_none_or(|p| glob_match(p, sub));
+    // What each element found answers besides its sub-key.
+    enum Also<'v> {
+        Nothing,
+        Value(&'v [u8]),
+        Score(f64),
+    }
+    let mut found: Vec<(&[u8], Also)> = Vec::new();
+    let walked = match kind {
+        Kind::Hash => cx.hscan(coll, after, count, |f, v| {
+            if wanted(f) {
+                found.push((f, Also::Value(v)));
+            }
+        }),
+        Kind::ZSet => cx.zscan(coll, after, count, |m, s| {
+            if wanted(m) {
+                found.push((m, Also::Score(s)));
+            }
+        }),
+        _ => cx.sscan(coll, after, count, |m| {
+            if wanted(m) {
+                found.push((m, Also::Nothing));
+            }
+        }),
     };
-    let range = (
-        if after.is_some() {
-            Bound::Excluded(&lo[..])
-        } else {
-            Bound::Included(&lo[..])
-        },
-        Bound::Unbounded,
-    );
-    let iter = match cx.store.elems.range(cx.txn, &range) {
-        Ok(it) => it,
+    let next = match walked {
+        Ok(Some(last)) => lock().insert(last.to_vec()),
+        Ok(None) => 0,
         Err(e) => return storage_error(out, e),
     };
-    let mut found: Vec<(&[u8], &[u8])> = Vec::new();
-    let mut last: Option<&[u8]> = None;
-    let (mut examined, mut more) = (0usize, false);
-    for entry in iter {
-        let (k, v) = match entry {
-            Ok(kv) => kv,
-            Err(e) => return storage_error(out, e),
-        };
-        if !k.starts_with(&prefix) {
-            break;
-        }
-        if examined == count {
-            more = true;
-            break;
-        }
-        examined += 1;
-        let sub = &k[8..];
-        last = Some(sub);
-        if pattern.is_none_or(|p| glob_match(p, sub)) {
-            found.push((sub, v));
-        }
-    }
-    let next = match (more, last) {
-        (true, Some(sub)) => lock().insert(sub.to_vec()),
-        _ => 0,
-    };
-    let with_values = kind == Kind::Hash;
+    let items = if kind == Kind::Set { 1 } else { 2 };
     enc::array(out, 2);
     enc::bulk(out, itoa::Buffer::new().format(next).as_bytes());
-    enc::array(out, found.len() * if with_values { 2 } else { 1 });
-    for (sub, v) in found {
+    enc::array(out, found.len() * items);
+    for (sub, also) in found {
         enc::bulk(out, sub);
-        if with_values {
-            enc::bulk(out, v);
+        match also {
+            Also::Nothing => {}
+            Also::Value(v) => enc::bulk(out, v),
+            Also::Score(s) => enc::bulk(out, fmt_scan_score(s).as_bytes()),
         }
     }
 }
@@ -343,9 +331,9 @@ fn randfield(args: Args<'_>, cx: &Cx<'_, '_>, out: &mut Vec<u8>, v3: bool) {
         }
         count = Some(n);
     }
-    let coll = match cx.lookup(args.get(1), Kind::Hash) {
+    let coll = match cx.open(args.get(1), Kind::Hash) {
         Ok(c) => c,
-        Err(msg) => return enc::error(out, &msg),
+        Err(e) => return read_error(out, e),
     };
     let db = *cx.store.elems;
     let Some(n) = count else {

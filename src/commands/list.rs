@@ -1,15 +1,15 @@
 //! List commands: the table, the parse of list writes into `types::list::ListOp`, and the list
-//! reads (LLEN, LINDEX, LRANGE, LPOS) answered from a snapshot.
-
-use std::ops::Bound;
+//! reads (LLEN, LINDEX, LRANGE, LPOS): their arguments parsed into `types::read::CollRead`'s
+//! typed reads, and what those give encoded as the reply.
 
 use super::args::{Args, NOT_INTEGER, SYNTAX, int_arg, key_ok};
 use super::table::{Cmd, Family, KEY1, R, Spec, W, spec};
-use super::{Cx, storage_error};
+use super::{Cx, read_error, storage_error};
 use crate::protocol::resp::{enc, parse_i64};
-use crate::storage::{Kind, StoreError};
-use crate::types::list::{ListOp, pos};
-use crate::types::{CollMeta, clamp_range, elem_key};
+use crate::storage::Kind;
+use crate::types::list::ListOp;
+use crate::types::read::{CollRead, PosQuery};
+use crate::types::{CollMeta, clamp_range};
 
 const LPUSH: u8 = 0;
 const RPUSH: u8 = 1;
@@ -147,15 +147,14 @@ pub fn write_op(code: u8, args: Args<'_>) -> Result<ListOp, String> {
     })
 }
 
-/// Answers a list read from the worker's transaction, writing RESP into `out`.
+/// Answers a list read (typed: `CollRead`'s list reads), writing RESP into `out`.
 pub fn read(code: u8, args: Args<'_>, cx: &Cx<'_, '_>, out: &mut Vec<u8>, v3: bool) {
-    let coll = match cx.lookup(args.get(1), Kind::List) {
+    let coll = match cx.open(args.get(1), Kind::List) {
         Ok(c) => c,
-        Err(msg) => return enc::error(out, &msg),
+        Err(e) => return read_error(out, e),
     };
-    let elem = |c: &CollMeta, seq: i64| cx.store.elems.get(cx.txn, &elem_key(c.id, &pos(seq)));
     match code {
-        LLEN => enc::int(out, coll.map_or(0, |c| c.len as i64)),
+        LLEN => enc::int(out, coll.map_or(0, |c| cx.len(c) as i64)),
         LINDEX => {
             let Some(i) = parse_i64(args.get(2)) else {
                 return enc::error(out, NOT_INTEGER);
@@ -163,11 +162,7 @@ pub fn read(code: u8, args: Args<'_>, cx: &Cx<'_, '_>, out: &mut Vec<u8>, v3: bo
             let Some(c) = coll else {
                 return enc::null(out, v3);
             };
-            let i = if i < 0 { c.len as i64 + i } else { i };
-            if i < 0 || i >= c.len as i64 {
-                return enc::null(out, v3);
-            }
-            match elem(&c, c.head + i) {
+            match cx.lindex(c, i) {
                 Ok(Some(v)) => enc::bulk(out, v),
                 Ok(None) => enc::null(out, v3),
                 Err(e) => storage_error(out, e),
@@ -178,30 +173,15 @@ pub fn read(code: u8, args: Args<'_>, cx: &Cx<'_, '_>, out: &mut Vec<u8>, v3: bo
                 return enc::error(out, NOT_INTEGER);
             };
             let Some((c, (s, e))) =
-                coll.and_then(|c| clamp_range(start, stop, c.len).map(|r| (c, r)))
+                coll.and_then(|c| clamp_range(start, stop, cx.len(c)).map(|r| (c, r)))
             else {
                 return enc::array(out, 0);
             };
-            let lo = elem_key(c.id, &pos(c.head + s as i64));
-            let hi = elem_key(c.id, &pos(c.head + e as i64));
-            let range = (Bound::Included(&lo[..]), Bound::Included(&hi[..]));
-            let start_len = out.len();
+            let at = out.len();
             enc::array(out, (e - s + 1) as usize);
-            let mut n = 0;
-            let walk = |out: &mut Vec<u8>, n: &mut u64| -> Result<(), StoreError> {
-                for r in cx.store.elems.range(cx.txn, &range)? {
-                    enc::bulk(out, r?.1);
-                    *n += 1;
-                }
-                Ok(())
-            };
-            if let Err(err) = walk(out, &mut n) {
-                out.truncate(start_len);
-                return storage_error(out, err);
-            }
-            if n != e - s + 1 {
-                out.truncate(start_len);
-                storage_error(out, StoreError::damaged("list elements missing"));
+            if let Err(err) = cx.lrange(c, start, stop, |v| enc::bulk(out, v)) {
+                out.truncate(at);
+                storage_error(out, err);
             }
         }
         LPOS => lpos(args, coll, cx, out, v3),
@@ -243,55 +223,29 @@ fn lpos(args: Args<'_>, coll: Option<CollMeta>, cx: &Cx<'_, '_>, out: &mut Vec<u
         }
         i += 2;
     }
-    let target = args.get(2);
-    let mut found: Vec<i64> = Vec::new();
-    if let Some(c) = coll {
-        let want = match count {
+    let query = PosQuery {
+        rank,
+        want: match count {
             Some(0) => usize::MAX,
             Some(n) => n as usize,
             None => 1,
-        };
-        let mut skip = rank.unsigned_abs() - 1;
-        let limit = if maxlen == 0 {
-            c.len as i64
-        } else {
-            maxlen.min(c.len as i64)
-        };
-        for step in 0..limit {
-            let idx = if rank > 0 {
-                step
-            } else {
-                c.len as i64 - 1 - step
-            };
-            match cx
-                .store
-                .elems
-                .get(cx.txn, &elem_key(c.id, &pos(c.head + idx)))
-            {
-                Ok(Some(v)) if v == target => {
-                    if skip > 0 {
-                        skip -= 1;
-                    } else {
-                        found.push(idx);
-                        if found.len() >= want {
-                            break;
-                        }
-                    }
-                }
-                Ok(_) => {}
-                Err(e) => return storage_error(out, e),
-            }
-        }
-    }
+        },
+        maxlen: maxlen as u64,
+    };
+    let found = match coll.map(|c| cx.lpos(c, args.get(2), query)) {
+        None => Vec::new(),
+        Some(Ok(found)) => found,
+        Some(Err(e)) => return storage_error(out, e),
+    };
     match count {
         None => match found.first() {
-            Some(&i) => enc::int(out, i),
+            Some(&i) => enc::int(out, i as i64),
             None => enc::null(out, v3),
         },
         Some(_) => {
             enc::array(out, found.len());
             for i in found {
-                enc::int(out, i);
+                enc::int(out, i as i64);
             }
         }
     }

@@ -136,6 +136,19 @@ pub fn storage_error(out: &mut Vec<u8>, e: impl Into<StoreError>) {
     enc::error(out, &e.into().resp_reply())
 }
 
+/// Answers a collection read whose key could not be opened (`CollRead::open`).
+pub fn read_error(out: &mut Vec<u8>, e: types::read::ReadError) {
+    enc::error(out, &read_error_text(e))
+}
+
+/// The error reply (without its `-`) to a key that could not be opened.
+pub fn read_error_text(e: types::read::ReadError) -> String {
+    match e {
+        types::read::ReadError::WrongType => args::WRONGTYPE.to_string(),
+        types::read::ReadError::Store(e) => e.resp_reply(),
+    }
+}
+
 /// Answers a failed read (damage is logged where it was found).
 pub fn failed(out: &mut Vec<u8>, e: StoreError) {
     // Damage was logged where it was found; a pending read's reply is thrown away.

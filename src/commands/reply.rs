@@ -36,7 +36,7 @@ pub fn complete(out: &mut Vec<u8>, v3: bool, kind: RespReply, outcome: Outcome) 
             out,
             "OOM command not allowed when used memory > 'maxmemory'.",
         ),
-        (_, Outcome::WrongType) => enc::error(out, crate::types::WRONGTYPE),
+        (_, Outcome::WrongType) => enc::error(out, super::args::WRONGTYPE),
         (_, Outcome::Damaged) => enc::error(out, crate::storage::RESP_DAMAGED),
         (_, Outcome::Double(d)) => enc::double(out, d, v3),
         (_, Outcome::NilArray) => enc::null_array(out, v3),

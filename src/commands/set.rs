@@ -1,17 +1,18 @@
 //! Set commands: the table, the parse of set writes into `types::set::SetOp`, and the set reads
-//! (SCARD, SISMEMBER, SMEMBERS, SINTER/SUNION/SDIFF, SINTERCARD, SRANDMEMBER, SSCAN) answered
-//! from a snapshot.
+//! (SCARD, SISMEMBER, SMEMBERS, SINTER/SUNION/SDIFF, SINTERCARD, SSCAN: `types::read::CollRead`'s
+//! typed reads, their results encoded as the reply; SRANDMEMBER: `types::hash`'s picks).
 
 use super::args::{Args, SYNTAX, key_ok};
 use super::hash::{MAX_REPEAT_PICKS, REPLY_TOO_LARGE, TOO_MANY_PICKS, rand_count, scan, sub_ok};
 use super::table::{Cmd, Family, KEY1, NOKEY, R, Spec, W, spec};
-use super::{Cx, storage_error};
+use super::{Cx, read_error, storage_error};
 use crate::command::REPLY_MAX;
 use crate::protocol::resp::{enc, parse_i64};
 use crate::storage::Kind;
 use crate::types::CollMeta;
-use crate::types::hash::{pick_one, sample_distinct, sample_repeats, walk};
-use crate::types::set::{Combine, SetOp, combine, contains};
+use crate::types::hash::{pick_one, sample_distinct, sample_repeats};
+use crate::types::read::{CollRead, ReadError};
+use crate::types::set::{Combine, SetOp};
 
 const SADD: u8 = 0;
 const SREM: u8 = 1;
@@ -129,17 +130,16 @@ pub fn read(code: u8, args: Args<'_>, cx: &Cx<'_, '_>, out: &mut Vec<u8>, v3: bo
         SRANDMEMBER => return randmember(args, cx, out, v3),
         _ => {}
     }
-    let coll = match cx.lookup(args.get(1), Kind::Set) {
+    let coll = match cx.open(args.get(1), Kind::Set) {
         Ok(c) => c,
-        Err(msg) => return enc::error(out, &msg),
+        Err(e) => return read_error(out, e),
     };
-    let mut buf = Vec::new();
-    let mut has = |m: &[u8]| match coll {
-        Some(c) => contains(*cx.store.elems, cx.txn, c.id, m, &mut buf),
+    let has = |m: &[u8]| match coll {
+        Some(c) => cx.sismember(c, m),
         None => Ok(false),
     };
     match code {
-        SCARD => enc::int(out, coll.map_or(0, |c| c.len as i64)),
+        SCARD => enc::int(out, coll.map_or(0, |c| cx.len(c) as i64)),
         SISMEMBER => match has(args.get(2)) {
             Ok(b) => enc::int(out, b as i64),
             Err(e) => storage_error(out, e),
@@ -162,26 +162,25 @@ pub fn read(code: u8, args: Args<'_>, cx: &Cx<'_, '_>, out: &mut Vec<u8>, v3: bo
                 return enc::set(out, 0, v3);
             };
             let start = out.len();
-            enc::set(out, c.len as usize, v3);
-            if let Err(msg) = walk(cx.store, cx.txn, &c, |m, _| enc::bulk(out, m)) {
+            enc::set(out, cx.len(c) as usize, v3);
+            if let Err(e) = cx.smembers(c, |m| enc::bulk(out, m)) {
                 out.truncate(start);
-                enc::error(out, &msg);
+                storage_error(out, e);
             }
         }
         _ => enc::error(out, SYNTAX),
     }
 }
 
-/// The sets under `args[from..upto]`, a missing key as None; Err is the reply to send instead
-/// (WRONGTYPE if any of them is not a set).
+/// The sets under `args[from..upto]`, a missing key as None; Err if any of them is not a set.
 fn sources(
     args: Args<'_>,
     from: usize,
     upto: usize,
     cx: &Cx<'_, '_>,
-) -> Result<Vec<Option<CollMeta>>, String> {
+) -> Result<Vec<Option<CollMeta>>, ReadError> {
     (from..upto)
-        .map(|i| cx.lookup(args.get(i), Kind::Set))
+        .map(|i| cx.open(args.get(i), Kind::Set))
         .collect()
 }
 
@@ -189,9 +188,9 @@ fn sources(
 fn combine_reply(how: Combine, args: Args<'_>, cx: &Cx<'_, '_>, out: &mut Vec<u8>, v3: bool) {
     let sets = match sources(args, 1, args.len(), cx) {
         Ok(s) => s,
-        Err(msg) => return enc::error(out, &msg),
+        Err(e) => return read_error(out, e),
     };
-    match combine(*cx.store.elems, cx.txn, how, &sets, usize::MAX) {
+    match cx.scombine(how, &sets, usize::MAX) {
         Ok(members) => {
             enc::set(out, members.len(), v3);
             for m in members {
@@ -231,9 +230,9 @@ fn intercard(args: Args<'_>, cx: &Cx<'_, '_>, out: &mut Vec<u8>) {
     }
     let sets = match sources(args, 2, end, cx) {
         Ok(s) => s,
-        Err(msg) => return enc::error(out, &msg),
+        Err(e) => return read_error(out, e),
     };
-    match combine(*cx.store.elems, cx.txn, Combine::Inter, &sets, limit) {
+    match cx.scombine(Combine::Inter, &sets, limit) {
         Ok(members) => enc::int(out, members.len() as i64),
         Err(e) => storage_error(out, e),
     }
@@ -252,9 +251,9 @@ fn randmember(args: Args<'_>, cx: &Cx<'_, '_>, out: &mut Vec<u8>, v3: bool) {
     } else {
         None
     };
-    let coll = match cx.lookup(args.get(1), Kind::Set) {
+    let coll = match cx.open(args.get(1), Kind::Set) {
         Ok(c) => c,
-        Err(msg) => return enc::error(out, &msg),
+        Err(e) => return read_error(out, e),
     };
     let db = *cx.store.elems;
     let Some(n) = count else {

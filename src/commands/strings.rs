@@ -204,7 +204,7 @@ pub(super) fn read(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, view: 
             // Redis found the key: a hit, then the type check.
             view.hit(true);
         }
-        return enc::error(out, crate::types::WRONGTYPE);
+        return enc::error(out, super::args::WRONGTYPE);
     }
     match cmd {
         Cmd::Get => match item {

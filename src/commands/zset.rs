@@ -1,30 +1,28 @@
 //! Sorted-set commands: the table, Redis's score and range argument rules (parsed into
-//! `types::zset`'s `ZSetOp`, `ScoreRange`, `LexRange`, `RangeSpec`), and the reads (ZSCORE,
-//! ZRANK, ZCOUNT, ZRANGE and its older forms, ZSCAN, ZUNION/ZINTER/ZDIFF, ZINTERCARD,
-//! ZRANDMEMBER) answered from a snapshot, members streamed from the map into the reply. The
-//! writes ZUNIONSTORE/ZINTERSTORE/ZDIFFSTORE and ZRANGESTORE share their parsing with the reads
-//! and run in the writer (`types::zcombine`, `types::zset`). The layout, the walks and the rank directory are `types::zset`'s and
-//! `types::zrank`'s.
+//! `types::zset`'s `ZSetOp`, `ScoreRange`, `LexRange`, `RangeSpec`), and the reads: ZSCORE,
+//! ZMSCORE, ZRANK, ZCOUNT, ZLEXCOUNT, ZRANGE and its older forms and ZSCAN parsed into
+//! `types::read::CollRead`'s typed reads, whose members are encoded into the reply as they
+//! are walked, and so are ZUNION/ZINTER/ZDIFF and ZINTERCARD (`CollRead::zcombine`);
+//! ZRANDMEMBER's picks are `types::zset`'s. The writes ZUNIONSTORE/ZINTERSTORE/ZDIFFSTORE and ZRANGESTORE share
+//! their parsing with the reads and run in the writer (`types::zcombine`, `types::zset`). The
+//! layout, the walks and the rank directory are `types::zset`'s and `types::zrank`'s.
 
-use std::ops::Bound;
-
-use super::Cx;
-use super::args::{Args, NOT_INTEGER, SYNTAX, ScanOpts, glob_match, int_arg, scan_opts};
+use super::args::{Args, NOT_INTEGER, SYNTAX, int_arg};
 use super::hash::{MAX_REPEAT_PICKS, REPLY_TOO_LARGE, TOO_MANY_PICKS, rand_count};
 use super::table::{Cmd, Family, KEY1, NOKEY, R, Spec, W, spec};
+use super::{Cx, read_error_text};
 use crate::command::REPLY_MAX;
 use crate::protocol::resp::enc::{ScoreText, fmt_double as fmt_score};
 use crate::protocol::resp::{enc, parse_i64};
 use crate::storage::{Kind, StoreError};
+use crate::types::read::{CollRead, ZInput};
 use crate::types::set::Combine;
-use crate::types::zcombine::{Aggregate, Source, combine, sort_result};
-use crate::types::zrank::RANKED;
+use crate::types::zcombine::{Aggregate, sort_result};
 use crate::types::zset::{
-    AddFlags, Lex, LexRange, RangeBy, RangeQuery, RangeSpec, ScoreRange, ZSetOp, count_in,
-    count_ranked, elem_entry, prefix_end, random_members, range_each, rank, read_score, score_key,
-    walk,
+    AddFlags, Lex, LexRange, RangeBy, RangeQuery, RangeSpec, ScoreRange, ZSetOp, random_members,
+    score_key,
 };
-use crate::types::{CollMeta, FoundAny, MAX_SUB, WRONGTYPE, elem_key};
+use crate::types::{CollMeta, MAX_SUB};
 
 const ZADD: u8 = 0;
 const ZINCRBY: u8 = 1;
@@ -407,7 +405,7 @@ fn storage_err(e: impl Into<StoreError>) -> String {
 
 /// The sorted set under `key`: None when missing; Err: the error to answer.
 fn look(cx: &Cx<'_, '_>, key: &[u8]) -> Result<Option<CollMeta>, String> {
-    cx.lookup(key, Kind::ZSet)
+    cx.open(key, Kind::ZSet).map_err(read_error_text)
 }
 
 /// Answers a sorted-set read from the worker's transaction, writing RESP into `out`.
@@ -426,10 +424,10 @@ fn read_inner(
 ) -> Result<(), String> {
     let key = args.get(1);
     match code {
-        ZCARD => enc::int(out, look(cx, key)?.map_or(0, |c| c.len as i64)),
+        ZCARD => enc::int(out, look(cx, key)?.map_or(0, |c| cx.len(c) as i64)),
         ZSCORE => {
             let score = match look(cx, key)? {
-                Some(c) => read_score(cx, c.id, args.get(2)).map_err(storage_err)?,
+                Some(c) => cx.zscore(c, args.get(2)).map_err(storage_err)?,
                 None => None,
             };
             match score {
@@ -443,7 +441,7 @@ fn read_inner(
             enc::array(&mut reply, args.len() - 2);
             for i in 2..args.len() {
                 let score = match coll {
-                    Some(c) => read_score(cx, c.id, args.get(i)).map_err(storage_err)?,
+                    Some(c) => cx.zscore(c, args.get(i)).map_err(storage_err)?,
                     None => None,
                 };
                 match score {
@@ -458,41 +456,32 @@ fn read_inner(
                 enc::null(out, v3);
                 return Ok(());
             };
-            match rank(cx, c, args.get(2)).map_err(storage_err)? {
+            match cx.zrank(c, args.get(2)).map_err(storage_err)? {
                 Some(r) if code == ZRANK => enc::int(out, r as i64),
-                Some(r) => enc::int(out, c.len.saturating_sub(1 + r) as i64),
+                Some(r) => enc::int(out, cx.len(c).saturating_sub(1 + r) as i64),
                 None => enc::null(out, v3),
             }
         }
-        ZCOUNT | ZLEXCOUNT => {
-            let (bounds, db) = if code == ZCOUNT {
-                let r = parse_score_range(args.get(2), args.get(3)).ok_or(BAD_SCORE_RANGE)?;
-                let Some(c) = look(cx, key)? else {
-                    enc::int(out, 0);
-                    return Ok(());
-                };
-                (r.bounds(c.id).map(|b| (c, b)), &cx.store.zscore)
-            } else {
-                let r = parse_lex_range(args.get(2), args.get(3)).ok_or(BAD_LEX_RANGE)?;
-                let Some(c) = look(cx, key)? else {
-                    enc::int(out, 0);
-                    return Ok(());
-                };
-                (r.bounds(c.id).map(|b| (c, b)), &cx.store.elems)
-            };
-            let n = match bounds {
+        ZCOUNT => {
+            let r = parse_score_range(args.get(2), args.get(3)).ok_or(BAD_SCORE_RANGE)?;
+            let n = match look(cx, key)? {
+                Some(c) => cx.zcount(c, &r).map_err(storage_err)?,
                 None => 0,
-                Some((c, b)) if code == ZCOUNT && c.head == RANKED => {
-                    count_ranked(cx, c, &b).map_err(storage_err)?
-                }
-                Some((c, b)) => count_in(db, cx.txn, c.id, c.len, &b).map_err(storage_err)?,
+            };
+            enc::int(out, n as i64);
+        }
+        ZLEXCOUNT => {
+            let r = parse_lex_range(args.get(2), args.get(3)).ok_or(BAD_LEX_RANGE)?;
+            let n = match look(cx, key)? {
+                Some(c) => cx.zlexcount(c, &r).map_err(storage_err)?,
+                None => 0,
             };
             enc::int(out, n as i64);
         }
         ZRANGE | ZREVRANGE | ZRANGEBYSCORE | ZREVRANGEBYSCORE | ZRANGEBYLEX | ZREVRANGEBYLEX => {
             zrange(code, args, cx, out, v3)?
         }
-        ZSCAN => zscan(args, cx, out)?,
+        ZSCAN => super::hash::scan(args, cx, Kind::ZSet, out),
         ZUNION | ZINTER | ZDIFF | ZINTERCARD => combine_read(code, args, cx, out, v3)?,
         ZRANDMEMBER => zrandmember(args, cx, out, v3)?,
         _ => return Err(SYNTAX.into()),
@@ -654,10 +643,7 @@ fn zrange(
         return Ok(());
     };
     let mut emit = Emit::new(out, withscores, v3);
-    let store = cx.store;
-    match range_each(&store.zscore, &store.elems, cx.txn, c, &spec, |m, s| {
-        emit.push(m, s)
-    }) {
+    match cx.zrange(c, &spec, |m, s| emit.push(m, s)) {
         Ok(()) => emit.finish(),
         Err(e) => emit.fail(&storage_err(e)),
     }
@@ -682,33 +668,25 @@ fn combine_read(
     };
     let card = code == ZINTERCARD;
     let keys = numkeys(args, 1, name)?;
-    let mut sources = Vec::with_capacity(keys.len());
+    let mut inputs = Vec::with_capacity(keys.len());
     for i in keys.clone() {
-        let found = cx
-            .find_any(args.get(i), &[Kind::Set, Kind::ZSet])
-            .map_err(storage_err)?;
-        sources.push(match found {
-            FoundAny::WrongType => return Err(WRONGTYPE.into()),
-            FoundAny::Missing => Source {
-                kind: Kind::ZSet,
-                coll: None,
-                weight: 1.0,
-            },
-            FoundAny::Coll(kind, c) => Source {
-                kind,
-                coll: Some(c),
-                weight: 1.0,
-            },
+        let (kind, coll) = match cx.open_scored(args.get(i)).map_err(read_error_text)? {
+            None => (Kind::ZSet, None),
+            Some((kind, c)) => (kind, Some(c)),
+        };
+        inputs.push(ZInput {
+            kind,
+            coll,
+            weight: 1.0,
         });
     }
     let opts = combine_opts(args, keys.end, keys.len(), how, false, card)?;
-    for (s, w) in sources.iter_mut().zip(&opts.weights) {
+    for (s, w) in inputs.iter_mut().zip(&opts.weights) {
         s.weight = *w;
     }
-    let db = *cx.store.elems;
     if card {
         let mut n = 0u64;
-        combine(db, cx.txn, how, &sources, opts.agg, |_, _| {
+        cx.zcombine(how, &inputs, opts.agg, |_, _| {
             n += 1;
             opts.limit == 0 || n < opts.limit
         })
@@ -717,7 +695,7 @@ fn combine_read(
         return Ok(());
     }
     let mut got: Vec<(&[u8], f64)> = Vec::new();
-    combine(db, cx.txn, how, &sources, opts.agg, |m, s| {
+    cx.zcombine(how, &inputs, opts.agg, |m, s| {
         got.push((m, s));
         true
     })
@@ -801,58 +779,6 @@ fn zrandmember(args: Args<'_>, cx: &Cx<'_, '_>, out: &mut Vec<u8>, v3: bool) -> 
         Err(e) => emit.fail(&storage_err(e)),
         Ok(()) if over => emit.fail(REPLY_TOO_LARGE),
         Ok(()) => emit.finish(),
-    }
-    Ok(())
-}
-
-/// ZSCAN key cursor [MATCH pattern] [COUNT n]: members in byte order, `n` examined per call;
-/// the cursor names the member to resume after (kept server-side).
-fn zscan(args: Args<'_>, cx: &Cx<'_, '_>, out: &mut Vec<u8>) -> Result<(), String> {
-    let cursor = std::str::from_utf8(args.get(2))
-        .ok()
-        .and_then(|s| s.parse::<u64>().ok())
-        .ok_or("ERR invalid cursor")?;
-    let Some(c) = look(cx, args.get(1))? else {
-        out.extend_from_slice(b"*2\r\n$1\r\n0\r\n*0\r\n");
-        return Ok(());
-    };
-    let ScanOpts { pattern, count, .. } = scan_opts(args, 3, false)?;
-    let lock = || cx.cursors.lock().unwrap_or_else(|p| p.into_inner());
-    let start = if cursor == 0 {
-        Bound::Included(c.id.to_be_bytes().to_vec())
-    } else {
-        match lock().get(cursor) {
-            Some(m) if m.len() <= MAX_SUB => Bound::Excluded(elem_key(c.id, &m)),
-            _ => return Err("ERR invalid cursor".into()),
-        }
-    };
-    let bounds = (start, prefix_end(c.id));
-    let it = walk(&cx.store.elems, cx.txn, &bounds, false).map_err(storage_err)?;
-    let mut found: Vec<(&[u8], f64)> = Vec::new();
-    let mut last: Option<&[u8]> = None;
-    let mut exhausted = true;
-    for (examined, r) in it.enumerate() {
-        let (k, v) = r.map_err(storage_err)?;
-        if examined == count {
-            exhausted = false;
-            break;
-        }
-        let (m, score) = elem_entry(k, v).map_err(storage_err)?;
-        last = Some(m);
-        if pattern.is_none_or(|p| glob_match(p, m)) {
-            found.push((m, score));
-        }
-    }
-    let next = match (exhausted, last) {
-        (false, Some(m)) => lock().insert(m.to_vec()),
-        _ => 0,
-    };
-    enc::array(out, 2);
-    enc::bulk(out, itoa::Buffer::new().format(next).as_bytes());
-    enc::array(out, found.len() * 2);
-    for (m, score) in found {
-        enc::bulk(out, m);
-        enc::bulk(out, fmt_scan_score(score).as_bytes());
     }
     Ok(())
 }

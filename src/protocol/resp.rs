@@ -49,30 +49,8 @@ fn find_crlf(buf: &[u8], from: usize) -> Option<usize> {
         })
 }
 
-/// Parses Redis's signed decimal (string2ll rules: no leading zeros, no '+', no spaces).
-pub fn parse_i64(s: &[u8]) -> Option<i64> {
-    let (neg, digits) = match s {
-        [b'-', rest @ ..] => (true, rest),
-        _ => (false, s),
-    };
-    if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    if digits.len() > 1 && digits[0] == b'0' {
-        return None;
-    }
-    if neg && digits == b"0" {
-        return None;
-    }
-    let mut v: i128 = 0;
-    for &d in digits {
-        v = v * 10 + (d - b'0') as i128;
-    }
-    if neg {
-        v = -v;
-    }
-    i64::try_from(v).ok()
-}
+/// Redis's strict signed decimal, shared by both protocols and the storage layer.
+pub use crate::int::parse_i64;
 
 /// Parses one request from the start of `buf`.
 pub fn parse(

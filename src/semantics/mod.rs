@@ -380,7 +380,7 @@ fn incr_by<S: WriteView>(
     let (mut meta, n) = match s.get(key)?.filter(|i| !i.meta.is_expired(ctx.now_ms)) {
         None => (ItemMeta::string(0), 0),
         Some(item) if item.meta.kind != Kind::String => return Ok(Outcome::WrongType),
-        Some(item) => match crate::protocol::resp::parse_i64(item.value) {
+        Some(item) => match crate::int::parse_i64(item.value) {
             Some(n) => (item.meta, n),
             None => return Ok(Outcome::Err(NOT_INTEGER)),
         },

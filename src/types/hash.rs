@@ -12,14 +12,15 @@
 //! commands' parsing and replies are `crate::commands::hash`'s.
 
 use std::collections::HashSet;
+use std::ops::Bound;
 
 use heed::types::Bytes;
 use heed::{Database, RoTxn};
 
 use super::{CollMeta, Found, MAX_SUB, Tx, elem_key, random_u64};
 use crate::float;
+use crate::int::parse_i64;
 use crate::outcome::Outcome;
-use crate::protocol::resp::parse_i64;
 use crate::storage::lmdb::{LmdbStore, LmdbWrite};
 use crate::storage::{Kind, StoreError};
 
@@ -146,29 +147,65 @@ pub fn apply(w: &mut LmdbWrite<'_, '_>, op: &HashOp, now: u64) -> Result<Outcome
 }
 
 /// Calls `each(sub-key, value)` for every element of `coll` in order, straight from the map;
-/// Err (a message) on a storage failure or when the count disagrees with the metadata.
+/// damage when the count disagrees with the metadata.
 pub(crate) fn walk<'t>(
     store: &LmdbStore,
     txn: &'t RoTxn,
     coll: &CollMeta,
     mut each: impl FnMut(&'t [u8], &'t [u8]),
-) -> Result<(), String> {
-    let fail = |e: heed::Error| StoreError::from(e).resp_reply();
-    let iter = store
-        .elems
-        .prefix_iter(txn, &coll.id.to_be_bytes()[..])
-        .map_err(fail)?;
+) -> Result<(), StoreError> {
+    let iter = store.elems.prefix_iter(txn, &coll.id.to_be_bytes()[..])?;
     let mut n = 0u64;
     for r in iter {
-        let (k, v) = r.map_err(fail)?;
+        let (k, v) = r?;
         each(&k[8..], v);
         n += 1;
     }
     if n == coll.len {
         Ok(())
     } else {
-        Err(StoreError::damaged("collection elements missing").resp_reply())
+        Err(StoreError::damaged("collection elements missing"))
     }
+}
+
+/// The walk of HSCAN, SSCAN and ZSCAN: up to `count` elements (sub-key, value) of `coll`
+/// after the sub-key `after` (from the first when None), in order; the last sub-key given
+/// when elements follow it (where the next call resumes), else None.
+pub(crate) fn scan<'t>(
+    elems: &Database<Bytes, Bytes>,
+    txn: &'t RoTxn,
+    coll: &CollMeta,
+    after: Option<&[u8]>,
+    count: usize,
+    mut each: impl FnMut(&'t [u8], &'t [u8]),
+) -> Result<Option<&'t [u8]>, StoreError> {
+    let prefix = coll.id.to_be_bytes();
+    let lo = match after {
+        Some(sub) => elem_key(coll.id, sub),
+        None => prefix.to_vec(),
+    };
+    let range = (
+        if after.is_some() {
+            Bound::Excluded(&lo[..])
+        } else {
+            Bound::Included(&lo[..])
+        },
+        Bound::Unbounded,
+    );
+    let mut last = None;
+    for (examined, entry) in elems.range(txn, &range)?.enumerate() {
+        let (k, v) = entry?;
+        if !k.starts_with(&prefix) {
+            break;
+        }
+        if examined == count {
+            return Ok(last);
+        }
+        let sub = &k[8..];
+        last = Some(sub);
+        each(sub, v);
+    }
+    Ok(None)
 }
 
 // ---------------------------------------------------------------------------------------------

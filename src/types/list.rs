@@ -3,9 +3,16 @@
 //! one cursor walk, O(log n + k); LREM, LINSERT and LPOS rewrite or scan the list, O(n), as in
 //! Redis.
 //!
-//! The commands' argument parsing and replies are `crate::commands::list`'s.
+//! The reads (`range`, `positions`) are the LMDB side of `read::CollRead`'s list reads; the
+//! commands' argument parsing and replies are `crate::commands::list`'s.
 
-use super::{CollMeta, Found, Tx, clamp_range};
+use std::ops::Bound;
+
+use heed::types::Bytes;
+use heed::{Database, RoTxn};
+
+use super::read::PosQuery;
+use super::{CollMeta, Found, Tx, clamp_range, elem_key};
 use crate::outcome::Outcome;
 use crate::storage::lmdb::LmdbWrite;
 use crate::storage::{Kind, StoreError};
@@ -284,4 +291,64 @@ pub fn apply(w: &mut LmdbWrite<'_, '_>, op: &ListOp, now: u64) -> Result<Outcome
             Ok(Outcome::Bulk(v))
         }
     }
+}
+
+/// The elements at indexes `s..=e` (already clamped, `clamp_range`) of list `c`, in order,
+/// straight from the map: one cursor walk.
+pub fn range<'t>(
+    elems: &Database<Bytes, Bytes>,
+    txn: &'t RoTxn<'_>,
+    c: &CollMeta,
+    (s, e): (u64, u64),
+    mut each: impl FnMut(&'t [u8]),
+) -> Result<(), StoreError> {
+    let lo = elem_key(c.id, &pos(c.head + s as i64));
+    let hi = elem_key(c.id, &pos(c.head + e as i64));
+    let range = (Bound::Included(&lo[..]), Bound::Included(&hi[..]));
+    let mut n = 0;
+    for r in elems.range(txn, &range)? {
+        each(r?.1);
+        n += 1;
+    }
+    if n == e - s + 1 {
+        Ok(())
+    } else {
+        Err(StoreError::damaged("list elements missing"))
+    }
+}
+
+/// LPOS: the indexes of list `c`'s elements equal to `target`, from the `q.rank`-th match
+/// (from the end when negative), at most `q.want` of them, among the first (or last) `q.maxlen`
+/// elements (0: all). O(n): one lookup per element looked at.
+pub fn positions(
+    elems: &Database<Bytes, Bytes>,
+    txn: &RoTxn<'_>,
+    c: &CollMeta,
+    target: &[u8],
+    q: PosQuery,
+) -> Result<Vec<u64>, StoreError> {
+    let mut found = Vec::new();
+    let mut skip = q.rank.unsigned_abs().saturating_sub(1);
+    let limit = if q.maxlen == 0 {
+        c.len
+    } else {
+        q.maxlen.min(c.len)
+    };
+    for step in 0..limit {
+        let idx = if q.rank > 0 { step } else { c.len - 1 - step };
+        match elems.get(txn, &elem_key(c.id, &pos(c.head + idx as i64)))? {
+            Some(v) if v == target => {
+                if skip > 0 {
+                    skip -= 1;
+                } else {
+                    found.push(idx);
+                    if found.len() >= q.want {
+                        break;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(found)
 }

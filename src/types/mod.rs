@@ -12,17 +12,26 @@
 //! DEL of any collection is O(1): its id goes to the `gc` database and the writer reclaims the
 //! elements in bounded chunks. An empty collection is deleted, as Redis does.
 //!
-//! This is storage, protocol-neutral: each family module defines its typed write (`ListOp`,
-//! `HashOp`, `SetOp`, `ZSetOp`, `blocking::PopForm`), `apply` (run it in the writer's
-//! transaction, answering an `Outcome`), and the reads and walks of its layout with typed
-//! results (`ReadCx`, a read snapshot). The RESP side of each family (its command table, the
-//! parse of its arguments into those writes, its read replies) is in `crate::commands`.
+//! This is storage, protocol-neutral (`tests/layering.rs` checks that nothing here names a
+//! protocol or the command layer):
+//! - each family module defines its typed write (`ListOp`, `HashOp`, `SetOp`, `ZSetOp`,
+//!   `blocking::PopForm`) and `apply` (run it in the writer's transaction, answering an
+//!   `Outcome`), and the walks of its layout;
+//! - `read` defines the typed reads of all four families (`CollRead`), implemented on `ReadCx`
+//!   (a worker's snapshot, or EXEC's and a script's write transaction seen as a read one);
+//! - `model` is the same writes and reads on plain in-memory collections, the reference the
+//!   model-based tests (`tests/types_model.rs`) compare the store with.
+//!
+//! The RESP side of each family (its command table, the parse of its arguments into those
+//! writes and reads, the encoding of their results) is in `crate::commands`.
 
 pub mod blocking;
 pub mod hash;
 pub mod keys;
 pub mod list;
+pub mod model;
 pub mod rdb;
+pub mod read;
 pub mod set;
 pub mod zcombine;
 pub mod zrank;
@@ -333,17 +342,6 @@ pub struct ReadCx<'a, 't> {
 }
 
 impl ReadCx<'_, '_> {
-    /// The collection of `kind` under `key` for a read: None when absent; Err carries the
-    /// error reply (WRONGTYPE, or a storage failure).
-    pub fn lookup(&self, key: &[u8], kind: Kind) -> Result<Option<CollMeta>, String> {
-        match self.find(key, kind) {
-            Ok(Found::Missing) => Ok(None),
-            Ok(Found::Coll(_, c)) => Ok(Some(c)),
-            Ok(Found::WrongType) => Err(WRONGTYPE.to_string()),
-            Err(e) => Err(e.resp_reply()),
-        }
-    }
-
     /// Looks `key` up as a collection of any of `kinds` for a read.
     pub fn find_any(&self, key: &[u8], kinds: &[Kind]) -> Result<FoundAny, StoreError> {
         if self.flushed || key.is_empty() || key.len() > crate::storage::MAX_KEY {
@@ -400,9 +398,6 @@ pub fn random_u64() -> u64 {
         x
     })
 }
-
-/// The message Redis gives for a command on the wrong kind of value.
-pub const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
 
 /// Redis's index rule for ranges: negatives count from the end; the result is clamped to
 /// [0, len) and may be empty (None).

@@ -72,7 +72,7 @@ impl Source {
 }
 
 /// Redis's `zunionInterAggregate`.
-fn aggregate(target: &mut f64, v: f64, agg: Aggregate) {
+pub(super) fn aggregate(target: &mut f64, v: f64, agg: Aggregate) {
     match agg {
         Aggregate::Sum => {
             *target += v;
@@ -94,7 +94,7 @@ fn aggregate(target: &mut f64, v: f64, agg: Aggregate) {
 }
 
 /// A weighted score, NaN counted as 0.
-fn weighted(score: f64, weight: f64) -> f64 {
+pub(super) fn weighted(score: f64, weight: f64) -> f64 {
     let w = score * weight;
     if w.is_nan() { 0.0 } else { w }
 }

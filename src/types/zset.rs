@@ -191,6 +191,11 @@ fn score_from(v: &[u8]) -> Option<f64> {
     Some(f64::from_bits(u64::from_be_bytes(b)))
 }
 
+/// The score an element record's value holds.
+pub fn elem_score(v: &[u8]) -> Result<f64, StoreError> {
+    score_from(v).ok_or_else(corrupt)
+}
+
 fn corrupt() -> StoreError {
     StoreError::damaged("sorted-set element has a malformed score")
 }
