@@ -616,6 +616,49 @@ fn a_full_copy_of_100k_keys_while_the_primary_takes_writes_converges() {
     }
 }
 
+/// CPU time (user + system) a process has used so far, in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/<pid>/stat");
+    let after = &stat[stat.rfind(')').expect("comm") + 2..];
+    let f: Vec<&str> = after.split_whitespace().collect();
+    f[11].parse::<u64>().expect("utime") + f[12].parse::<u64>().expect("stime")
+}
+
+/// A connected replica with nothing to apply sleeps: its writer once spun (its sweep, which a
+/// replica skips, was always due, so it never waited), taking a core from everything else on
+/// the machine, the primary included. Over a few idle seconds it now uses next to no CPU (a
+/// spinning thread uses a whole second of CPU a second, less only what a busy machine denies
+/// it).
+#[test]
+fn an_idle_replica_uses_next_to_no_cpu() {
+    let p = primary();
+    let r = replica_of(&p);
+    ok(resp(&p).cmd("SET idle 1"));
+    converge(&p, &r);
+    let pid = r.pid().expect("replica pid");
+    let ticks_per_s = clock_ticks_per_second();
+    let before = cpu_ticks(pid);
+    thread::sleep(Duration::from_secs(3));
+    let used = cpu_ticks(pid) - before;
+    assert!(
+        used * 10 < ticks_per_s * 3,
+        "the idle replica used {used} ticks of CPU in 3 s ({ticks_per_s} ticks a second)"
+    );
+    assert_eq!(info(&r, "master_link_status"), "up");
+}
+
+/// Clock ticks a second, as `getconf CLK_TCK` tells them.
+fn clock_ticks_per_second() -> u64 {
+    let out = Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .expect("getconf");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("CLK_TCK")
+}
+
 #[test]
 fn a_replica_behind_more_than_the_backlog_takes_a_full_copy() {
     let p = Server::start_with(

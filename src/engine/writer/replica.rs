@@ -21,7 +21,7 @@ use super::{Submission, Writer};
 use crate::command::{Outcome, ReplInstall, WriteOp};
 use crate::config::SyncMode;
 use crate::engine::repl::{Hub, REPL_KEY, encode_position};
-use crate::storage::lmdb::{DB_META, Replay};
+use crate::storage::lmdb::{DB_META, LmdbStore, Replay};
 use crate::storage::overlay::Map;
 use crate::storage::wal::{Op, ops};
 
@@ -115,45 +115,9 @@ impl<T: Send + Clone> Writer<T> {
         // Empty (just begun): LMDB has one write transaction at a time.
         self.open = None;
         let store = self.store.clone();
-        let r = (|| -> Result<(usize, u64), String> {
-            let mut file = std::fs::File::open(&x.path)
-                .map_err(|e| format!("cannot open {}: {e}", x.path.display()))?;
-            let (mut rw, _) = store.write_txn().map_err(|e| e.to_string())?.into_parts();
-            for db in DBS {
-                store.replay(&mut rw, Op::Clear { db }, Replay::Exact)?;
-            }
-            let mut records = 0u64;
-            let mut chunk = Vec::new();
-            loop {
-                let mut len = [0u8; 4];
-                match file.read_exact(&mut len) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
-                    Err(e) => return Err(format!("cannot read the copy: {e}")),
-                }
-                chunk.resize(u32::from_le_bytes(len) as usize, 0);
-                file.read_exact(&mut chunk)
-                    .map_err(|e| format!("cannot read the copy: {e}"))?;
-                for op in ops(&chunk) {
-                    store.replay(&mut rw, op?, Replay::Exact)?;
-                    records += 1;
-                }
-            }
-            let pos = encode_position(&x.replid, x.offset);
-            store.replay(
-                &mut rw,
-                Op::Put {
-                    db: DB_META,
-                    key: REPL_KEY,
-                    value: &pos,
-                },
-                Replay::Exact,
-            )?;
-            let id = rw.id();
-            rw.commit()
-                .map_err(|e| format!("cannot commit the copy: {e}"))?;
-            Ok((id, records))
-        })();
+        let started = std::time::Instant::now();
+        let r = write_copy(&store, x);
+        let written = started.elapsed();
         let outcome = match r {
             Ok((id, records)) => {
                 let need = (self.store.env().info().last_page_number as u64 + 1) * self.page_size;
@@ -185,8 +149,12 @@ impl<T: Send + Clone> Writer<T> {
                     Outcome::Failed
                 } else {
                     info!(
-                        "full copy installed: {records} records, at offset {} of {}",
-                        x.offset, x.replid
+                        "full copy installed: {records} records, at offset {} of {}, written \
+                         in {} ms, checkpointed in {} ms more",
+                        x.offset,
+                        x.replid,
+                        written.as_millis(),
+                        (started.elapsed() - written).as_millis()
                     );
                     Outcome::Done
                 }
@@ -203,4 +171,50 @@ impl<T: Send + Clone> Writer<T> {
         }
         outcome
     }
+}
+
+/// Empties every database and writes the copy in `x.path` and its stream position, in one
+/// transaction (begun and committed on the calling thread); returns the commit's id and the
+/// records written.
+fn write_copy(store: &LmdbStore, x: &ReplInstall) -> Result<(usize, u64), String> {
+    let mut file = std::fs::File::open(&x.path)
+        .map_err(|e| format!("cannot open {}: {e}", x.path.display()))?;
+    let (mut rw, _) = store.write_txn().map_err(|e| e.to_string())?.into_parts();
+    for db in DBS {
+        store.replay(&mut rw, Op::Clear { db }, Replay::Exact)?;
+    }
+    let mut records = 0u64;
+    let mut chunk = Vec::new();
+    loop {
+        let mut len = [0u8; 4];
+        match file.read_exact(&mut len) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
+            Err(e) => return Err(format!("cannot read the copy: {e}")),
+        }
+        chunk.resize(u32::from_le_bytes(len) as usize, 0);
+        file.read_exact(&mut chunk)
+            .map_err(|e| format!("cannot read the copy: {e}"))?;
+        for op in ops(&chunk) {
+            match op? {
+                Op::Put { db, key, value } => store.put_copied(&mut rw, db, key, value)?,
+                op => store.replay(&mut rw, op, Replay::Exact)?,
+            }
+            records += 1;
+        }
+    }
+    let pos = encode_position(&x.replid, x.offset);
+    store.replay(
+        &mut rw,
+        Op::Put {
+            db: DB_META,
+            key: REPL_KEY,
+            value: &pos,
+        },
+        Replay::Exact,
+    )?;
+    let id = rw.id();
+    rw.commit()
+        .map_err(|e| format!("cannot commit the copy: {e}"))?;
+    Ok((id, records))
 }
