@@ -333,9 +333,11 @@ def warm(path: Path) -> None:
             pass
 
 
-def copy_round(tmp: Path, base: Path, memkeep: Path, label: str, detail: bool) -> dict:
+def copy_round(tmp: Path, base: Path, memkeep: Path, label: str, detail: bool,
+               backlog: str = "") -> dict:
     warm(base / "data" / "data.mdb")
-    p = Node(base.parent, base.name, "always", memkeep=memkeep).start()
+    extra = ["--repl-backlog-size", backlog] if backlog else []
+    p = Node(base.parent, base.name, "always", extra, memkeep=memkeep).start()
     try:
         pc = Resp(p.port)
         used = int(pc.info("memory").get("used_memory", 0))
@@ -370,7 +372,8 @@ def copy_round(tmp: Path, base: Path, memkeep: Path, label: str, detail: bool) -
             rc = Resp(r.port)
             while True:
                 i = rc.info()
-                if i.get("master_link_status") == "up" and i.get("memkeep_full_copies_taken") == "1":
+                copies = int(i.get("memkeep_full_copies_taken", 0))
+                if i.get("master_link_status") == "up" and copies >= 1:
                     break
                 if time.time() - copy_start > 1200:
                     raise SystemExit("the full copy did not finish in 20 minutes")
@@ -382,8 +385,10 @@ def copy_round(tmp: Path, base: Path, memkeep: Path, label: str, detail: bool) -
             t0 = time.time()
             wait_synced(pc, rc)
             caught = time.time() - t0
+            records = int(pc.info("keyspace").get("db0", "keys=0").split(",")[0].split("=")[1])
             res = {"label": label, "gb": used / 1e9, "alone": alone, "during": during,
-                   "ratio": during / max(alone, 1), "copy_s": copied, "catchup_s": caught}
+                   "ratio": during / max(alone, 1), "copy_s": copied, "catchup_s": caught,
+                   "copies": copies, "keys": records}
             if detail:
                 res["alone_usage"] = Usage.report(ua, ub)
                 res["copy_usage"] = Usage.report(u0, u1, r_written)
@@ -398,7 +403,7 @@ def copy_round(tmp: Path, base: Path, memkeep: Path, label: str, detail: bool) -
 
 
 def copy(tmp: Path, gb: float, rounds: int = 1, compare: Path | None = None,
-         data: Path | None = None, detail: bool = False) -> None:
+         data: Path | None = None, detail: bool = False, backlog: str = "") -> None:
     base = load_store(tmp, gb, data)
     builds = [("this", MEMKEEP)] + ([("compare", compare)] if compare else [])
     print(f"copy: each round: the primary (--sync always) under SET load (16 connections, 100-byte "
@@ -409,12 +414,14 @@ def copy(tmp: Path, gb: float, rounds: int = 1, compare: Path | None = None,
     for n in range(rounds):
         order = builds if n % 2 == 0 else list(reversed(builds))
         for label, binary in order:
-            res = copy_round(tmp, base, binary, label, detail)
+            res = copy_round(tmp, base, binary, label, detail, backlog)
             results.append(res)
-            print(f"copy: round {n + 1} {label}: store {res['gb']:.2f} GB; alone {res['alone']:.0f}/s, "
-                  f"during the copy {res['during']:.0f}/s = {res['ratio']:.2f}x; copy {res['copy_s']:.1f} s "
-                  f"(replica started -> link up with the copy installed), caught up "
-                  f"{res['catchup_s']:.1f} s later", flush=True)
+            again = f", {res['copies']} copies (the first outlasted the backlog)" if res["copies"] > 1 else ""
+            print(f"copy: round {n + 1} {label}: store {res['gb']:.2f} GB, {res['keys']} keys; "
+                  f"alone {res['alone']:.0f}/s, during the copy {res['during']:.0f}/s = "
+                  f"{res['ratio']:.2f}x; copy {res['copy_s']:.1f} s (replica started -> link up "
+                  f"with the copy installed{again}), caught up {res['catchup_s']:.1f} s later",
+                  flush=True)
             if detail:
                 print(f"copy:   alone: {res['alone_usage']}")
                 print(f"copy:   copy:  {res['copy_usage']}", flush=True)
@@ -438,6 +445,8 @@ def main() -> None:
                     help="another memkeep binary: each copy round runs it too, in alternating order")
     ap.add_argument("--copy-data", type=Path,
                     help="keep the loaded store here and reuse it on later runs")
+    ap.add_argument("--backlog", default="",
+                    help="the primary's --repl-backlog-size in the copy phase (default: memkeep's)")
     ap.add_argument("--detail", action="store_true",
                     help="per-thread CPU, disk and log-fsync figures for each window")
     ap.add_argument("--keep", action="store_true")
@@ -451,7 +460,8 @@ def main() -> None:
         if "lag" in only:
             lag(tmp, args.lag_secs)
         if "copy" in only:
-            copy(tmp, args.copy_gb, args.copy_rounds, args.compare, args.copy_data, args.detail)
+            copy(tmp, args.copy_gb, args.copy_rounds, args.compare, args.copy_data, args.detail,
+                 args.backlog)
     finally:
         if args.keep:
             print(f"kept {tmp}")
