@@ -2,6 +2,7 @@
 """Replication figures for issue 20 (stdout only; BENCHMARKS.md is not touched).
 
     bench/replication.py [--lag-secs 20] [--copy-gb 1.0] [--only lag,copy] [--keep]
+                         [--copy-rounds N] [--compare OTHER_MEMKEEP] [--copy-data DIR] [--detail]
 
 lag   A primary (--sync always) and one replica (--sync always). W1's SET load (memkeep-bench,
       16 connections, 100-byte values, RESP) runs on the primary for --lag-secs; meanwhile a
@@ -13,7 +14,13 @@ copy  A primary (--sync always) filled with --copy-gb of 1000-byte values (loade
       --sync periodic, then restarted under always), then: the primary's SET throughput (16
       connections, keys beside the stored ones) alone for 10 s, and again while a new replica
       takes its full copy. Reports the copy's time (replica started -> its link up with the
-      whole store) and the throughput ratio.
+      whole store) and the throughput ratio. --copy-rounds repeats it (the primary restarted
+      on the same store each round); --compare runs another build in each round too, the two in
+      alternating order, so a before/after pair shares the machine's state; --copy-data keeps
+      the loaded store for later runs. Each round first reads the store's file through, so it
+      starts in the page cache (a copy of a cold store is a different measurement). --detail adds, for both windows, the primary's CPU per
+      thread, the replica's and the load's, the disk's writes and flushes, and the primary's
+      log fsyncs.
 
 Needs target/release/memkeep and memkeep-bench (cargo build --release). Everything runs on
 loopback ports in a temporary directory, removed at the end unless --keep.
@@ -34,7 +41,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-MEMKEEP = ROOT / "target/release/memkeep"
+MEMKEEP = Path(os.environ.get("MEMKEEP_BIN", ROOT / "target/release/memkeep"))
 BENCH = ROOT / "target/release/memkeep-bench"
 
 
@@ -91,8 +98,9 @@ class Resp:
 
 
 class Node:
-    def __init__(self, tmp: Path, name: str, sync: str, extra=()):
+    def __init__(self, tmp: Path, name: str, sync: str, extra=(), memkeep: Path = MEMKEEP):
         self.dir = tmp / name
+        self.memkeep = memkeep
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.mc = free_port()
@@ -101,7 +109,7 @@ class Node:
         self.proc = None
 
     def start(self, sync=None):
-        argv = [str(MEMKEEP), "--resp-port", str(self.port), "-p", str(self.mc), "-H",
+        argv = [str(self.memkeep), "--resp-port", str(self.port), "-p", str(self.mc), "-H",
                 str(self.dir / "data"), "--sync", sync or self.sync, *self.extra]
         log = open(self.dir / "log", "ab")
         self.proc = subprocess.Popen(argv, stdout=log, stderr=log)
@@ -142,10 +150,13 @@ def bench(port: int, keys: int, value: int, secs: float, conns: int = 16, offset
 
 
 def wait_synced(primary: Resp, replica: Resp, timeout: float = 600) -> None:
+    """Until the replica has applied what the primary had released just before: under a
+    load that goes on, the two offsets are rarely equal at the same instant."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        p, r = primary.info(), replica.info()
-        if r.get("master_link_status") == "up" and r.get("slave_repl_offset") == p.get("master_repl_offset"):
+        p = int(primary.info().get("master_repl_offset", 0))
+        r = replica.info()
+        if r.get("master_link_status") == "up" and int(r.get("slave_repl_offset", -1)) >= p:
             return
         time.sleep(0.05)
     raise SystemExit("the replica did not catch up")
@@ -199,19 +210,137 @@ def lag(tmp: Path, secs: float) -> None:
         p.stop()
 
 
-def copy(tmp: Path, gb: float) -> None:
+class Usage:
+    """Counters read at the start and end of a window: per-thread CPU of the primary (grouped
+    by thread name), the replica's and the load generator's CPU, the disk's writes and flushes
+    (/proc/diskstats), the bytes each server wrote (/proc/<pid>/io), and the primary's log
+    fsyncs (INFO persistence)."""
+
+    TICK = os.sysconf("SC_CLK_TCK")
+
+    def __init__(self, primary: "Node", pc: Resp, others: dict):
+        self.primary, self.pc, self.others = primary, pc, others
+
+    @staticmethod
+    def threads(pid: int) -> dict:
+        out: dict = {}
+        for t in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                st = (t / "stat").read_text()
+            except OSError:
+                continue
+            name = st[st.index("(") + 1:st.rindex(")")].rstrip("0123456789-")
+            f = st[st.rindex(")") + 2:].split()
+            out[name] = out.get(name, 0) + int(f[11]) + int(f[12])
+        return out
+
+    @staticmethod
+    def cpu(pid) -> int:
+        try:
+            st = Path(f"/proc/{pid}/stat").read_text()
+        except (OSError, TypeError):
+            return 0
+        f = st[st.rindex(")") + 2:].split()
+        return int(f[11]) + int(f[12])
+
+    @staticmethod
+    def written(pid) -> int:
+        try:
+            for l in Path(f"/proc/{pid}/io").read_text().splitlines():
+                if l.startswith("write_bytes:"):
+                    return int(l.split()[1])
+        except (OSError, TypeError):
+            pass
+        return 0
+
+    @staticmethod
+    def disk() -> list:
+        dev = os.stat(ROOT).st_dev
+        name = None
+        for l in Path("/proc/self/mountinfo").read_text().splitlines():
+            f = l.split()
+            maj, mnr = f[2].split(":")
+            if os.makedev(int(maj), int(mnr)) == dev:
+                name = f[f.index("-") + 2].rsplit("/", 1)[-1]
+        for l in Path("/proc/diskstats").read_text().splitlines():
+            f = l.split()
+            if name and f[2] == name:
+                return [int(x) for x in f[3:]]
+        return [0] * 17
+
+    def read(self) -> dict:
+        i = self.pc.info("persistence")
+        return {
+            "t": time.time(),
+            "threads": self.threads(self.primary.proc.pid),
+            "cpu": {k: self.cpu(p() if callable(p) else p) for k, p in self.others.items()},
+            "pwritten": self.written(self.primary.proc.pid),
+            "disk": self.disk(),
+            "fsyncs": int(i.get("memkeep_log_fsyncs", 0)),
+            "fsync_writes": int(i.get("memkeep_log_fsync_writes", 0)),
+        }
+
+    @staticmethod
+    def report(a: dict, b: dict, replica_written: int = 0) -> str:
+        dt = max(b["t"] - a["t"], 1e-9)
+        tick = Usage.TICK
+        th = sorted(((b["threads"].get(k, 0) - a["threads"].get(k, 0)) / tick / dt, k)
+                    for k in b["threads"])
+        th = [f"{k} {v:.2f}" for v, k in reversed(th) if v >= 0.02]
+        cpu = [f"{k} {(b['cpu'][k] - a['cpu'][k]) / tick / dt:.2f}" for k in b["cpu"]]
+        d = [y - x for x, y in zip(a["disk"], b["disk"])]
+        # diskstats after the name: 4 writes completed, 6 sectors written, 7 ms writing, 15 flushes, 16 ms flushing.
+        w_ios, w_mb, w_ms = d[4], d[6] * 512 / 1e6, d[7]
+        fl, fl_ms = (d[15], d[16]) if len(d) > 16 else (0, 0)
+        fs = b["fsyncs"] - a["fsyncs"]
+        fw = b["fsync_writes"] - a["fsync_writes"]
+        return (f"primary threads (CPU s/s): {', '.join(th)}; other processes: {', '.join(cpu)}; "
+                f"disk: {w_mb / dt:.0f} MB/s written in {w_ios / dt:.0f} writes/s "
+                f"({w_ms / max(w_ios, 1):.2f} ms each), {fl / dt:.0f} flushes/s "
+                f"({fl_ms / max(fl, 1):.2f} ms each); primary wrote {(b['pwritten'] - a['pwritten']) / dt / 1e6:.0f} MB/s"
+                + (f", replica {replica_written / dt / 1e6:.0f} MB/s" if replica_written else "")
+                + f"; primary log: {fs / dt:.0f} fsyncs/s, {fw / max(fs, 1):.1f} writes each")
+
+
+def load_store(tmp: Path, gb: float, data: Path | None) -> Path:
+    """A data directory holding --copy-gb of 1000-byte values (reused with --copy-data)."""
     keys = int(gb * 1e9 / 1000)
-    p = Node(tmp, "copy-primary", "always").start(sync="periodic")
+    base = data or tmp / "copy-primary"
+    marker = base / f"loaded-{keys}"
+    if marker.exists():
+        print(f"copy: reusing the store in {base} ({keys} keys of 1000 bytes)")
+        return base
+    shutil.rmtree(base, ignore_errors=True)
+    base.parent.mkdir(parents=True, exist_ok=True)
+    p = Node(base.parent, base.name, "always")
+    p.start(sync="periodic")
     try:
         t0 = time.time()
         fill = bench(p.port, keys, 1000, 3600)
         print(f"copy: loaded {keys} keys of 1000 bytes in {time.time() - t0:.1f} s "
               f"({fill.get('ops_per_sec', 0):.0f} SET/s)")
+    finally:
         p.stop()
-        p.start()
-        used = int(Resp(p.port).info("memory").get("used_memory", 0))
-        print(f"copy: primary store {used / 1e9:.2f} GB (used_memory), restarted with --sync always")
+    marker.touch()
+    return base
+
+
+def warm(path: Path) -> None:
+    """Reads a file through once, so each round starts with the store in the page cache
+    (whatever else on the machine has evicted meanwhile)."""
+    with open(path, "rb", buffering=0) as f:
+        while f.read(1 << 20):
+            pass
+
+
+def copy_round(tmp: Path, base: Path, memkeep: Path, label: str, detail: bool,
+               backlog: str = "") -> dict:
+    warm(base / "data" / "data.mdb")
+    extra = ["--repl-backlog-size", backlog] if backlog else []
+    p = Node(base.parent, base.name, "always", extra, memkeep=memkeep).start()
+    try:
         pc = Resp(p.port)
+        used = int(pc.info("memory").get("used_memory", 0))
 
         def commands() -> tuple[float, int]:
             return time.time(), int(pc.info("stats").get("total_commands_processed", 0))
@@ -226,40 +355,83 @@ def copy(tmp: Path, gb: float) -> None:
                 "--key-size-max", "24", "--phases", "set", "--timeout", "30",
                 "--duration-limit", "900"]
         load = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        r = Node(tmp, "copy-replica", "always", ["--replica-of", f"127.0.0.1:{p.port}"])
+        rdir = tmp / f"copy-replica-{label}"
+        shutil.rmtree(rdir, ignore_errors=True)
+        r = Node(tmp, rdir.name, "always", ["--replica-of", f"127.0.0.1:{p.port}"], memkeep=memkeep)
+        usage = Usage(p, pc, {"replica": lambda: r.proc.pid if r.proc else None, "load": load.pid})
         try:
             time.sleep(3)
-            a = commands()
+            a, ua = commands(), usage.read()
             time.sleep(10)
-            b = commands()
+            b, ub = commands(), usage.read()
             alone = rate(a, b)
-            print(f"copy: primary alone: {alone:.0f} commands/s (SET, 16 connections, 100-byte values)")
             copy_start = time.time()
             c0 = commands()
             r.start()
+            u0 = usage.read()
             rc = Resp(r.port)
             while True:
                 i = rc.info()
-                if i.get("master_link_status") == "up" and i.get("memkeep_full_copies_taken") == "1":
+                copies = int(i.get("memkeep_full_copies_taken", 0))
+                if i.get("master_link_status") == "up" and copies >= 1:
                     break
                 if time.time() - copy_start > 1200:
                     raise SystemExit("the full copy did not finish in 20 minutes")
                 time.sleep(0.05)
-            c1 = commands()
+            c1, u1 = commands(), usage.read()
+            r_written = Usage.written(r.proc.pid)
             copied = time.time() - copy_start
             during = rate(c0, c1)
-            print(f"copy: full copy of {used / 1e9:.2f} GB to a new replica: {copied:.1f} s "
-                  f"(replica process started -> link up with the copy installed)")
-            print(f"copy: primary during the copy: {during:.0f} commands/s = {during / max(alone, 1):.2f}x alone")
             t0 = time.time()
             wait_synced(pc, rc)
-            print(f"copy: replica caught up with the writes made meanwhile {time.time() - t0:.1f} s later")
+            caught = time.time() - t0
+            records = int(pc.info("keyspace").get("db0", "keys=0").split(",")[0].split("=")[1])
+            res = {"label": label, "gb": used / 1e9, "alone": alone, "during": during,
+                   "ratio": during / max(alone, 1), "copy_s": copied, "catchup_s": caught,
+                   "copies": copies, "keys": records}
+            if detail:
+                res["alone_usage"] = Usage.report(ua, ub)
+                res["copy_usage"] = Usage.report(u0, u1, r_written)
+            return res
         finally:
             load.terminate()
             load.wait(30)
             r.stop()
+            shutil.rmtree(rdir, ignore_errors=True)
     finally:
         p.stop()
+
+
+def copy(tmp: Path, gb: float, rounds: int = 1, compare: Path | None = None,
+         data: Path | None = None, detail: bool = False, backlog: str = "") -> None:
+    base = load_store(tmp, gb, data)
+    builds = [("this", MEMKEEP)] + ([("compare", compare)] if compare else [])
+    print(f"copy: each round: the primary (--sync always) under SET load (16 connections, 100-byte "
+          f"values, keys beside the stored ones) for 10 s alone, then while a new replica takes its "
+          f"full copy; the rate is the primary's command count over each window"
+          + (f"; builds: this = {MEMKEEP}, compare = {compare}, order alternating" if compare else ""))
+    results: list[dict] = []
+    for n in range(rounds):
+        order = builds if n % 2 == 0 else list(reversed(builds))
+        for label, binary in order:
+            res = copy_round(tmp, base, binary, label, detail, backlog)
+            results.append(res)
+            again = f", {res['copies']} copies (the first outlasted the backlog)" if res["copies"] > 1 else ""
+            print(f"copy: round {n + 1} {label}: store {res['gb']:.2f} GB, {res['keys']} keys; "
+                  f"alone {res['alone']:.0f}/s, during the copy {res['during']:.0f}/s = "
+                  f"{res['ratio']:.2f}x; copy {res['copy_s']:.1f} s (replica started -> link up "
+                  f"with the copy installed{again}), caught up {res['catchup_s']:.1f} s later",
+                  flush=True)
+            if detail:
+                print(f"copy:   alone: {res['alone_usage']}")
+                print(f"copy:   copy:  {res['copy_usage']}", flush=True)
+    for label, _ in builds:
+        mine = [x for x in results if x["label"] == label]
+        ratios = ", ".join(f"{x['ratio']:.2f}" for x in mine)
+        times = ", ".join(f"{x['copy_s']:.1f}" for x in mine)
+        print(f"copy: {label}: median over {len(mine)} rounds: ratio "
+              f"{statistics.median(x['ratio'] for x in mine):.2f}x (each: {ratios}), copy "
+              f"{statistics.median(x['copy_s'] for x in mine):.1f} s (each: {times})")
 
 
 def main() -> None:
@@ -267,6 +439,16 @@ def main() -> None:
     ap.add_argument("--lag-secs", type=float, default=20)
     ap.add_argument("--copy-gb", type=float, default=1.0)
     ap.add_argument("--only", default="lag,copy")
+    ap.add_argument("--copy-rounds", type=int, default=1,
+                    help="paired rounds of the copy phase (with --compare: each build once a round)")
+    ap.add_argument("--compare", type=Path,
+                    help="another memkeep binary: each copy round runs it too, in alternating order")
+    ap.add_argument("--copy-data", type=Path,
+                    help="keep the loaded store here and reuse it on later runs")
+    ap.add_argument("--backlog", default="",
+                    help="the primary's --repl-backlog-size in the copy phase (default: memkeep's)")
+    ap.add_argument("--detail", action="store_true",
+                    help="per-thread CPU, disk and log-fsync figures for each window")
     ap.add_argument("--keep", action="store_true")
     args = ap.parse_args()
     for b in (MEMKEEP, BENCH):
@@ -278,7 +460,8 @@ def main() -> None:
         if "lag" in only:
             lag(tmp, args.lag_secs)
         if "copy" in only:
-            copy(tmp, args.copy_gb)
+            copy(tmp, args.copy_gb, args.copy_rounds, args.compare, args.copy_data, args.detail,
+                 args.backlog)
     finally:
         if args.keep:
             print(f"kept {tmp}")

@@ -242,14 +242,49 @@ pub struct Replicated {
     pub offset: u64,
 }
 
-/// What `WriteOp::ReplInstall` carries: a file of log records (`storage::wal::ops`) holding
-/// every record of every database of the primary's snapshot, and the snapshot's position.
+/// What `WriteOp::ReplInstall` carries: where the primary's full copy arrives as the replica
+/// receives it (chunks of log records, `storage::wal::ops`, holding every record of every
+/// database of the primary's snapshot, in each database's key order), and the snapshot's
+/// position.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReplInstall {
-    pub path: std::path::PathBuf,
+    pub source: CopySource,
     pub replid: String,
     pub offset: u64,
 }
+
+/// One step of a full copy, from the replica's receiver to its writer.
+#[derive(Debug)]
+pub enum CopyChunk {
+    Records(Vec<u8>),
+    /// The whole copy has arrived. A source that ends without it was cut short.
+    End,
+}
+
+/// The receiving end of a full copy's chunks: a bounded channel, taken once by the writer.
+#[derive(Debug, Clone)]
+pub struct CopySource(
+    std::sync::Arc<std::sync::Mutex<Option<std::sync::mpsc::Receiver<CopyChunk>>>>,
+);
+
+impl CopySource {
+    pub fn new(rx: std::sync::mpsc::Receiver<CopyChunk>) -> CopySource {
+        CopySource(std::sync::Arc::new(std::sync::Mutex::new(Some(rx))))
+    }
+
+    /// The channel, the first time only.
+    pub fn take(&self) -> Option<std::sync::mpsc::Receiver<CopyChunk>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+impl PartialEq for CopySource {
+    fn eq(&self, other: &CopySource) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for CopySource {}
 
 /// BITOP's operations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

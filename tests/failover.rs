@@ -96,6 +96,12 @@ struct Sentinel {
 
 impl Sentinel {
     fn start(primary: u16) -> Sentinel {
+        Sentinel::start_with(primary, "", &[])
+    }
+
+    /// With `extra` lines in its config file and `env` in its environment (which the scripts
+    /// it runs inherit).
+    fn start_with(primary: u16, extra: &str, env: &[(&str, String)]) -> Sentinel {
         let mut last = String::new();
         for _ in 0..5 {
             let dir = tempfile::Builder::new()
@@ -109,13 +115,14 @@ impl Sentinel {
                  sentinel monitor {MASTER} 127.0.0.1 {primary} 2\n\
                  sentinel down-after-milliseconds {MASTER} 2000\n\
                  sentinel failover-timeout {MASTER} 6000\n\
-                 sentinel parallel-syncs {MASTER} 2\n",
+                 sentinel parallel-syncs {MASTER} 2\n{extra}",
                 dir.path().display()
             );
             std::fs::write(&conf, text).expect("write sentinel.conf");
             let log = std::fs::File::create(dir.path().join("sentinel.log")).expect("log");
             let child = Command::new(tool("redis-sentinel"))
                 .arg(&conf)
+                .envs(env.iter().map(|(k, v)| (k, v)))
                 .stdin(Stdio::null())
                 .stdout(log.try_clone().expect("log"))
                 .stderr(log)
@@ -659,4 +666,259 @@ fn sentinel_promotes_a_replica_and_no_write_acknowledged_after_wait_is_lost() {
         common::programs::assert_healthy(n);
     }
     let _ = std::io::stdout().flush();
+}
+
+// ---------------------------------------------------------------------------------------------
+// memcached-protocol clients through twemproxy, which Sentinel re-points
+
+/// nutcracker as `scripts/sentinel-repoint-twemproxy.sh` drives it: started and restarted by
+/// `restart.sh` (daemonized, its pid in a file), one memcached pool whose one server is named
+/// `primary`. Drop kills the pid in the file (the proxy the test's scripts started).
+struct Nutcracker {
+    dir: tempfile::TempDir,
+    port: u16,
+}
+
+impl Nutcracker {
+    fn start(primary_mc: u16) -> Nutcracker {
+        tool("nutcracker");
+        let dir = tempfile::Builder::new()
+            .prefix("memkeep-nutcracker-")
+            .tempdir()
+            .expect("temp dir");
+        let port = free_port();
+        let stats = free_port();
+        let d = dir.path().display();
+        std::fs::write(
+            dir.path().join("nutcracker.yml"),
+            format!(
+                "pool:\n  listen: 127.0.0.1:{port}\n  hash: fnv1a_64\n  distribution: ketama\n  \
+                 timeout: 2000\n  auto_eject_hosts: false\n  server_retry_timeout: 200\n  \
+                 server_connections: 1\n  servers:\n    - 127.0.0.1:{primary_mc}:1 primary\n"
+            ),
+        )
+        .expect("write nutcracker.yml");
+        // Stops the running proxy (bounded wait), then starts it on the current config.
+        std::fs::write(
+            dir.path().join("restart.sh"),
+            format!(
+                "old=$(cat {d}/nutcracker.pid 2>/dev/null || true)\n\
+                 if [ -n \"$old\" ]; then\n  kill \"$old\" 2>/dev/null || true\n  i=0\n  \
+                 while kill -0 \"$old\" 2>/dev/null && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done\n\
+                 fi\n\
+                 exec nutcracker -d -c {d}/nutcracker.yml -s {stats} -a 127.0.0.1 \
+                 -p {d}/nutcracker.pid -o {d}/nutcracker.log\n"
+            ),
+        )
+        .expect("write restart.sh");
+        std::fs::write(
+            dir.path().join("running.sh"),
+            format!("kill -0 \"$(cat {d}/nutcracker.pid)\" 2>/dev/null\n"),
+        )
+        .expect("write running.sh");
+        let proxy = Nutcracker { dir, port };
+        let status = Command::new("sh")
+            .arg(proxy.dir.path().join("restart.sh"))
+            .status()
+            .expect("run restart.sh");
+        assert!(
+            status.success(),
+            "nutcracker did not start: {}",
+            proxy.log()
+        );
+        wait_for("nutcracker accepting", Duration::from_secs(15), || {
+            TcpStream::connect_timeout(&addr(port), Duration::from_millis(200)).is_ok()
+        });
+        proxy
+    }
+
+    /// What `scripts/sentinel-repoint-twemproxy.sh` needs to know, for Sentinel's environment.
+    fn env(&self, port_map: &std::path::Path) -> Vec<(&'static str, String)> {
+        let d = self.dir.path();
+        vec![
+            (
+                "NUTCRACKER_CONF",
+                d.join("nutcracker.yml").display().to_string(),
+            ),
+            (
+                "NUTCRACKER_RESTART",
+                format!("sh {}", d.join("restart.sh").display()),
+            ),
+            (
+                "NUTCRACKER_RUNNING",
+                format!("sh {}", d.join("running.sh").display()),
+            ),
+            ("MEMKEEP_PORT_MAP", port_map.display().to_string()),
+        ]
+    }
+
+    fn conf(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("nutcracker.yml")).unwrap_or_default()
+    }
+
+    fn log(&self) -> String {
+        let l = std::fs::read_to_string(self.dir.path().join("nutcracker.log")).unwrap_or_default();
+        l[l.len().saturating_sub(3000)..].to_string()
+    }
+}
+
+impl Drop for Nutcracker {
+    fn drop(&mut self) {
+        if let Ok(pid) = std::fs::read_to_string(self.dir.path().join("nutcracker.pid"))
+            && let Ok(pid) = pid.trim().parse::<u32>()
+        {
+            let _ = Command::new("kill").arg(pid.to_string()).status();
+        }
+    }
+}
+
+/// A memcached text-protocol exchange on a fresh connection (a client that reconnects after
+/// every failure): the reply's lines up to one of `ends`, or None when the connection fails.
+fn mc(port: u16, request: &str, ends: &[&str]) -> Option<Vec<String>> {
+    let mut s = TcpStream::connect_timeout(&addr(port), Duration::from_millis(500)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(3))).ok()?;
+    s.set_write_timeout(Some(Duration::from_secs(3))).ok()?;
+    s.write_all(request.as_bytes()).ok()?;
+    let mut r = BufReader::new(s);
+    let mut lines = Vec::new();
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line).ok()? == 0 {
+            return None;
+        }
+        let line = line.trim_end().to_string();
+        let done = ends.iter().any(|e| line.starts_with(e));
+        lines.push(line);
+        if done || lines.len() > 4 {
+            return Some(lines);
+        }
+    }
+}
+
+fn mc_set(port: u16, key: &str, value: &str) -> Option<String> {
+    let req = format!("set {key} 0 0 {}\r\n{value}\r\n", value.len());
+    mc(
+        port,
+        &req,
+        &[
+            "STORED",
+            "NOT_STORED",
+            "SERVER_ERROR",
+            "CLIENT_ERROR",
+            "ERROR",
+        ],
+    )
+    .map(|l| l.join(" | "))
+}
+
+fn mc_get(port: u16, key: &str) -> Option<String> {
+    let lines = mc(
+        port,
+        &format!("get {key}\r\n"),
+        &["END", "SERVER_ERROR", "ERROR"],
+    )?;
+    match lines.as_slice() {
+        [v, data, end] if v.starts_with("VALUE ") && end == "END" => Some(data.clone()),
+        _ => None,
+    }
+}
+
+/// memcached-protocol clients know nothing of Sentinel: they write through twemproxy, whose
+/// one-server pool names the primary's memcached port, and Sentinel's `client-reconfig-script`
+/// (`scripts/sentinel-repoint-twemproxy.sh`, run by all three Sentinels) re-points the pool
+/// and restarts the proxy. After a kill -9 of the primary, a memcached `set` through the same
+/// proxy address is stored again, on the promoted replica, within a bound (waited for, not
+/// asserted as a speed: the time is printed).
+#[test]
+fn a_memcached_client_behind_twemproxy_writes_to_the_promoted_replica_after_a_failover() {
+    tool("redis-sentinel");
+    let mut p = node();
+    let mut r = node();
+    let reply = try_call(
+        rport(&r),
+        &["REPLICAOF", "127.0.0.1", &rport(&p).to_string()],
+    );
+    assert_eq!(reply, Some(Reply::Simple("OK".into())));
+    let proxy = Nutcracker::start(p.port());
+    let port_map = proxy.dir.path().join("ports");
+    std::fs::write(
+        &port_map,
+        format!("{} {}\n{} {}\n", rport(&p), p.port(), rport(&r), r.port()),
+    )
+    .expect("write the port map");
+    let script = common::programs::repo_root().join("scripts/sentinel-repoint-twemproxy.sh");
+    let extra = format!(
+        "sentinel client-reconfig-script {MASTER} {}\n",
+        script.display()
+    );
+    let env = proxy.env(&port_map);
+    let sentinels: Vec<Sentinel> = (0..3)
+        .map(|_| Sentinel::start_with(rport(&p), &extra, &env))
+        .collect();
+    let logs = |sentinels: &[Sentinel], proxy: &Nutcracker| -> String {
+        let mut s = format!(
+            "--- nutcracker.yml ---\n{}\n--- nutcracker log ---\n{}\n",
+            proxy.conf(),
+            proxy.log()
+        );
+        for t in sentinels {
+            let l = t.log();
+            s += &format!(
+                "--- sentinel {} ---\n{}\n",
+                t.port,
+                &l[l.len().saturating_sub(3000)..]
+            );
+        }
+        s
+    };
+    let (pr, rr) = (rport(&p), rport(&r));
+    wait_for("the Sentinels settled", SETTLE, || {
+        sentinels.iter().all(|s| s.settled(pr, &[rr]))
+    });
+    // Through the proxy onto the primary, and replicated.
+    assert_eq!(
+        mc_set(proxy.port, "pf:before", "1").as_deref(),
+        Some("STORED")
+    );
+    assert_eq!(mc_get(p.port(), "pf:before").as_deref(), Some("1"));
+    let rmc = r.port();
+    wait_for("pf:before replicated", SETTLE, || {
+        mc_get(rmc, "pf:before").as_deref() == Some("1")
+    });
+
+    p.kill9();
+    let killed = Instant::now();
+    let mut n = 0u32;
+    let key = loop {
+        n += 1;
+        let key = format!("pf:after:{n}");
+        let last = mc_set(proxy.port, &key, &n.to_string());
+        if last.as_deref() == Some("STORED") {
+            break key;
+        }
+        assert!(
+            killed.elapsed() < PROMOTE + Duration::from_secs(30),
+            "no memcached write through the proxy stored since the kill (last reply {last:?})\n{}",
+            logs(&sentinels, &proxy)
+        );
+        thread::sleep(Duration::from_millis(100));
+    };
+    println!(
+        "memcached writes through twemproxy stored again {} ms after the kill ({n} attempts)",
+        killed.elapsed().as_millis()
+    );
+    // It went to the promoted replica, which Sentinel names, and the pool names its port.
+    assert_eq!(mc_get(rmc, &key).as_deref(), Some(n.to_string().as_str()));
+    assert_eq!(mc_get(rmc, "pf:before").as_deref(), Some("1"));
+    assert_eq!(role(rr).map(|(k, ..)| k).as_deref(), Some("master"));
+    assert_eq!(agreed_primary(&sentinels), Some(rr));
+    assert!(
+        proxy
+            .conf()
+            .contains(&format!("- 127.0.0.1:{rmc}:1 primary")),
+        "the pool names the promoted replica's memcached port\n{}",
+        logs(&sentinels, &proxy)
+    );
+    drop(sentinels);
+    common::programs::assert_healthy(&mut r);
 }

@@ -616,6 +616,137 @@ fn a_full_copy_of_100k_keys_while_the_primary_takes_writes_converges() {
     }
 }
 
+/// A full copy is installed as it arrives, in one transaction: a copy cut short (the primary
+/// killed while it streams) leaves the replica's store exactly as it was, and while it
+/// arrives the replica serves its old store. Whether the kill lands in the copy depends on
+/// the machine's speed; the store is all old or all new either way, and the test says which
+/// it saw.
+#[test]
+fn a_full_copy_cut_short_leaves_the_replica_s_store_as_it_was() {
+    let mut p = primary();
+    let mut c = resp(&p);
+    const KEYS: usize = 200_000;
+    let value = "v".repeat(500);
+    for chunk in 0..KEYS / 1000 {
+        let mut args: Vec<Vec<u8>> = vec![b"MSET".to_vec()];
+        for i in chunk * 1000..(chunk + 1) * 1000 {
+            args.push(format!("new:{i}").into_bytes());
+            args.push(value.clone().into_bytes());
+        }
+        let refs: Vec<&[u8]> = args.iter().map(|a| a.as_slice()).collect();
+        assert_eq!(c.call(&refs), Reply::Simple("OK".into()));
+    }
+    // The replica-to-be holds a store of its own.
+    let r = primary();
+    let mut rc = resp(&r);
+    for i in 0..1000 {
+        ok(rc.cmd(&format!("SET old:{i} {i}")));
+    }
+    let port = p.resp_addr().expect("resp").port();
+    ok(rc.cmd(&format!("REPLICAOF 127.0.0.1 {port}")));
+    let deadline = Instant::now() + CONVERGE;
+    let mut served_during = false;
+    loop {
+        match resp(&r).cmd("ROLE") {
+            Reply::Array(Some(v)) if v.len() >= 4 && text(v[3].clone()) == "sync" => {
+                // Mid-copy: the old store is what readers see.
+                assert_eq!(resp(&r).cmd("GET old:7"), Reply::bulk("7"));
+                served_during = true;
+                break;
+            }
+            Reply::Array(Some(v)) if v.len() >= 4 && text(v[3].clone()) == "connected" => break,
+            _ => {}
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the replica never began its copy"
+        );
+        thread::sleep(Duration::from_millis(2));
+    }
+    p.kill9();
+    let deadline = Instant::now() + CONVERGE;
+    while info(&r, "master_link_status") != "down" {
+        assert!(Instant::now() < deadline, "the link never went down");
+        thread::sleep(Duration::from_millis(20));
+    }
+    let size = match resp(&r).cmd("DBSIZE") {
+        Reply::Int(n) => n as usize,
+        other => panic!("DBSIZE: {other:?}"),
+    };
+    let copied = info(&r, "memkeep_full_copies_taken");
+    if size == 1000 {
+        assert_eq!(copied, "0", "no copy installed");
+        assert_eq!(resp(&r).cmd("GET old:999"), Reply::bulk("999"));
+        assert_eq!(resp(&r).cmd("EXISTS new:0"), Reply::Int(0));
+    } else {
+        assert_eq!(
+            size, KEYS,
+            "the replica holds its old store or the whole copy"
+        );
+        assert_eq!(copied, "1");
+        assert_eq!(resp(&r).cmd("EXISTS old:0"), Reply::Int(0));
+        assert_eq!(
+            resp(&r).cmd(&format!("STRLEN new:{}", KEYS - 1)),
+            Reply::Int(500)
+        );
+    }
+    println!(
+        "cut short: {}; the kill {} the copy",
+        size == 1000,
+        if served_during {
+            "landed in"
+        } else {
+            "came after"
+        }
+    );
+    let mut r = r;
+    r.stop();
+    r.assert_check_clean();
+}
+
+/// CPU time (user + system) a process has used so far, in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/<pid>/stat");
+    let after = &stat[stat.rfind(')').expect("comm") + 2..];
+    let f: Vec<&str> = after.split_whitespace().collect();
+    f[11].parse::<u64>().expect("utime") + f[12].parse::<u64>().expect("stime")
+}
+
+/// A connected replica with nothing to apply sleeps: its writer once spun (its sweep, which a
+/// replica skips, was always due, so it never waited), taking a core from everything else on
+/// the machine, the primary included. Over a few idle seconds it now uses next to no CPU (a
+/// spinning thread uses a whole second of CPU a second, less only what a busy machine denies
+/// it).
+#[test]
+fn an_idle_replica_uses_next_to_no_cpu() {
+    let p = primary();
+    let r = replica_of(&p);
+    ok(resp(&p).cmd("SET idle 1"));
+    converge(&p, &r);
+    let pid = r.pid().expect("replica pid");
+    let ticks_per_s = clock_ticks_per_second();
+    let before = cpu_ticks(pid);
+    thread::sleep(Duration::from_secs(3));
+    let used = cpu_ticks(pid) - before;
+    assert!(
+        used * 10 < ticks_per_s * 3,
+        "the idle replica used {used} ticks of CPU in 3 s ({ticks_per_s} ticks a second)"
+    );
+    assert_eq!(info(&r, "master_link_status"), "up");
+}
+
+/// Clock ticks a second, as `getconf CLK_TCK` tells them.
+fn clock_ticks_per_second() -> u64 {
+    let out = Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .expect("getconf");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("CLK_TCK")
+}
+
 #[test]
 fn a_replica_behind_more_than_the_backlog_takes_a_full_copy() {
     let p = Server::start_with(

@@ -275,6 +275,13 @@ impl Hub {
         lock(&self.backlog).last_seq
     }
 
+    /// Bytes of the stream released past `offset`, and the backlog's size: how much of the
+    /// backlog a replica that continues from `offset` has used up while it takes its copy.
+    pub fn used_since(&self, offset: u64) -> (u64, u64) {
+        let b = lock(&self.backlog);
+        (b.offset.saturating_sub(offset), b.cap as u64)
+    }
+
     /// (first offset held, bytes held), for INFO.
     pub fn backlog_span(&self) -> (u64, u64) {
         let b = lock(&self.backlog);

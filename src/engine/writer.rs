@@ -1702,8 +1702,13 @@ fn run<T: Send + Clone>(
         }
         let subs = batch.len();
         w.install_first(&mut batch);
-        // A replica expires nothing itself: its primary's deletions come along.
-        let sweep = Instant::now() >= next_sweep && !w.is_replica();
+        // A replica expires nothing itself: its primary's deletions come along. It still moves
+        // the sweep's time on, or the wait above would stay zero and this loop would spin.
+        let sweep_due = Instant::now() >= next_sweep;
+        let sweep = sweep_due && !w.is_replica();
+        if sweep_due && !sweep {
+            next_sweep = Instant::now() + SWEEP_EVERY;
+        }
         if count > 0 || sweep || w.flush_due() || w.gc_more || w.poisoned {
             let (_, swept) = w.commit(&mut batch, sweep, None, false);
             batch.clear();

@@ -17,13 +17,12 @@
 //!
 //! Memory: a sender holds the frames it is writing (shared with the backlog) and one chunk of
 //! the full copy; a replica too slow for the backlog loses its place and takes a full copy. A
-//! replica writes a full copy to `repl-copy.tmp` in its data directory as it arrives and then
-//! installs it in one transaction (`engine::writer::replica`); it applies at most
-//! `APPLY_MAX` bytes of batches per write.
+//! replica hands a full copy's chunks to its writer as they arrive, over a channel of
+//! `COPY_QUEUE` chunks, which writes them into one transaction (`engine::writer::replica`);
+//! it applies at most `APPLY_MAX` bytes of batches per write.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
@@ -33,7 +32,7 @@ use mio::{Events, Poll, Token, Waker};
 
 use super::Shared;
 use super::worker::{Reply, Tag};
-use crate::command::{Outcome, ReplInstall, Replicated, WriteOp};
+use crate::command::{CopyChunk, CopySource, Outcome, ReplInstall, Replicated, WriteOp};
 use crate::engine::repl::{FRAME_HEADER, Gone, Hub, stored_position};
 use crate::engine::writer::{Gate, Mailbox, Submission, WriteRequest};
 use crate::storage::wal::LogBuf;
@@ -44,7 +43,9 @@ const APPLY_MAX: usize = 4 << 20;
 /// How long a replica waits for anything from its primary (heartbeats come every second).
 const LINK_TIMEOUT: Duration = Duration::from_secs(5);
 const HEARTBEAT: Duration = Duration::from_secs(1);
-const COPY_FILE: &str = "repl-copy.tmp";
+/// Chunks of a full copy received and not yet written (the writer is slower than a loopback
+/// link): the TCP window holds the rest, so the primary sends as fast as the copy is written.
+const COPY_QUEUE: usize = 4;
 const RECEIVER_WAKER: Token = Token(0);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -537,6 +538,67 @@ fn read_acks(stream: TcpStream, peer: &Peer) {
     }
 }
 
+/// How long a full copy pauses, as a multiple of the time it was busy since its last pause:
+/// it takes at most a third of the time of the CPU and the disk it uses, on both ends (the
+/// replica writes as it receives), so a primary sharing them with the copy's work, or with
+/// its replica, keeps more of its throughput. Never so long that the copy goes slower than
+/// `COPY_FLOOR`, and not once a quarter of the backlog is used up since the snapshot (the
+/// replica continues from the snapshot's position: a copy outlasting the backlog is taken
+/// again from the start).
+const COPY_YIELD: u32 = 2;
+/// Bytes a second of records under which a copy does not pause: 1 GB in about 16 s.
+const COPY_FLOOR: u64 = 64 << 20;
+/// Bytes sent between two pauses.
+const PACE_EVERY: usize = 32 << 20;
+/// The longest pause (the replica waits for bytes at most `LINK_TIMEOUT`).
+const MAX_PAUSE: Duration = Duration::from_secs(2);
+
+/// A full copy's pacing on the primary (`COPY_YIELD`).
+struct Pace {
+    /// The snapshot's stream offset.
+    offset: u64,
+    started: Instant,
+    busy_since: Instant,
+    bytes: u64,
+    since_pause: usize,
+}
+
+impl Pace {
+    fn new(offset: u64) -> Pace {
+        let now = Instant::now();
+        Pace {
+            offset,
+            started: now,
+            busy_since: now,
+            bytes: 0,
+            since_pause: 0,
+        }
+    }
+
+    fn sent(&mut self, n: usize) {
+        self.bytes += n as u64;
+        self.since_pause += n;
+    }
+
+    /// Every `PACE_EVERY` bytes: sleeps `COPY_YIELD` times the time busy since the last pause,
+    /// within what keeps the copy at `COPY_FLOOR` and the backlog at a quarter used.
+    fn maybe_pause(&mut self, hub: &Hub) {
+        if self.since_pause < PACE_EVERY {
+            return;
+        }
+        self.since_pause = 0;
+        let (used, cap) = hub.used_since(self.offset);
+        let floor = Duration::from_secs_f64(self.bytes as f64 / COPY_FLOOR as f64);
+        let pause = (self.busy_since.elapsed() * COPY_YIELD)
+            .min(floor.saturating_sub(self.started.elapsed()))
+            .min(MAX_PAUSE);
+        if used.saturating_mul(4) < cap && !pause.is_zero() {
+            std::thread::sleep(pause);
+        }
+        self.busy_since = Instant::now();
+    }
+}
+
 /// Sends `+FULLRESYNC` and a consistent copy of the store; returns the offset it is at.
 fn full_copy(
     shared: &Arc<Shared>,
@@ -575,6 +637,7 @@ fn full_copy(
     *lock(&peer.state) = "send_bulk";
     let mut buf = LogBuf::default();
     let mut records = 0u64;
+    let mut pace = Pace::new(offset);
     let flush = |buf: &mut LogBuf, out: &mut dyn Write| -> io::Result<()> {
         if !buf.is_empty() {
             let p = buf.payload();
@@ -597,7 +660,9 @@ fn full_copy(
             buf.put(db, k, &[v]);
             records += 1;
             if buf.payload_len() >= CHUNK {
+                pace.sent(buf.payload_len());
                 flush(&mut buf, out)?;
+                pace.maybe_pause(hub);
             }
         }
     }
@@ -655,6 +720,12 @@ impl Receiving<'_> {
 
     /// Submits one write for the writer thread and waits for its outcome.
     fn write(&mut self, op: WriteOp) -> Result<(), LinkError> {
+        self.submit(op)?;
+        self.outcome()
+    }
+
+    /// Submits one write for the writer thread; `outcome` gets its answer.
+    fn submit(&mut self, op: WriteOp) -> Result<(), LinkError> {
         if !self.current() {
             return Err(LinkError::Superseded);
         }
@@ -676,6 +747,12 @@ impl Receiving<'_> {
         if gate.submit(sub) == crate::engine::writer::Submitted::Refused {
             return Err(LinkError::Proto("the writer has stopped".into()));
         }
+        Ok(())
+    }
+
+    /// Waits for the outcome of the write submitted last.
+    fn outcome(&mut self) -> Result<(), LinkError> {
+        let repl = &self.shared.repl;
         let mut got = Vec::new();
         loop {
             repl.mailbox.drain_into(&mut got);
@@ -925,48 +1002,53 @@ fn read_frame(input: &mut impl Read) -> Result<(u8, Vec<u8>), LinkError> {
     Ok((h[0], body))
 }
 
-/// Receives a full copy into `repl-copy.tmp` and installs it.
+/// Receives a full copy and installs it: the writer takes the chunks as they arrive.
 fn take_copy(
     r: &mut Receiving<'_>,
     input: &mut BufReader<TcpStream>,
     replid: &str,
     offset: u64,
 ) -> Result<(), LinkError> {
-    let path: PathBuf = r.shared.config.data_dir.join(COPY_FILE);
     let started = Instant::now();
-    let result = (|| {
-        let mut file = io::BufWriter::new(std::fs::File::create(&path)?);
-        loop {
-            let (kind, body) = read_frame(input)?;
-            r.shared.repl.set_link(|l| l.last_io = Instant::now());
-            match kind {
-                b'S' => {
-                    file.write_all(&(body.len() as u32).to_le_bytes())?;
-                    file.write_all(&body)?;
-                }
-                b'E' => break,
-                b'P' => {}
-                k => return Err(LinkError::Proto(format!("unexpected frame {k} in a copy"))),
-            }
+    let (tx, rx) = std::sync::mpsc::sync_channel(COPY_QUEUE);
+    r.submit(WriteOp::ReplInstall(Box::new(ReplInstall {
+        source: CopySource::new(rx),
+        replid: replid.to_string(),
+        offset,
+    })))?;
+    // The writer waits on the channel: whatever happens here, the sender is dropped before
+    // the outcome is awaited (a copy that ends without `End` is abandoned).
+    let received = pass_copy(r, input, tx);
+    let installed = r.outcome();
+    received?;
+    installed?;
+    info!(
+        "full copy received and installed in {} ms",
+        started.elapsed().as_millis()
+    );
+    Ok(())
+}
+
+/// Hands a full copy's chunks to the writer as they arrive, until the end frame.
+fn pass_copy(
+    r: &Receiving<'_>,
+    input: &mut BufReader<TcpStream>,
+    tx: std::sync::mpsc::SyncSender<CopyChunk>,
+) -> Result<(), LinkError> {
+    let gone = |_| LinkError::Proto("the writer abandoned the copy".into());
+    loop {
+        if !r.current() {
+            return Err(LinkError::Superseded);
         }
-        file.flush()?;
-        drop(file);
-        info!(
-            "full copy received in {} ms; installing",
-            started.elapsed().as_millis()
-        );
-        r.write(WriteOp::ReplInstall(Box::new(ReplInstall {
-            path: path.clone(),
-            replid: replid.to_string(),
-            offset,
-        })))
-    })();
-    if let Err(e) = std::fs::remove_file(&path)
-        && e.kind() != io::ErrorKind::NotFound
-    {
-        warn!("cannot remove {}: {e}", path.display());
+        let (kind, body) = read_frame(input)?;
+        r.shared.repl.set_link(|l| l.last_io = Instant::now());
+        match kind {
+            b'S' => tx.send(CopyChunk::Records(body)).map_err(gone)?,
+            b'E' => return tx.send(CopyChunk::End).map_err(gone),
+            b'P' => {}
+            k => return Err(LinkError::Proto(format!("unexpected frame {k} in a copy"))),
+        }
     }
-    result
 }
 
 // ---------------------------------------------------------------------------------------

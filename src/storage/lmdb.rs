@@ -640,6 +640,30 @@ impl LmdbStore {
         self.tables().into_iter().find(|t| t.id == id)
     }
 
+    /// Writes one record of a replica's full copy (a plain transaction, unlogged): appended
+    /// when it sorts after the last key of its database, which is every record of a copy (it
+    /// arrives in each database's key order, into emptied databases), so LMDB skips the search
+    /// and fills each page whole instead of splitting it; put in place otherwise.
+    pub fn put_copied(
+        &self,
+        txn: &mut RwTxn,
+        db: u8,
+        key: &[u8],
+        value: &[u8],
+    ) -> Result<(), String> {
+        let table = self
+            .table(db)
+            .ok_or_else(|| format!("copied record for unknown database {db}"))?;
+        match table
+            .db
+            .put_with_flags(txn, heed::PutFlags::APPEND, key, value)
+        {
+            Err(heed::Error::Mdb(heed::MdbError::KeyExist)) => table.db.put(txn, key, value),
+            r => r,
+        }
+        .map_err(|e| format!("cannot write a copied record: {e}"))
+    }
+
     /// Applies one logged record in a plain transaction (recovery: the log already has it).
     pub fn replay(&self, txn: &mut RwTxn, op: super::wal::Op, mode: Replay) -> Result<(), String> {
         use super::wal::Op;

@@ -9,8 +9,19 @@
 //! a mix (the overlay is empty across it: the open transaction is committed first). A crash
 //! before the checkpoint is durable recovers the previous checkpoint and log: the old store
 //! with the old position, which is consistent, so the replica just asks again.
+//!
+//! The copy is written as it arrives (the receiver hands its chunks over a bounded channel),
+//! not staged in a file first: a staged copy was a second gigabyte written to the disk for
+//! each gigabyte of store, on a disk a primary may share. This writer is busy for the whole
+//! transfer, which costs a replica nothing (it takes no writes of its own, and the stream
+//! waits for the copy anyway); a link that fails midway aborts the transaction.
+//!
+//! A copy is bulk work nobody waits on a reply from, and the machine may serve a primary too
+//! (its own primary in a test, another one in production): every `WRITEBACK_EVERY` bytes the
+//! writer writes back what LMDB has written of the data file, so the checkpoint's fdatasync
+//! finds little left to write instead of the whole copy at once. (The primary's sender paces
+//! the copy: `server::repl`.)
 
-use std::io::Read;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -18,10 +29,10 @@ use std::time::Duration;
 use log::{error, info};
 
 use super::{Submission, Writer};
-use crate::command::{Outcome, ReplInstall, WriteOp};
+use crate::command::{CopyChunk, Outcome, ReplInstall, WriteOp};
 use crate::config::SyncMode;
 use crate::engine::repl::{Hub, REPL_KEY, encode_position};
-use crate::storage::lmdb::{DB_META, Replay};
+use crate::storage::lmdb::{DB_META, LmdbStore, Replay};
 use crate::storage::wal::{Op, ops};
 
 /// Databases a full copy replaces (every one a log record can name).
@@ -114,45 +125,9 @@ impl<T: Send + Clone> Writer<T> {
         // Empty (just begun): LMDB has one write transaction at a time.
         self.open = None;
         let store = self.store.clone();
-        let r = (|| -> Result<(usize, u64), String> {
-            let mut file = std::fs::File::open(&x.path)
-                .map_err(|e| format!("cannot open {}: {e}", x.path.display()))?;
-            let (mut rw, _) = store.write_txn().map_err(|e| e.to_string())?.into_parts();
-            for db in DBS {
-                store.replay(&mut rw, Op::Clear { db }, Replay::Exact)?;
-            }
-            let mut records = 0u64;
-            let mut chunk = Vec::new();
-            loop {
-                let mut len = [0u8; 4];
-                match file.read_exact(&mut len) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
-                    Err(e) => return Err(format!("cannot read the copy: {e}")),
-                }
-                chunk.resize(u32::from_le_bytes(len) as usize, 0);
-                file.read_exact(&mut chunk)
-                    .map_err(|e| format!("cannot read the copy: {e}"))?;
-                for op in ops(&chunk) {
-                    store.replay(&mut rw, op?, Replay::Exact)?;
-                    records += 1;
-                }
-            }
-            let pos = encode_position(&x.replid, x.offset);
-            store.replay(
-                &mut rw,
-                Op::Put {
-                    db: DB_META,
-                    key: REPL_KEY,
-                    value: &pos,
-                },
-                Replay::Exact,
-            )?;
-            let id = rw.id();
-            rw.commit()
-                .map_err(|e| format!("cannot commit the copy: {e}"))?;
-            Ok((id, records))
-        })();
+        let started = std::time::Instant::now();
+        let r = write_copy(&store, x, &self.data);
+        let written = started.elapsed();
         let outcome = match r {
             Ok((id, records)) => {
                 let need = (self.store.env().info().last_page_number as u64 + 1) * self.page_size;
@@ -183,8 +158,12 @@ impl<T: Send + Clone> Writer<T> {
                     Outcome::Failed
                 } else {
                     info!(
-                        "full copy installed: {records} records, at offset {} of {}",
-                        x.offset, x.replid
+                        "full copy installed: {records} records, at offset {} of {}, received \
+                         and written in {} ms, checkpointed in {} ms more",
+                        x.offset,
+                        x.replid,
+                        written.as_millis(),
+                        (started.elapsed() - written).as_millis()
                     );
                     Outcome::Done
                 }
@@ -200,5 +179,99 @@ impl<T: Send + Clone> Writer<T> {
             error!("cannot begin a write transaction: {e}");
         }
         outcome
+    }
+}
+
+/// Empties every database and writes the copy arriving from `x.source` and its stream
+/// position, in one transaction; returns the commit's id and the records written. A copy cut
+/// short (its source ends without `End`) aborts the transaction: the store stays as it was.
+fn write_copy(
+    store: &LmdbStore,
+    x: &ReplInstall,
+    data: &std::fs::File,
+) -> Result<(usize, u64), String> {
+    let source = x
+        .source
+        .take()
+        .ok_or("the copy's source was already taken")?;
+    let (mut rw, _) = store.write_txn().map_err(|e| e.to_string())?.into_parts();
+    for db in DBS {
+        store.replay(&mut rw, Op::Clear { db }, Replay::Exact)?;
+    }
+    let mut records = 0u64;
+    let mut unwritten = 0usize;
+    loop {
+        match source.recv() {
+            Ok(CopyChunk::Records(chunk)) => {
+                unwritten += chunk.len();
+                if unwritten >= WRITEBACK_EVERY {
+                    write_back(data);
+                    unwritten = 0;
+                }
+                for op in ops(&chunk) {
+                    match op? {
+                        Op::Put { db, key, value } => store.put_copied(&mut rw, db, key, value)?,
+                        op => store.replay(&mut rw, op, Replay::Exact)?,
+                    }
+                    records += 1;
+                }
+            }
+            Ok(CopyChunk::End) => break,
+            Err(_) => return Err("the copy was cut short".into()),
+        }
+    }
+    let pos = encode_position(&x.replid, x.offset);
+    store.replay(
+        &mut rw,
+        Op::Put {
+            db: DB_META,
+            key: REPL_KEY,
+            value: &pos,
+        },
+        Replay::Exact,
+    )?;
+    let id = rw.id();
+    rw.commit()
+        .map_err(|e| format!("cannot commit the copy: {e}"))?;
+    // What the commit wrote, before the checkpoint's fdatasync would write it all at once.
+    write_back(data);
+    Ok((id, records))
+}
+
+/// Bytes of a copy's records between two writebacks of the data file.
+const WRITEBACK_EVERY: usize = 32 << 20;
+
+/// Writes the data file's dirty pages (those LMDB has written: its spills during the copy's
+/// transaction, then its commit) and waits for them, without a flush of the disk's cache (the
+/// checkpoint's fdatasync does that). A copy left to the kernel reaches the disk in bursts of
+/// hundreds of megabytes, behind which every fdatasync of a primary sharing the disk waits;
+/// written here, it goes in steps of `WRITEBACK_EVERY` bytes of the file, and the copy goes at
+/// the pace the disk allows. An error here is reported again by that fdatasync (the
+/// kernel keeps it for the file), which fails the install.
+fn write_back(data: &std::fs::File) {
+    use std::os::fd::AsRawFd;
+    let len = data.metadata().map_or(0, |m| m.len());
+    let mut at = 0u64;
+    while at < len {
+        let n = (WRITEBACK_EVERY as u64).min(len - at);
+        // SAFETY: a system call on a file descriptor `data` owns; no memory is passed.
+        let r = unsafe {
+            libc::sync_file_range(
+                data.as_raw_fd(),
+                at as libc::off64_t,
+                n as libc::off64_t,
+                libc::SYNC_FILE_RANGE_WAIT_BEFORE
+                    | libc::SYNC_FILE_RANGE_WRITE
+                    | libc::SYNC_FILE_RANGE_WAIT_AFTER,
+            )
+        };
+        if r != 0 {
+            log::debug!(
+                "full copy: writeback of the data file: {}",
+                std::io::Error::last_os_error()
+            );
+            return;
+        }
+        at += n;
     }
 }
