@@ -98,7 +98,9 @@ pub enum Cmd {
     PubSub,
     Reset,
     Object,
+    Memory,
     Latency,
+    Function,
     Wait,
     Acl,
     Eval,
@@ -264,7 +266,9 @@ static COMMANDS: &[Spec] = &[
     spec("pubsub", -2, R, NOKEY, Cmd::PubSub),
     spec("reset", 1, R, NOKEY, Cmd::Reset),
     spec("object", -2, R, (2, 2, 1), Cmd::Object),
+    spec("memory", -2, R, (2, 2, 1), Cmd::Memory),
     spec("latency", -2, R, NOKEY, Cmd::Latency),
+    spec("function", -2, R, NOKEY, Cmd::Function),
     spec("wait", 3, R, NOKEY, Cmd::Wait),
     spec("replconf", -1, R, NOKEY, Cmd::ReplConf),
     spec("psync", -3, R, NOKEY, Cmd::Psync),
@@ -374,6 +378,7 @@ pub fn reads_store(cmd: Cmd) -> bool {
             | Cmd::Scan
             | Cmd::RandomKey
             | Cmd::Object
+            | Cmd::Memory
             | Cmd::Dump
     )
 }

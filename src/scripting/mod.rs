@@ -981,7 +981,8 @@ fn allowed(cmd: Cmd) -> bool {
         | Cmd::EvalSha
         | Cmd::EvalRo
         | Cmd::EvalShaRo
-        | Cmd::Script => false,
+        | Cmd::Script
+        | Cmd::Function => false,
         _ => true,
     }
 }
