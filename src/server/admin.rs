@@ -1043,16 +1043,50 @@ fn config(args: Args<'_>, out: &mut Vec<u8>, sess: &Session, pass: &Pass<'_>) {
             // Setting what is already so (`save ""`, `appendonly no`): nothing to do.
             enc::ok(out);
         } else if !super::repl::config_set(args, out, &pass.shared.repl) {
-            enc::error(
-                out,
-                "ERR CONFIG SET is not supported by memkeep; use its config file or flags",
-            );
+            config_set_refused(args, out, &config_params(pass));
         }
     } else if args.is(1, "REWRITE") && args.len() == 2 {
         super::repl::config_rewrite(out, pass.shared);
     } else {
         unknown_sub(out, "CONFIG", args);
     }
+}
+
+/// CONFIG SET of what memkeep cannot change at run time, in Redis's shapes: a parameter
+/// CONFIG GET reports fails ("CONFIG SET failed ... - why"), any other is unknown.
+fn config_set_refused(args: Args<'_>, out: &mut Vec<u8>, params: &[(&str, String)]) {
+    if !args.len().is_multiple_of(2) {
+        return enc::error(out, SYNTAX);
+    }
+    for i in (2..args.len()).step_by(2) {
+        let name = args.get(i);
+        let known = params
+            .iter()
+            .any(|(p, _)| name.eq_ignore_ascii_case(p.as_bytes()));
+        let text = String::from_utf8_lossy(name);
+        if !known {
+            return enc::error(
+                out,
+                &format!("ERR Unknown option or number of arguments for CONFIG SET - '{text}'"),
+            );
+        }
+    }
+    // Every name is known; the first whose value differs is the one refused.
+    let first = (2..args.len())
+        .step_by(2)
+        .find(|&i| {
+            !params.iter().any(|(p, v)| {
+                args.get(i).eq_ignore_ascii_case(p.as_bytes()) && args.get(i + 1) == v.as_bytes()
+            })
+        })
+        .unwrap_or(2);
+    enc::error(
+        out,
+        &format!(
+            "ERR CONFIG SET failed (possibly related to argument '{}') - memkeep sets it by flag or config file only",
+            String::from_utf8_lossy(args.get(first))
+        ),
+    );
 }
 
 /// Whether every `name value` pair of a CONFIG SET names a parameter CONFIG GET answers and
