@@ -113,6 +113,7 @@ pub enum Cmd {
     Sync,
     Role,
     ReplicaOf,
+    Shutdown,
 }
 
 /// One command: Redis's arity rule (n: exactly n arguments including the name; -n: at least n),
@@ -276,6 +277,7 @@ static COMMANDS: &[Spec] = &[
     spec("role", 1, R, NOKEY, Cmd::Role),
     spec("replicaof", 3, R, NOKEY, Cmd::ReplicaOf),
     spec("slaveof", 3, R, NOKEY, Cmd::ReplicaOf),
+    spec("shutdown", -1, R, NOKEY, Cmd::Shutdown),
     spec("acl", -2, R, NOKEY, Cmd::Acl),
     // Scripts name their keys after a count: dispatched before the write path.
     spec("eval", -3, R, NOKEY, Cmd::Eval),

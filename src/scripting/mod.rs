@@ -982,7 +982,8 @@ fn allowed(cmd: Cmd) -> bool {
         | Cmd::EvalRo
         | Cmd::EvalShaRo
         | Cmd::Script
-        | Cmd::Function => false,
+        | Cmd::Function
+        | Cmd::Shutdown => false,
         _ => true,
     }
 }

@@ -142,7 +142,7 @@ pub fn categories(spec: &Spec) -> Vec<&'static str> {
         }
         Cmd::Info => c.push("dangerous"),
         Cmd::Wait => c.push("blocking"),
-        Cmd::ReplConf | Cmd::Psync | Cmd::Sync | Cmd::ReplicaOf => {
+        Cmd::ReplConf | Cmd::Psync | Cmd::Sync | Cmd::ReplicaOf | Cmd::Shutdown => {
             c.extend(["admin", "slow", "dangerous"])
         }
         Cmd::Role => c.extend(["admin", "fast", "dangerous"]),

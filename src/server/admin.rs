@@ -116,6 +116,7 @@ pub(super) fn read(
             enc::simple(out, "RESET");
         }
         Cmd::Latency => latency(args, out, v3),
+        Cmd::Shutdown => return shutdown(args, out),
         Cmd::Function => function(args, out),
         Cmd::Script => pass.shared.scripts.script_cmd(args, out),
         Cmd::Acl => acl(args, out, sess, pass, v3),
@@ -1050,6 +1051,46 @@ fn config(args: Args<'_>, out: &mut Vec<u8>, sess: &Session, pass: &Pass<'_>) {
     } else {
         unknown_sub(out, "CONFIG", args);
     }
+}
+
+/// SHUTDOWN [NOSAVE|SAVE] [NOW] [FORCE] [ABORT]: stops the server as SIGTERM does (no new
+/// connections, in-flight writes committed and synced, then exit). memkeep has no snapshot to
+/// save or skip (every acknowledged write is already in its log, per the sync mode), so the
+/// flags only have Redis's syntax checked; a shutdown is never left pending, so ABORT has
+/// nothing to abort. As in Redis, the connection gets no reply: it closes. Returns true to
+/// close it.
+fn shutdown(args: Args<'_>, out: &mut Vec<u8>) -> bool {
+    let (mut save, mut nosave, mut other, mut abort) = (false, false, false, false);
+    for i in 1..args.len() {
+        if args.is(i, "NOSAVE") {
+            nosave = true;
+        } else if args.is(i, "SAVE") {
+            save = true;
+        } else if args.is(i, "NOW") || args.is(i, "FORCE") {
+            other = true;
+        } else if args.is(i, "ABORT") {
+            abort = true;
+        } else {
+            enc::error(out, SYNTAX);
+            return false;
+        }
+    }
+    if (abort && (save || nosave || other)) || (save && nosave) {
+        enc::error(out, SYNTAX);
+        return false;
+    }
+    if abort {
+        enc::error(out, "ERR No shutdown in progress.");
+        return false;
+    }
+    log::info!("SHUTDOWN from a client: stopping as on SIGTERM");
+    // The signal thread runs the shutdown it runs for SIGTERM.
+    if let Err(e) = signal_hook::low_level::raise(signal_hook::consts::SIGTERM) {
+        log::error!("SHUTDOWN: cannot signal the server to stop: {e}");
+        enc::error(out, "ERR Errors trying to SHUTDOWN. Check logs.");
+        return false;
+    }
+    true
 }
 
 /// CONFIG SET of what memkeep cannot change at run time, in Redis's shapes: a parameter

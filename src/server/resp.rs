@@ -764,6 +764,14 @@ fn dispatch_in_multi(args: Args<'_>, sess: &mut Session, pass: &mut Pass<'_>) ->
             return refused_in_multi(args, msg);
         }
     };
+    // Redis's `no-multi` commands: refused, which fails the transaction.
+    if matches!(spec.cmd, Cmd::Shutdown | Cmd::Sync | Cmd::Psync) {
+        sess.stat = Some((stat_slot(spec, args), true));
+        return refused_in_multi(
+            args,
+            "ERR Command not allowed inside a transaction".to_string(),
+        );
+    }
     multi_action(spec, failed, sess, pass)
 }
 
