@@ -38,6 +38,7 @@ import collections
 import hashlib
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -156,6 +157,23 @@ def free_port():
         return s.getsockname()[1]
 
 
+def framework_baseport():
+    """A --baseport for the framework. Its test server listens on the first port of
+    [baseport-32, baseport) it can bind (and port+10000 too), but its probe binds the wildcard
+    address while the server binds 127.0.0.1, so two runs at once both pick baseport-32 and the
+    second fails: each run starts at a random port whose two ports are free now."""
+    for _attempt in range(100):
+        port = random.randrange(20000, 30000)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 10000))
+            return port + 32
+        except OSError:
+            continue
+    return 21111
+
+
 def wait_ping(port, proc, secs=30):
     deadline = time.monotonic() + secs
     while time.monotonic() < deadline:
@@ -231,15 +249,21 @@ def run_file(kind, unit, rdir, memkeep_bin, workdir, timeout, logdir):
     server = Server(kind, memkeep_bin, workdir)
     args = ["tclsh", "tests/test_helper.tcl", "--host", "127.0.0.1", "--port", str(server.port),
             "--singledb", "--ignore-encoding", "--tags", " ".join("-" + t for t in DENY_TAGS),
-            "--single", unit, "--timeout", str(timeout), "--clients", "1"]
+            "--single", unit, "--timeout", str(timeout), "--clients", "1",
+            "--baseport", str(framework_baseport())]
     for name, _why in SKIPS:
         args += ["--skiptest", name]
+    # Its own session, so a run stopped by the wall clock takes the test clients it spawned
+    # (tclsh processes of their own) with it.
+    proc = subprocess.Popen(args, cwd=rdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
     try:
-        proc = subprocess.run(args, cwd=rdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              timeout=timeout + 60)
-        out = proc.stdout.decode("utf-8", "replace")
-    except subprocess.TimeoutExpired as e:
-        out = (e.stdout or b"").decode("utf-8", "replace") + "\n[TIMEOUT]: wall clock\n"
+        raw, _ = proc.communicate(timeout=max(900, 5 * timeout))
+        out = raw.decode("utf-8", "replace")
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raw, _ = proc.communicate()
+        out = raw.decode("utf-8", "replace") + "\n[TIMEOUT]: wall clock\n"
     finally:
         server.stop()
     if logdir:
