@@ -356,7 +356,8 @@ def main():
     why = collections.Counter()
     for unit in opts.files.split(","):
         for name, n in collections.Counter(saved[unit][2]).items():
-            m = re.search(r": (Tag: \S+ denied|Not supported on .*|large memory flag .*)$", name)
+            m = re.search(r"(?:^|: )(Tag: \S+ denied|Not supported on .*|large memory flag .*)$",
+                          name)
             why[m.group(1) if m else "the skip list (SKIPS)"] += n
     print("left out of redis-server's runs: " + ", ".join(f"{n} by {r}" for r, n in why.most_common()))
     print(f"{time.monotonic() - started:.0f} s")
