@@ -22,7 +22,8 @@ static int mk_ld_parse(const char *s, size_t len, long double *out) {
     buf[len] = '\0';
     errno = 0;
     v = strtold(buf, &end);
-    if (isspace((unsigned char)buf[0]) || *end != '\0' || errno == EINVAL || isnan(v)) return 0;
+    /* end short of len: bytes after the number, a NUL byte among them ("1\0002" is no float). */
+    if (isspace((unsigned char)buf[0]) || end != buf + len || errno == EINVAL || isnan(v)) return 0;
     if (errno == ERANGE && (isinf(v) || fpclassify(v) == FP_ZERO)) return 0;
     *out = v;
     return 1;

@@ -8,7 +8,8 @@
 #   client test (tests/memcached_clients.rs), sasl2-bin (saslpasswd2, so `make conformance` can
 #   replay proto/binary/sasl.txt against memcached -S), strace (tests/fsync_order.rs), fuse3
 #   (fusermount3, for the power-loss test's FUSE file system in tests/powerloss/; the fuser
-#   crate mounts without libfuse, so no -dev package is needed).
+#   crate mounts without libfuse, so no -dev package is needed), tcl (tclsh, for Redis's own
+#   test suite in `make redis-tests`).
 # - apt: php-cli and php-redis (phpredis), ruby and ruby-redis (redis-rb), nodejs and npm when
 #   node/npm are missing, for the client-library programs of tests/client_libs.rs.
 # - npm: ioredis and redis (node-redis) into tests/client_programs/node/node_modules
@@ -49,6 +50,8 @@ command -v nutcracker >/dev/null 2>&1 || need+=(nutcracker)
   need+=(default-jdk-headless)
 # The interactive redis-cli test drives a pty through python3's `pty` module.
 command -v python3 >/dev/null 2>&1 || need+=(python3)
+# Redis's own tcl test suite (make redis-tests, scripts/redis-tcl-suite.py) runs in tclsh.
+command -v tclsh >/dev/null 2>&1 || need+=(tcl)
 # tests/fsync_order.rs watches memkeep's system calls.
 command -v strace >/dev/null 2>&1 || need+=(strace)
 # tests/powerloss/ mounts a FUSE file system (it needs /dev/fuse too, which no package brings).

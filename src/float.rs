@@ -124,5 +124,8 @@ mod tests {
         assert_eq!(check(b"inf"), FloatArg::Infinite);
         assert_eq!(check(b"-1.5e3"), FloatArg::Finite);
         assert_eq!(check(b"1.5x"), FloatArg::Invalid);
+        // A NUL byte inside the value ends C's string, not the value (SETRANGE can put one).
+        assert_eq!(add(b"1\x002", b"1"), Err(AddError::BadValue));
+        assert_eq!(check(b"1\x00"), FloatArg::Invalid);
     }
 }

@@ -416,3 +416,56 @@ fn user_option_drops_root_after_binding() {
         assert!(s.stderr().contains("ignoring -u nobody"), "{}", s.stderr());
     }
 }
+
+/// RESP SHUTDOWN stops the server as SIGTERM does: the connection closes without a reply, the
+/// process exits, and every acknowledged write is there after a restart. Inside MULTI it is
+/// refused (Redis's no-multi), and ABORT has no pending shutdown to abort.
+#[test]
+fn shutdown_over_resp_stops_the_server_gracefully() {
+    let mut s = Server::start_with(
+        BIN,
+        Options {
+            resp: true,
+            ..Options::default()
+        },
+    );
+    let addr = s.resp_addr().expect("RESP port");
+    let mut c = Resp::connect(addr);
+    assert_eq!(c.cmd("SET sd:k v"), Reply::Simple("OK".into()));
+    assert_eq!(
+        c.cmd("SHUTDOWN ABORT"),
+        Reply::Error("ERR No shutdown in progress.".into())
+    );
+    assert_eq!(
+        c.cmd("SHUTDOWN SAVE NOSAVE"),
+        Reply::Error("ERR syntax error".into())
+    );
+    assert_eq!(c.cmd("MULTI"), Reply::Simple("OK".into()));
+    assert_eq!(
+        c.cmd("SHUTDOWN"),
+        Reply::Error("ERR Command not allowed inside a transaction".into())
+    );
+    assert_eq!(
+        c.cmd("EXEC"),
+        Reply::Error("EXECABORT Transaction discarded because of previous errors.".into())
+    );
+    assert!(s.is_running());
+    let mut raw = TcpStream::connect(addr).expect("connect");
+    raw.set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    raw.write_all(b"*2\r\n$8\r\nSHUTDOWN\r\n$6\r\nNOSAVE\r\n")
+        .expect("send");
+    let mut buf = [0u8; 64];
+    match raw.read(&mut buf) {
+        Ok(0) | Err(_) => {}
+        Ok(n) => panic!("SHUTDOWN answered {:?}", String::from_utf8_lossy(&buf[..n])),
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while s.is_running() {
+        assert!(Instant::now() < deadline, "still running after SHUTDOWN");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    s.relaunch();
+    let mut c = Resp::connect(s.resp_addr().expect("RESP port"));
+    assert_eq!(c.cmd("GET sd:k"), Reply::bulk("v"));
+}

@@ -238,6 +238,50 @@ fn watch_fires_when_a_watched_key_expires() {
     assert_healthy(&mut server);
 }
 
+/// SMOVE always changes its source, but its destination only when the member was not in it
+/// yet (Redis signals the destination only then).
+#[test]
+fn smove_touches_its_destination_only_when_the_member_is_new() {
+    let mut server = start(&[], false);
+    let mut r = resp(&server);
+    let mut other = resp(&server);
+    assert_eq!(r.cmd("SADD src a b c"), Reply::Int(3));
+    assert_eq!(r.cmd("SADD dst a"), Reply::Int(1));
+    assert_eq!(
+        exec_after(&mut r, "dst", || assert_eq!(
+            other.cmd("SMOVE src dst a"),
+            Reply::Int(1)
+        )),
+        Reply::array(vec![ok()])
+    );
+    assert_eq!(r.cmd("DEL dst"), Reply::Int(1));
+    assert_eq!(r.cmd("SADD dst x"), Reply::Int(1));
+    assert_eq!(
+        exec_after(&mut r, "dst", || assert_eq!(
+            other.cmd("SMOVE src dst b"),
+            Reply::Int(1)
+        )),
+        Reply::Array(None)
+    );
+    assert_eq!(
+        exec_after(&mut r, "src", || assert_eq!(
+            other.cmd("SMOVE src dst c"),
+            Reply::Int(1)
+        )),
+        Reply::Array(None)
+    );
+    // A move of a member the source lacks changes nothing.
+    assert_eq!(r.cmd("SADD src2 z"), Reply::Int(1));
+    assert_eq!(
+        exec_after(&mut r, "src2", || assert_eq!(
+            other.cmd("SMOVE src2 dst nope"),
+            Reply::Int(0)
+        )),
+        Reply::array(vec![ok()])
+    );
+    assert_healthy(&mut server);
+}
+
 #[test]
 fn watches_are_per_connection_and_dropped_with_it() {
     let mut server = start(&[], false);

@@ -290,6 +290,39 @@ fn a_long_script_makes_others_busy_until_script_kill() {
     assert_healthy(&mut server);
 }
 
+/// MULTI, WATCH and DISCARD pass while a script is busy (Redis's `allow-busy`); a command
+/// queued meanwhile is refused with -BUSY, so the transaction's EXEC aborts after the kill.
+#[test]
+fn a_transaction_opened_while_a_script_is_busy_aborts() {
+    let mut server = busy_server();
+    let mut runner = Conn::open(&server);
+    let mut other = Conn::open(&server);
+    let mut killer = Conn::open(&server);
+    assert_eq!(other.cmd(&["SET", "busy:x", "1"]), "+OK");
+    runner.send(&["EVAL", "while true do end", "0"]);
+    wait_busy(&mut other);
+    assert_eq!(other.cmd(&["WATCH", "busy:x"]), "+OK");
+    assert_eq!(other.cmd(&["MULTI"]), "+OK");
+    assert!(other.cmd(&["INCR", "busy:x"]).starts_with("-BUSY"));
+    assert_eq!(killer.cmd(&["SCRIPT", "KILL"]), "+OK");
+    assert!(runner.reply().starts_with("-ERR Script killed by user"));
+    assert_eq!(other.cmd(&["INCR", "busy:x"]), "+QUEUED");
+    assert_eq!(
+        other.cmd(&["EXEC"]),
+        "-EXECABORT Transaction discarded because of previous errors."
+    );
+    assert_eq!(other.cmd(&["GET", "busy:x"]), "1");
+    // DISCARD passes too, and leaves the connection out of MULTI.
+    runner.send(&["EVAL", "while true do end", "0"]);
+    wait_busy(&mut other);
+    assert_eq!(other.cmd(&["MULTI"]), "+OK");
+    assert_eq!(other.cmd(&["DISCARD"]), "+OK");
+    assert_eq!(killer.cmd(&["SCRIPT", "KILL"]), "+OK");
+    assert!(runner.reply().starts_with("-ERR Script killed by user"));
+    assert_eq!(other.cmd(&["INCR", "busy:x"]), ":2");
+    assert_healthy(&mut server);
+}
+
 #[test]
 fn a_long_script_that_wrote_cannot_be_killed() {
     let mut server = busy_server();

@@ -315,6 +315,35 @@ pub(super) fn read(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, view: 
                 ),
             }
         }
+        Cmd::Memory => {
+            if args.is(1, "HELP") {
+                return help(out, MEMORY_HELP);
+            }
+            // USAGE key [SAMPLES count]; 0 samples: every element.
+            let mut samples = 5u64;
+            let mut i = 3;
+            while i < args.len() {
+                if !(args.is(i, "SAMPLES") && i + 1 < args.len()) {
+                    return enc::error(out, SYNTAX);
+                }
+                samples = match parse_i64(args.get(i + 1)) {
+                    None => return enc::error(out, NOT_INTEGER),
+                    Some(n) if n < 0 => return enc::error(out, SYNTAX),
+                    Some(0) => u64::MAX,
+                    Some(n) => n as u64,
+                };
+                i += 2;
+            }
+            let item = match lookup(args.get(2)) {
+                Ok(Some(item)) => item,
+                Ok(None) => return enc::null(out, v3),
+                Err(e) => return failed(out, e),
+            };
+            match memory_usage(store, txn, args.get(2), &item, samples) {
+                Ok(n) => enc::int(out, n as i64),
+                Err(e) => failed(out, e),
+            }
+        }
         Cmd::Dump => {
             let item = lookup1!(view, args, out);
             view.hit(item.is_some());
@@ -447,6 +476,49 @@ fn object_encoding(
         Kind::ZSet if small(128, &|m, _| m.len() <= 64)? => "listpack",
         Kind::ZSet => "skiplist",
     })
+}
+
+const MEMORY_HELP: &[&str] = &[
+    "MEMORY <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+    "USAGE <key> [SAMPLES <count>]",
+    "    Return the bytes the key and its value take in the store (an estimate for",
+    "    collections, from <count> sampled elements; 0 samples all of them; default 5).",
+    "HELP",
+    "    Prints this help.",
+];
+
+/// MEMORY USAGE: the bytes a key's records take in LMDB (key, item header and value; for a
+/// collection, its metadata plus its element records, the elements' average size estimated
+/// from the first `samples` of them), LMDB's per-record overhead not counted.
+fn memory_usage(
+    store: &crate::storage::overlay::Snap<'_>,
+    txn: &heed::RoTxn<'_>,
+    key: &[u8],
+    item: &ItemRef<'_>,
+    samples: u64,
+) -> Result<u64, StoreError> {
+    // The item header: format, type, flags, expiry, CAS (DESIGN.md's item record).
+    const HEADER: u64 = 22;
+    let base = key.len() as u64 + HEADER + item.value.len() as u64;
+    if item.meta.kind == Kind::String {
+        return Ok(base);
+    }
+    let coll = types::CollMeta::decode(item.value)?;
+    let (mut seen, mut bytes) = (0u64, 0u64);
+    for r in store.elems.prefix_iter(txn, &coll.id.to_be_bytes()[..])? {
+        if seen >= samples {
+            break;
+        }
+        let (k, v) = r?;
+        bytes += (k.len() + v.len()) as u64;
+        seen += 1;
+    }
+    let elems = match seen {
+        0 => 0,
+        n if n >= coll.len => bytes,
+        n => bytes / n * coll.len,
+    };
+    Ok(base + elems)
 }
 
 /// Up to this many keys, RANDOMKEY draws an index and walks to it: exactly uniform.

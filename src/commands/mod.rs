@@ -364,6 +364,7 @@ fn read_view_uncounted(cmd: Cmd, args: Args<'_>, out: &mut Vec<u8>, v3: bool, vi
         | Cmd::ExpireTime
         | Cmd::PExpireTime
         | Cmd::Object
+        | Cmd::Memory
         | Cmd::Type
         | Cmd::DbSize
         | Cmd::Keys

@@ -80,6 +80,60 @@ pub fn latency(args: Args<'_>, out: &mut Vec<u8>, v3: bool) {
     }
 }
 
+/// FUNCTION: memkeep has EVAL scripts but no function libraries, so there is never a library
+/// to list or flush: FLUSH succeeds with nothing to do, LIST is empty. (LOAD and the rest are
+/// unknown subcommands.)
+pub fn function(args: Args<'_>, out: &mut Vec<u8>) {
+    if args.is(1, "FLUSH") {
+        match args.len() {
+            2 => enc::ok(out),
+            3 if args.is(2, "SYNC") || args.is(2, "ASYNC") => enc::ok(out),
+            3 => enc::error(out, "ERR FUNCTION FLUSH only supports SYNC|ASYNC option"),
+            _ => enc::error(
+                out,
+                &format!(
+                    "ERR unknown subcommand or wrong number of arguments for '{}'. Try FUNCTION HELP.",
+                    String::from_utf8_lossy(args.get(1))
+                ),
+            ),
+        }
+    } else if args.is(1, "LIST") {
+        // The options are checked as Redis does, though no library can match them.
+        let mut i = 2;
+        while i < args.len() {
+            if args.is(i, "WITHCODE") {
+                i += 1;
+            } else if args.is(i, "LIBRARYNAME") {
+                if i + 1 >= args.len() {
+                    enc::error(out, "ERR library name argument was not given");
+                    return;
+                }
+                i += 2;
+            } else {
+                let a = String::from_utf8_lossy(args.get(i));
+                enc::error(out, &format!("ERR Unknown argument {a}"));
+                return;
+            }
+        }
+        enc::array(out, 0);
+    } else if args.is(1, "HELP") {
+        help(
+            out,
+            &[
+                "FUNCTION <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+                "LIST [WITHCODE] [LIBRARYNAME PATTERN]",
+                "    Return general information on all the libraries (memkeep has none).",
+                "FLUSH [ASYNC|SYNC]",
+                "    Delete all the libraries (memkeep has none).",
+                "HELP",
+                "    Prints this help.",
+            ],
+        );
+    } else {
+        unknown_sub(out, "FUNCTION", args);
+    }
+}
+
 pub fn command(args: Args<'_>, out: &mut Vec<u8>, v3: bool) {
     let describe = |out: &mut Vec<u8>, s: &Spec| {
         enc::array(out, 10);

@@ -98,7 +98,9 @@ pub enum Cmd {
     PubSub,
     Reset,
     Object,
+    Memory,
     Latency,
+    Function,
     Wait,
     Acl,
     Eval,
@@ -111,6 +113,7 @@ pub enum Cmd {
     Sync,
     Role,
     ReplicaOf,
+    Shutdown,
 }
 
 /// One command: Redis's arity rule (n: exactly n arguments including the name; -n: at least n),
@@ -264,7 +267,9 @@ static COMMANDS: &[Spec] = &[
     spec("pubsub", -2, R, NOKEY, Cmd::PubSub),
     spec("reset", 1, R, NOKEY, Cmd::Reset),
     spec("object", -2, R, (2, 2, 1), Cmd::Object),
+    spec("memory", -2, R, (2, 2, 1), Cmd::Memory),
     spec("latency", -2, R, NOKEY, Cmd::Latency),
+    spec("function", -2, R, NOKEY, Cmd::Function),
     spec("wait", 3, R, NOKEY, Cmd::Wait),
     spec("replconf", -1, R, NOKEY, Cmd::ReplConf),
     spec("psync", -3, R, NOKEY, Cmd::Psync),
@@ -272,6 +277,7 @@ static COMMANDS: &[Spec] = &[
     spec("role", 1, R, NOKEY, Cmd::Role),
     spec("replicaof", 3, R, NOKEY, Cmd::ReplicaOf),
     spec("slaveof", 3, R, NOKEY, Cmd::ReplicaOf),
+    spec("shutdown", -1, R, NOKEY, Cmd::Shutdown),
     spec("acl", -2, R, NOKEY, Cmd::Acl),
     // Scripts name their keys after a count: dispatched before the write path.
     spec("eval", -3, R, NOKEY, Cmd::Eval),
@@ -374,6 +380,7 @@ pub fn reads_store(cmd: Cmd) -> bool {
             | Cmd::Scan
             | Cmd::RandomKey
             | Cmd::Object
+            | Cmd::Memory
             | Cmd::Dump
     )
 }

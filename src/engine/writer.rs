@@ -48,6 +48,8 @@ use crate::storage::lmdb::{LmdbStore, LmdbWrite, LogTxn, OpenTxn};
 use crate::storage::overlay::{self, Dirty, Map};
 use crate::storage::wal::{LogBuf, Wal};
 use crate::storage::watch::{Touched, Watches};
+use crate::types::CollOp;
+use crate::types::set::SetOp;
 
 mod replica;
 
@@ -155,6 +157,14 @@ fn apply(
         watches.note_flush(touched, |k| matches!(store.get(txn, k), Ok(Some(_))));
     }
     let before = if watching { w.parts().1.logged() } else { 0 };
+    // SMOVE changes its destination only when the member was not there yet (Redis signals
+    // the destination only then): its record (the set's length) is compared across the move.
+    let smove_dst = match op {
+        WriteOp::Coll(CollOp::Set(SetOp::Move { dst, .. })) if watching => {
+            Some((dst, items_record(w, dst)))
+        }
+        _ => None,
+    };
     let outcome = match op {
         WriteOp::Coll(c) => match crate::types::apply(w, c, ctx.now_ms) {
             Err(StoreError::BadKey) => Ok(Outcome::BadKey),
@@ -164,9 +174,26 @@ fn apply(
         _ => semantics::apply(w, op, ctx),
     };
     if watching && w.parts().1.logged() != before {
-        op.for_each_key(&mut |k| watches.note(k, touched));
+        match smove_dst {
+            Some((dst, was)) if items_record(w, dst) == was => {
+                op.for_each_key(&mut |k| {
+                    if k != dst.as_slice() {
+                        watches.note(k, touched)
+                    }
+                });
+            }
+            _ => op.for_each_key(&mut |k| watches.note(k, touched)),
+        }
     }
     outcome
+}
+
+/// The bytes of `key`'s record in `items` (None when it has none, or it cannot be read: then
+/// the key counts as changed).
+fn items_record(w: &mut LmdbWrite<'_, '_>, key: &[u8]) -> Option<Vec<u8>> {
+    let (store, txn) = w.parts();
+    let txn: &LogTxn = txn;
+    store.items.get(txn, key).ok().flatten().map(<[u8]>::to_vec)
 }
 
 /// EXEC: a null array if a watched key changed, else each step in order against the one

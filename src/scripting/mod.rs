@@ -981,7 +981,9 @@ fn allowed(cmd: Cmd) -> bool {
         | Cmd::EvalSha
         | Cmd::EvalRo
         | Cmd::EvalShaRo
-        | Cmd::Script => false,
+        | Cmd::Script
+        | Cmd::Function
+        | Cmd::Shutdown => false,
         _ => true,
     }
 }

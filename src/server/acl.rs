@@ -58,7 +58,7 @@ pub fn categories(spec: &Spec) -> Vec<&'static str> {
         c.push("read");
     }
     match spec.cmd {
-        Cmd::Eval | Cmd::EvalSha | Cmd::EvalRo | Cmd::EvalShaRo | Cmd::Script => {
+        Cmd::Eval | Cmd::EvalSha | Cmd::EvalRo | Cmd::EvalShaRo | Cmd::Script | Cmd::Function => {
             c.push("scripting")
         }
         Cmd::Coll(Family::List, _) => c.push("list"),
@@ -123,6 +123,7 @@ pub fn categories(spec: &Spec) -> Vec<&'static str> {
         | Cmd::Object
         | Cmd::Copy
         | Cmd::Dump => c.push("keyspace"),
+        Cmd::Memory => {}
         Cmd::Restore => c.extend(["keyspace", "dangerous"]),
         Cmd::Keys | Cmd::FlushDb => c.extend(["keyspace", "dangerous"]),
         Cmd::Subscribe
@@ -141,7 +142,7 @@ pub fn categories(spec: &Spec) -> Vec<&'static str> {
         }
         Cmd::Info => c.push("dangerous"),
         Cmd::Wait => c.push("blocking"),
-        Cmd::ReplConf | Cmd::Psync | Cmd::Sync | Cmd::ReplicaOf => {
+        Cmd::ReplConf | Cmd::Psync | Cmd::Sync | Cmd::ReplicaOf | Cmd::Shutdown => {
             c.extend(["admin", "slow", "dangerous"])
         }
         Cmd::Role => c.extend(["admin", "fast", "dangerous"]),
@@ -612,7 +613,9 @@ fn command_name(spec: &Spec, args: &[&[u8]]) -> String {
             | Cmd::Command
             | Cmd::PubSub
             | Cmd::Object
+            | Cmd::Memory
             | Cmd::Latency
+            | Cmd::Function
             | Cmd::Acl
     );
     match args.get(1) {

@@ -13,7 +13,7 @@ use super::resp::{Session, WATCH_MAX_KEYS};
 use super::stats::{Counters, Totals, rusage};
 use super::worker::Pass;
 use crate::commands::args::{help, sub_arity, unknown_sub};
-use crate::commands::server::{REDIS_VERSION, command, latency};
+use crate::commands::server::{REDIS_VERSION, command, function, latency};
 use crate::commands::strings::mget_view;
 use crate::commands::{Args, Cmd, Hits, NOT_INTEGER, SYNTAX, View, glob_match, read_view};
 use crate::protocol::resp::{enc, parse_i64};
@@ -116,6 +116,8 @@ pub(super) fn read(
             enc::simple(out, "RESET");
         }
         Cmd::Latency => latency(args, out, v3),
+        Cmd::Shutdown => return shutdown(args, out),
+        Cmd::Function => function(args, out),
         Cmd::Script => pass.shared.scripts.script_cmd(args, out),
         Cmd::Acl => acl(args, out, sess, pass, v3),
         Cmd::Wait | Cmd::ReplConf | Cmd::Psync | Cmd::Sync | Cmd::Role | Cmd::ReplicaOf => {
@@ -924,36 +926,51 @@ fn client_other(args: Args<'_>, out: &mut Vec<u8>, sess: &mut Session, pass: &Pa
     }
 }
 
-fn config(args: Args<'_>, out: &mut Vec<u8>, sess: &Session, pass: &Pass<'_>) {
+/// The parameters CONFIG GET answers, with their values.
+fn config_params(pass: &Pass<'_>) -> Vec<(&'static str, String)> {
     let cfg = &pass.shared.config;
+    let appendfsync = match cfg.sync {
+        crate::config::SyncMode::Always => "always",
+        crate::config::SyncMode::Periodic => "everysec",
+        crate::config::SyncMode::Never => "no",
+    };
+    let cache = cfg.max_disk > 0;
+    let mut params: Vec<(&str, String)> = vec![
+        ("save", String::new()),
+        ("appendonly", "no".into()),
+        ("appendfsync", appendfsync.into()),
+        (
+            "maxmemory",
+            if cache { cfg.max_disk } else { cfg.map_size }.to_string(),
+        ),
+        (
+            "maxmemory-policy",
+            if cache { "allkeys-lru" } else { "noeviction" }.into(),
+        ),
+        ("databases", "1".into()),
+        ("port", cfg.resp_port.to_string()),
+        ("bind", cfg.listen.clone()),
+        ("maxclients", cfg.max_connections.to_string()),
+        ("timeout", "0".into()),
+        ("proto-max-bulk-len", cfg.proto_max_bulk_len.to_string()),
+        ("dir", cfg.data_dir.display().to_string()),
+    ];
+    params.extend(super::repl::config_params(&pass.shared.repl));
+    params.extend(pass.shared.encodings.params());
+    let busy = pass
+        .shared
+        .scripts
+        .time_limit_ms
+        .load(std::sync::atomic::Ordering::Relaxed)
+        .to_string();
+    params.push(("busy-reply-threshold", busy.clone()));
+    params.push(("lua-time-limit", busy));
+    params
+}
+
+fn config(args: Args<'_>, out: &mut Vec<u8>, sess: &Session, pass: &Pass<'_>) {
     if args.is(1, "GET") && args.len() >= 3 {
-        let appendfsync = match cfg.sync {
-            crate::config::SyncMode::Always => "always",
-            crate::config::SyncMode::Periodic => "everysec",
-            crate::config::SyncMode::Never => "no",
-        };
-        let cache = cfg.max_disk > 0;
-        let mut params: Vec<(&str, String)> = vec![
-            ("save", String::new()),
-            ("appendonly", "no".into()),
-            ("appendfsync", appendfsync.into()),
-            (
-                "maxmemory",
-                if cache { cfg.max_disk } else { cfg.map_size }.to_string(),
-            ),
-            (
-                "maxmemory-policy",
-                if cache { "allkeys-lru" } else { "noeviction" }.into(),
-            ),
-            ("databases", "1".into()),
-            ("port", cfg.resp_port.to_string()),
-            ("bind", cfg.listen.clone()),
-            ("maxclients", cfg.max_connections.to_string()),
-            ("timeout", "0".into()),
-            ("proto-max-bulk-len", cfg.proto_max_bulk_len.to_string()),
-            ("dir", cfg.data_dir.display().to_string()),
-        ];
-        params.extend(super::repl::config_params(&pass.shared.repl));
+        let params = config_params(pass);
         // A name without glob characters is echoed as given (Redis does); a pattern answers the
         // parameters' own names.
         let mut hits: Vec<(&[u8], &String)> = Vec::new();
@@ -992,18 +1009,135 @@ fn config(args: Args<'_>, out: &mut Vec<u8>, sess: &Session, pass: &Pass<'_>) {
         pass.shared.cache.reset();
         enc::ok(out);
     } else if args.is(1, "SET") {
-        // The replication settings Sentinel and operators change; nothing else.
-        if !super::repl::config_set(args, out, &pass.shared.repl) {
-            enc::error(
-                out,
-                "ERR CONFIG SET is not supported by memkeep; use its config file or flags",
-            );
+        // The replication settings Sentinel and operators change, and Redis's encoding
+        // thresholds (accepted, changing nothing); nothing else.
+        let thresholds = args.len().is_multiple_of(2)
+            && (2..args.len())
+                .step_by(2)
+                .all(|i| super::encodings::Encodings::known(args.get(i)));
+        let busy =
+            args.len() == 4 && (args.is(2, "busy-reply-threshold") || args.is(2, "lua-time-limit"));
+        if busy {
+            // How long a script runs before other clients get -BUSY (`lua_time_limit`).
+            match parse_i64(args.get(3)) {
+                Some(ms) if ms >= 0 => {
+                    let limit = &pass.shared.scripts.time_limit_ms;
+                    limit.store(ms as u64, std::sync::atomic::Ordering::Relaxed);
+                    enc::ok(out);
+                }
+                parsed => enc::error(
+                    out,
+                    &format!(
+                        "ERR CONFIG SET failed (possibly related to argument '{}') - {}",
+                        String::from_utf8_lossy(args.get(2)),
+                        if parsed.is_some() {
+                            "argument must be between 0 and 9223372036854775807 inclusive"
+                        } else {
+                            "argument couldn't be parsed into an integer"
+                        }
+                    ),
+                ),
+            }
+        } else if thresholds {
+            pass.shared.encodings.config_set(args, out);
+        } else if args.len().is_multiple_of(2) && unchanged(args, &config_params(pass)) {
+            // Setting what is already so (`save ""`, `appendonly no`): nothing to do.
+            enc::ok(out);
+        } else if !super::repl::config_set(args, out, &pass.shared.repl) {
+            config_set_refused(args, out, &config_params(pass));
         }
     } else if args.is(1, "REWRITE") && args.len() == 2 {
         super::repl::config_rewrite(out, pass.shared);
     } else {
         unknown_sub(out, "CONFIG", args);
     }
+}
+
+/// SHUTDOWN [NOSAVE|SAVE] [NOW] [FORCE] [ABORT]: stops the server as SIGTERM does (no new
+/// connections, in-flight writes committed and synced, then exit). memkeep has no snapshot to
+/// save or skip (every acknowledged write is already in its log, per the sync mode), so the
+/// flags only have Redis's syntax checked; a shutdown is never left pending, so ABORT has
+/// nothing to abort. As in Redis, the connection gets no reply: it closes. Returns true to
+/// close it.
+fn shutdown(args: Args<'_>, out: &mut Vec<u8>) -> bool {
+    let (mut save, mut nosave, mut other, mut abort) = (false, false, false, false);
+    for i in 1..args.len() {
+        if args.is(i, "NOSAVE") {
+            nosave = true;
+        } else if args.is(i, "SAVE") {
+            save = true;
+        } else if args.is(i, "NOW") || args.is(i, "FORCE") {
+            other = true;
+        } else if args.is(i, "ABORT") {
+            abort = true;
+        } else {
+            enc::error(out, SYNTAX);
+            return false;
+        }
+    }
+    if (abort && (save || nosave || other)) || (save && nosave) {
+        enc::error(out, SYNTAX);
+        return false;
+    }
+    if abort {
+        enc::error(out, "ERR No shutdown in progress.");
+        return false;
+    }
+    log::info!("SHUTDOWN from a client: stopping as on SIGTERM");
+    // The signal thread runs the shutdown it runs for SIGTERM.
+    if let Err(e) = signal_hook::low_level::raise(signal_hook::consts::SIGTERM) {
+        log::error!("SHUTDOWN: cannot signal the server to stop: {e}");
+        enc::error(out, "ERR Errors trying to SHUTDOWN. Check logs.");
+        return false;
+    }
+    true
+}
+
+/// CONFIG SET of what memkeep cannot change at run time, in Redis's shapes: a parameter
+/// CONFIG GET reports fails ("CONFIG SET failed ... - why"), any other is unknown.
+fn config_set_refused(args: Args<'_>, out: &mut Vec<u8>, params: &[(&str, String)]) {
+    if !args.len().is_multiple_of(2) {
+        return enc::error(out, SYNTAX);
+    }
+    for i in (2..args.len()).step_by(2) {
+        let name = args.get(i);
+        let known = params
+            .iter()
+            .any(|(p, _)| name.eq_ignore_ascii_case(p.as_bytes()));
+        let text = String::from_utf8_lossy(name);
+        if !known {
+            return enc::error(
+                out,
+                &format!("ERR Unknown option or number of arguments for CONFIG SET - '{text}'"),
+            );
+        }
+    }
+    // Every name is known; the first whose value differs is the one refused.
+    let first = (2..args.len())
+        .step_by(2)
+        .find(|&i| {
+            !params.iter().any(|(p, v)| {
+                args.get(i).eq_ignore_ascii_case(p.as_bytes()) && args.get(i + 1) == v.as_bytes()
+            })
+        })
+        .unwrap_or(2);
+    enc::error(
+        out,
+        &format!(
+            "ERR CONFIG SET failed (possibly related to argument '{}') - memkeep sets it by flag or config file only",
+            String::from_utf8_lossy(args.get(first))
+        ),
+    );
+}
+
+/// Whether every `name value` pair of a CONFIG SET names a parameter CONFIG GET answers and
+/// gives the value it already has.
+fn unchanged(args: Args<'_>, params: &[(&str, String)]) -> bool {
+    (2..args.len()).step_by(2).all(|i| {
+        params.iter().any(|(name, value)| {
+            args.get(i).eq_ignore_ascii_case(name.as_bytes()) && args.get(i + 1) == value.as_bytes()
+        })
+    })
 }
 
 fn info(args: Args<'_>, out: &mut Vec<u8>, v3: bool, pass: &mut Pass<'_>) {

@@ -19,6 +19,7 @@ pub mod clients;
 pub mod cold;
 pub mod conn;
 pub mod dump;
+pub mod encodings;
 pub mod memcache;
 pub mod meta;
 pub mod pubsub;
@@ -101,6 +102,8 @@ pub struct Shared {
     pub prefixes: stats::Prefixes,
     /// The Lua script cache and the running script's state (shared with the writer thread).
     pub scripts: Arc<crate::scripting::Scripts>,
+    /// Redis's encoding thresholds, as CONFIG SET last set them (they change nothing here).
+    pub encodings: encodings::Encodings,
 }
 
 /// CLIENT PAUSE's state: until when (ms since `origin`, 0 = not paused) and whether it holds
@@ -446,6 +449,7 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         acl: Arc::new(acl),
         prefixes: stats::Prefixes::default(),
         scripts: Arc::new(crate::scripting::Scripts::new(config.lua_time_limit)),
+        encodings: encodings::Encodings::default(),
         config,
     });
     // PUBLISH from scripts: the writer thread reaches the subscribers' workers as a worker's

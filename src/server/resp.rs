@@ -617,6 +617,12 @@ const SUBCOMMANDS: &[(Cmd, &str, SubArities)] = &[
             ("DOCTOR", 2),
         ],
     ),
+    (Cmd::Memory, "memory", &[("USAGE", -3), ("HELP", 2)]),
+    (
+        Cmd::Function,
+        "function",
+        &[("FLUSH", -2), ("LIST", -2), ("HELP", 2)],
+    ),
 ];
 
 /// A container command's subcommand checked as Redis's command lookup does, before the
@@ -656,9 +662,21 @@ fn check(args: Args<'_>, sess: &Session, pass: &Pass<'_>) -> Result<&'static Spe
     if needs_auth && !matches!(spec.cmd, Cmd::Auth | Cmd::Hello | Cmd::Quit) {
         return Err("NOAUTH Authentication required.".into());
     }
+    // Redis's `allow-busy` commands: a client may open (or drop) a transaction and watch
+    // keys while a script runs; what it queues meanwhile is refused, which fails its EXEC.
     if pass.shared.scripts.busy()
         && !(spec.cmd == Cmd::Script && args.is(1, "kill"))
-        && !matches!(spec.cmd, Cmd::Auth | Cmd::Hello | Cmd::Quit)
+        && !matches!(
+            spec.cmd,
+            Cmd::Auth
+                | Cmd::Hello
+                | Cmd::Quit
+                | Cmd::Multi
+                | Cmd::Discard
+                | Cmd::Watch
+                | Cmd::Unwatch
+                | Cmd::Reset
+        )
     {
         return Err(crate::scripting::BUSY.into());
     }
@@ -701,7 +719,14 @@ fn check(args: Args<'_>, sess: &Session, pass: &Pass<'_>) -> Result<&'static Spe
     if !sess.v3 && sess.subs.count() > 0 && !allowed {
         let container = matches!(
             spec.cmd,
-            Cmd::Client | Cmd::Config | Cmd::Command | Cmd::PubSub | Cmd::Object | Cmd::Latency
+            Cmd::Client
+                | Cmd::Config
+                | Cmd::Command
+                | Cmd::PubSub
+                | Cmd::Object
+                | Cmd::Memory
+                | Cmd::Latency
+                | Cmd::Function
         );
         let name = if container && args.len() > 1 {
             format!(
@@ -739,6 +764,14 @@ fn dispatch_in_multi(args: Args<'_>, sess: &mut Session, pass: &mut Pass<'_>) ->
             return refused_in_multi(args, msg);
         }
     };
+    // Redis's `no-multi` commands: refused, which fails the transaction.
+    if matches!(spec.cmd, Cmd::Shutdown | Cmd::Sync | Cmd::Psync) {
+        sess.stat = Some((stat_slot(spec, args), true));
+        return refused_in_multi(
+            args,
+            "ERR Command not allowed inside a transaction".to_string(),
+        );
+    }
     multi_action(spec, failed, sess, pass)
 }
 
