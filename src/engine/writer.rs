@@ -581,8 +581,11 @@ pub struct Writer<T> {
     /// The log payloads of every batch in the open transaction, in order: replayed into a
     /// fresh transaction when this one must be aborted (a write failed half-way).
     uncommitted: Vec<u8>,
-    /// Value bytes the `PATCH` records in `uncommitted` stand for: LMDB holds that much
-    /// dirty, though the records are small, so it counts toward the commit.
+    /// Bytes of new pages LMDB took for the `PATCH` records in `uncommitted`
+    /// (`LogBuf::patched_dirty`): it holds that much dirty though the records are small, so
+    /// it counts toward the commit. A value patched again in the same transaction counts only
+    /// when it outgrows its pages, so rebuilding (rare) may replay up to `COMMIT_EVERY` of
+    /// such patches.
     uncommitted_patched: u64,
     /// When the open transaction got its first batch.
     since: Option<Instant>,
@@ -1111,7 +1114,7 @@ impl<T: Send + Clone> Writer<T> {
         self.count_log_bytes(log);
         let before = (self.uncommitted.len(), self.uncommitted_patched);
         self.uncommitted.extend_from_slice(log.payload());
-        self.uncommitted_patched += log.patched_bytes();
+        self.uncommitted_patched += log.patched_dirty();
         self.since.get_or_insert_with(Instant::now);
         match self.commit_lmdb() {
             Ok(()) => Ok(()),
@@ -1357,7 +1360,7 @@ impl<T: Send + Clone> Writer<T> {
             let mut dirty = self.dirty.clone();
             let visible_now =
                 match overlay::absorb(&mut map, &mut dirty, log.payload(), log.patched()) {
-                    Ok(v) => v && !self.near_full(log.payload_len() + log.patched_bytes() as usize),
+                    Ok(v) => v && !self.near_full(log.payload_len() + log.patched_dirty() as usize),
                     Err(e) => {
                         error!("cannot read back a batch's records: {e}");
                         false
@@ -1373,7 +1376,7 @@ impl<T: Send + Clone> Writer<T> {
                     Ok(_) => {
                         self.count_log_bytes(&log);
                         self.uncommitted.extend_from_slice(log.payload());
-                        self.uncommitted_patched += log.patched_bytes();
+                        self.uncommitted_patched += log.patched_dirty();
                         self.since.get_or_insert_with(Instant::now);
                         if visible_now {
                             let base = self.open.as_ref().map_or(0, |o| o.id().saturating_sub(1));

@@ -8,7 +8,7 @@
 //! and grows nothing writes nothing (Redis then does not signal the key either, so WATCH does
 //! not fire). BITOP replaces its destination as SET does (flags 0, no expiry, a fresh CAS).
 
-use super::{Ctx, live};
+use super::Ctx;
 use crate::command::{BitOpKind, Field, FieldOp, Outcome, Overflow};
 use crate::storage::{Edit, ItemMeta, Kind, StoreError, WriteView};
 
@@ -114,38 +114,94 @@ fn fit(f: Field, value: i64, incr: i64, ow: Overflow) -> Option<i64> {
     }
 }
 
-/// A string to change in place: its meta, a copy of its value, whether it existed.
-type Target = (ItemMeta, Vec<u8>, bool);
-
-/// The string under `key` for a bit write: its meta and a copy of its value (a fresh item's
-/// when missing), or the outcome to answer (a wrong type).
-fn string_for_write<S: WriteView>(
-    s: &S,
-    key: &[u8],
-    ctx: Ctx,
-) -> Result<Result<Target, Outcome>, StoreError> {
-    Ok(match live(s, key, ctx.now_ms)? {
-        Some((meta, _)) if meta.kind != Kind::String => Err(Outcome::WrongType),
-        Some((meta, value)) => Ok((meta, value, true)),
-        None => Ok((ItemMeta::string(0), Vec::new(), false)),
-    })
+/// A bit write's view of a string: the stored value `old`, read where it lies, with bytes
+/// `lo..lo + bytes.len()` replaced by `bytes` (the bytes the write covers, copied from `old`,
+/// zero past its end). Only those bytes are copied, so a SETBIT or BITFIELD on a large bitmap
+/// costs the size of its fields, and the store builds the new value once (`WriteView::edit`).
+struct Window<'a> {
+    old: &'a [u8],
+    lo: u64,
+    bytes: Vec<u8>,
 }
 
-/// Grows `value` with zero bytes so bit `last` is inside it; false if that is over `max`.
-fn reach(value: &mut Vec<u8>, last: u64, max: usize) -> bool {
-    let Some(len) = usize::try_from(last >> 3)
-        .ok()
-        .and_then(|b| b.checked_add(1))
-    else {
-        return false;
-    };
-    if len > value.len() {
-        if len > max {
-            return false;
-        }
-        value.resize(len, 0);
+impl<'a> Window<'a> {
+    /// Bytes `lo..=hi` of `old` (zero past its end); `hi - lo` is small (a write's fields).
+    fn new(old: &'a [u8], lo: u64, hi: u64) -> Window<'a> {
+        let bytes = (lo..=hi).map(|i| byte_at(old, i)).collect();
+        Window { old, lo, bytes }
     }
-    true
+
+    fn byte(&self, i: u64) -> u8 {
+        match i.checked_sub(self.lo).and_then(|d| usize::try_from(d).ok()) {
+            Some(d) if d < self.bytes.len() => self.bytes[d],
+            _ => byte_at(self.old, i),
+        }
+    }
+
+    /// The field's value as the string now reads (see `get_field`).
+    fn get(&self, f: Field) -> i64 {
+        let first = f.offset >> 3;
+        let last = (f.offset + u64::from(f.bits) - 1) >> 3;
+        // A field spans at most 9 bytes (64 bits from any bit of a byte).
+        let mut tmp = [0u8; 9];
+        for (t, i) in tmp.iter_mut().zip(first..=last) {
+            *t = self.byte(i);
+        }
+        get_field(
+            &tmp,
+            Field {
+                offset: f.offset - first * 8,
+                ..f
+            },
+        )
+    }
+
+    /// Writes the field, which lies inside the window.
+    fn set(&mut self, f: Field, value: u64) {
+        let shifted = Field {
+            offset: f.offset - self.lo * 8,
+            ..f
+        };
+        set_field(&mut self.bytes, shifted, value);
+    }
+}
+
+/// Byte `i` of `v`, 0 past its end.
+fn byte_at(v: &[u8], i: u64) -> u8 {
+    usize::try_from(i)
+        .ok()
+        .and_then(|i| v.get(i))
+        .copied()
+        .unwrap_or(0)
+}
+
+/// Whether a write that must reach byte `last` of a string of `len` bytes makes it longer
+/// than `max`.
+fn too_long(last: u64, len: usize, max: usize) -> bool {
+    last >= len as u64 && last >= max as u64
+}
+
+/// Stores the bytes `window` covers into the string: as an edit of the live item `old` (its
+/// meta) when there is one, else as a new zero-filled string (flags 0).
+fn store_window<S: WriteView>(
+    s: &mut S,
+    key: &[u8],
+    old: Option<ItemMeta>,
+    window: &[u8],
+    lo: u64,
+) -> Result<(), StoreError> {
+    // The window lies below `max` (checked by the callers), which is a usize.
+    let at = usize::try_from(lo).unwrap_or(usize::MAX);
+    let mut meta = old.unwrap_or_else(|| ItemMeta::string(0));
+    meta.cas = s.next_cas();
+    match old {
+        Some(old) => s.edit(key, &old, &meta, window, &Edit::write(at, window.len())),
+        None => {
+            let mut value = vec![0; at];
+            value.extend_from_slice(window);
+            s.put(key, &meta, &[&value])
+        }
+    }
 }
 
 /// SETBIT: the old bit as `Int`.
@@ -157,41 +213,24 @@ pub(super) fn set_bit_op<S: WriteView>(
     max: usize,
     ctx: Ctx,
 ) -> Result<Outcome, StoreError> {
-    // A bit that is already as asked: answered from the stored value, nothing copied.
-    if let Some(item) = s.get(key)?.filter(|i| !i.meta.is_expired(ctx.now_ms)) {
-        if item.meta.kind != Kind::String {
-            return Ok(Outcome::WrongType);
-        }
-        if offset >> 3 < item.value.len() as u64 && get_bit(item.value, offset) == on {
-            return Ok(Outcome::Int(i64::from(on)));
-        }
-    }
-    let (mut meta, mut value, existed) = match string_for_write(s, key, ctx)? {
-        Ok(x) => x,
-        Err(o) => return Ok(o),
+    let byte = offset >> 3;
+    let (old, len, cur) = match s.get(key)?.filter(|i| !i.meta.is_expired(ctx.now_ms)) {
+        Some(i) if i.meta.kind != Kind::String => return Ok(Outcome::WrongType),
+        Some(i) => (Some(i.meta), i.value.len(), byte_at(i.value, byte)),
+        None => (None, 0, 0),
     };
-    let old_len = value.len();
-    if !reach(&mut value, offset, max) {
+    if too_long(byte, len, max) {
         return Ok(Outcome::Err(TOO_LARGE));
     }
-    let old = get_bit(&value, offset);
-    if old != on || value.len() != old_len || !existed {
-        set_bit(&mut value, offset, on);
-        let old_meta = meta;
-        meta.cas = s.next_cas();
-        // `reach` made the byte exist, so the offset fits a usize.
-        let byte = usize::try_from(offset >> 3).unwrap_or(usize::MAX);
-        store_edited(
-            s,
-            key,
-            existed.then_some((&old_meta, old_len)),
-            &meta,
-            &value,
-            byte,
-            1,
-        )?;
+    let mask = 0x80u8 >> (offset & 7);
+    let was = cur & mask != 0;
+    // A bit that is already as asked, inside the string: nothing is written.
+    if was == on && old.is_some() && byte < len as u64 {
+        return Ok(Outcome::Int(i64::from(was)));
     }
-    Ok(Outcome::Int(i64::from(old)))
+    let new = if on { cur | mask } else { cur & !mask };
+    store_window(s, key, old, &[new], byte)?;
+    Ok(Outcome::Int(i64::from(was)))
 }
 
 /// BITFIELD: each operation's reply, in order, as `Array`. Only GETs: the key is read, never
@@ -204,44 +243,39 @@ pub(super) fn bit_field<S: WriteView>(
     max: usize,
     ctx: Ctx,
 ) -> Result<Outcome, StoreError> {
-    if ops.iter().all(|op| matches!(op, FieldOp::Get(_))) {
+    let item = s.get(key)?.filter(|i| !i.meta.is_expired(ctx.now_ms));
+    if item.as_ref().is_some_and(|i| i.meta.kind != Kind::String) {
+        return Ok(Outcome::WrongType);
+    }
+    let value = item.as_ref().map_or(&[][..], |i| i.value);
+    // The bytes the writing operations cover.
+    let Some((lo, hi)) = ops
+        .iter()
+        .filter(|op| !matches!(op, FieldOp::Get(_)))
+        .map(|op| {
+            let f = op.field();
+            (f.offset >> 3, (f.offset + u64::from(f.bits) - 1) >> 3)
+        })
+        .reduce(|(lo, hi), (a, b)| (lo.min(a), hi.max(b)))
+    else {
         // Only reads: answered from the stored value, which is neither copied nor created.
-        let item = s.get(key)?.filter(|i| !i.meta.is_expired(ctx.now_ms));
-        if item.as_ref().is_some_and(|i| i.meta.kind != Kind::String) {
-            return Ok(Outcome::WrongType);
-        }
-        let value = item.as_ref().map_or(&[][..], |i| i.value);
         return Ok(Outcome::Array(
             ops.iter()
                 .map(|op| Outcome::Int(get_field(value, op.field())))
                 .collect(),
         ));
-    }
-    let (mut meta, mut value, existed) = match string_for_write(s, key, ctx)? {
-        Ok(x) => x,
-        Err(o) => return Ok(o),
     };
-    let last = ops
-        .iter()
-        .filter(|op| !matches!(op, FieldOp::Get(_)))
-        .map(|op| {
-            let f = op.field();
-            f.offset + u64::from(f.bits) - 1
-        })
-        .max();
-    let old_len = value.len();
-    if let Some(last) = last
-        && !reach(&mut value, last, max)
-    {
+    if too_long(hi, value.len(), max) {
         return Ok(Outcome::Err(TOO_LARGE));
     }
+    let mut w = Window::new(value, lo, hi);
     let mut replies = Vec::with_capacity(ops.len());
     let mut changed = false;
     for op in ops {
         match *op {
-            FieldOp::Get(f) => replies.push(Outcome::Int(get_field(&value, f))),
+            FieldOp::Get(f) => replies.push(Outcome::Int(w.get(f))),
             FieldOp::Set(f, v, ow) | FieldOp::IncrBy(f, v, ow) => {
-                let old = get_field(&value, f);
+                let old = w.get(f);
                 let is_set = matches!(op, FieldOp::Set(..));
                 let new = if is_set {
                     fit(f, v, 0, ow)
@@ -252,58 +286,20 @@ pub(super) fn bit_field<S: WriteView>(
                     None => replies.push(Outcome::Nil),
                     Some(new) => {
                         replies.push(Outcome::Int(if is_set { old } else { new }));
-                        set_field(&mut value, f, new as u64);
-                        changed |= get_field(&value, f) != old;
+                        w.set(f, new as u64);
+                        changed |= w.get(f) != old;
                     }
                 }
             }
         }
     }
-    if last.is_some() && (changed || value.len() != old_len || !existed) {
-        let old_meta = meta;
-        meta.cas = s.next_cas();
-        // The bytes the writing operations cover (all inside `value` after `reach`).
-        let (lo, hi) = ops
-            .iter()
-            .filter(|op| !matches!(op, FieldOp::Get(_)))
-            .map(|op| {
-                let f = op.field();
-                (f.offset >> 3, (f.offset + u64::from(f.bits) - 1) >> 3)
-            })
-            .fold((u64::MAX, 0), |(lo, hi), (a, b)| (lo.min(a), hi.max(b)));
-        let at = usize::try_from(lo).unwrap_or(usize::MAX);
-        let len = usize::try_from(hi.saturating_sub(lo) + 1).unwrap_or(usize::MAX);
-        store_edited(
-            s,
-            key,
-            existed.then_some((&old_meta, old_len)),
-            &meta,
-            &value,
-            at,
-            len,
-        )?;
+    let grows = hi >= value.len() as u64;
+    let old = item.map(|i| i.meta);
+    let window = w.bytes;
+    if changed || grows || old.is_none() {
+        store_window(s, key, old, &window, lo)?;
     }
     Ok(Outcome::Array(replies))
-}
-
-/// Stores `value`, which differs from the item it was made from (`old`: its meta and value
-/// length; None if there was none) only in bytes `at..at + len` and in its length: as a patch
-/// of that item when there was one (the log then carries only those bytes).
-fn store_edited<S: WriteView>(
-    s: &mut S,
-    key: &[u8],
-    old: Option<(&ItemMeta, usize)>,
-    meta: &ItemMeta,
-    value: &[u8],
-    at: usize,
-    len: usize,
-) -> Result<(), StoreError> {
-    match old {
-        Some((old, old_len)) if at <= value.len() && len <= value.len() - at => {
-            s.patch(key, old, old_len, meta, &[value], &Edit::write(at, len))
-        }
-        _ => s.put(key, meta, &[value]),
-    }
 }
 
 /// BITOP: combines the sources into `dest` (missing ones and the bytes past a shorter one
@@ -470,6 +466,162 @@ mod tests {
         assert_eq!(find_bit(&v, true, 12, 31), Some(31));
         assert_eq!(find_bit(&v, true, 12, 30), None);
         assert_eq!(find_bit(&v, false, 0, 7), None);
+    }
+
+    /// The plain way, on a whole copy of the value, as these writes were made before they
+    /// took a window: the reference the windowed writes must agree with.
+    fn reference(value: &mut Vec<u8>, ops: &[FieldOp], max: usize) -> Outcome {
+        let Some(last) = ops
+            .iter()
+            .filter(|op| !matches!(op, FieldOp::Get(_)))
+            .map(|op| op.field().offset + u64::from(op.field().bits) - 1)
+            .max()
+        else {
+            return Outcome::Array(
+                ops.iter()
+                    .map(|op| Outcome::Int(get_field(value, op.field())))
+                    .collect(),
+            );
+        };
+        let len = (last >> 3) as usize + 1;
+        if len > value.len() {
+            if len > max {
+                return Outcome::Err(TOO_LARGE);
+            }
+            value.resize(len, 0);
+        }
+        let mut replies = Vec::new();
+        for op in ops {
+            match *op {
+                FieldOp::Get(f) => replies.push(Outcome::Int(get_field(value, f))),
+                FieldOp::Set(f, v, ow) | FieldOp::IncrBy(f, v, ow) => {
+                    let old = get_field(value, f);
+                    let is_set = matches!(op, FieldOp::Set(..));
+                    let new = if is_set {
+                        fit(f, v, 0, ow)
+                    } else {
+                        fit(f, old, v, ow)
+                    };
+                    match new {
+                        None => replies.push(Outcome::Nil),
+                        Some(new) => {
+                            replies.push(Outcome::Int(if is_set { old } else { new }));
+                            set_field(value, f, new as u64);
+                        }
+                    }
+                }
+            }
+        }
+        Outcome::Array(replies)
+    }
+
+    #[test]
+    fn windowed_bit_writes_agree_with_writing_a_whole_copy() {
+        // Random BITFIELDs (reads inside, across and outside the bytes the writes cover,
+        // past the end, signed and unsigned, every overflow policy) and SETBITs on short
+        // strings, against `reference`.
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let max = 48;
+        for round in 0..3_000 {
+            let mut s = ModelStore::default();
+            let len = next(56) as usize;
+            let mut want: Vec<u8> = (0..len).map(|_| next(256) as u8).collect();
+            let cas = s.next_cas();
+            let existed = next(5) != 0;
+            if existed {
+                let meta = ItemMeta::new(Kind::String, 3, 0, cas);
+                s.put(b"k", &meta, &[&want]).expect("put");
+            } else {
+                want.clear();
+            }
+            let op = if round % 4 == 0 {
+                let offset = next(8 * 60);
+                let on = next(2) == 1;
+                let mut w = want.clone();
+                let byte = (offset >> 3) as usize;
+                let expect = if byte >= w.len() && byte >= max {
+                    Outcome::Err(TOO_LARGE)
+                } else {
+                    if byte >= w.len() {
+                        w.resize(byte + 1, 0);
+                    }
+                    let old = get_bit(&w, offset);
+                    set_bit(&mut w, offset, on);
+                    Outcome::Int(i64::from(old))
+                };
+                let got = super::super::apply(
+                    &mut s,
+                    &WriteOp::SetBit {
+                        key: b"k".to_vec(),
+                        offset,
+                        on,
+                        max,
+                    },
+                    ctx(),
+                )
+                .expect("apply");
+                assert_eq!(got, expect, "round {round}: SETBIT {offset} {on}");
+                if expect != Outcome::Err(TOO_LARGE) {
+                    want = w;
+                }
+                None
+            } else {
+                let n = 1 + next(4);
+                let ops: Vec<FieldOp> = (0..n)
+                    .map(|_| {
+                        let signed = next(2) == 1;
+                        let bits = 1 + next(if signed { 64 } else { 63 }) as u32;
+                        let field = f(signed, bits, next(8 * 62));
+                        let ow = [Overflow::Wrap, Overflow::Sat, Overflow::Fail][next(3) as usize];
+                        let v = next(1 << 20) as i64 - (1 << 19);
+                        match next(3) {
+                            0 => FieldOp::Get(field),
+                            1 => FieldOp::Set(field, v, ow),
+                            _ => FieldOp::IncrBy(field, v, ow),
+                        }
+                    })
+                    .collect();
+                Some(ops)
+            };
+            if let Some(ops) = op {
+                let mut w = want.clone();
+                let expect = reference(&mut w, &ops, max);
+                let got = super::super::apply(
+                    &mut s,
+                    &WriteOp::BitField {
+                        key: b"k".to_vec(),
+                        ops: ops.clone(),
+                        max,
+                    },
+                    ctx(),
+                )
+                .expect("apply");
+                assert_eq!(got, expect, "round {round}: {ops:?} on {want:?}");
+                let writes = ops.iter().any(|op| !matches!(op, FieldOp::Get(_)));
+                if expect != Outcome::Err(TOO_LARGE) && (writes || existed) {
+                    want = w;
+                }
+                let stored = s.get(b"k").expect("get").map(|i| i.value.to_vec());
+                if writes || existed {
+                    if expect != Outcome::Err(TOO_LARGE) {
+                        assert_eq!(stored, Some(want), "round {round}: {ops:?}");
+                    }
+                } else {
+                    assert_eq!(stored, None, "round {round}: reads create nothing");
+                }
+                continue;
+            }
+            let stored = s.get(b"k").expect("get").map(|i| i.value.to_vec());
+            if stored.is_some() || !want.is_empty() {
+                assert_eq!(stored, Some(want), "round {round}: SETBIT");
+            }
+        }
     }
 
     #[test]

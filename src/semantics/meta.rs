@@ -233,22 +233,19 @@ fn store<S: WriteView>(s: &mut S, a: &MetaStore, ctx: Ctx) -> Result<Outcome, St
     if item.value.len() + a.kv.value().len() > ctx.item_size_max {
         return Ok(Outcome::TooLarge);
     }
-    let old_value = item.value.to_vec();
+    let old_len = item.value.len();
     let item_meta = item.meta;
     let mut meta = old;
     meta.cas = a.new_cas.unwrap_or_else(|| s.next_cas());
     meta.stale = stale;
     meta.win_sent = stale && old.win_sent;
     let data = a.kv.value();
-    let (parts, edit): ([&[u8]; 2], _) = if a.mode == StoreMode::Append {
-        (
-            [&old_value, data],
-            Edit::append(old_value.len(), data.len()),
-        )
+    let edit = if a.mode == StoreMode::Append {
+        Edit::append(old_len, data.len())
     } else {
-        ([data, &old_value], Edit::prepend(data.len()))
+        Edit::prepend(data.len())
     };
-    s.patch(key, &item_meta, old_value.len(), &meta, &parts, &edit)?;
+    s.edit(key, &item_meta, &meta, data, &edit)?;
     Ok(hit(&meta, meta.expire_at, Vec::new()))
 }
 

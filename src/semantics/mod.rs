@@ -303,17 +303,17 @@ fn store<S: WriteView>(
             if item.value.len() + kv.value().len() > ctx.item_size_max {
                 return Ok(Outcome::TooLarge);
             }
-            let old = item.value.to_vec();
+            let old_len = item.value.len();
             let old_meta = item.meta;
             let mut meta = item.meta;
             meta.cas = s.next_cas();
             let data = kv.value();
-            let (parts, edit): ([&[u8]; 2], _) = if mode == StoreMode::Append {
-                ([&old, data], Edit::append(old.len(), data.len()))
+            let edit = if mode == StoreMode::Append {
+                Edit::append(old_len, data.len())
             } else {
-                ([data, &old], Edit::prepend(data.len()))
+                Edit::prepend(data.len())
             };
-            s.patch(key, &old_meta, old.len(), &meta, &parts, &edit)?;
+            s.edit(key, &old_meta, &meta, data, &edit)?;
             return Ok(Outcome::Stored);
         }
     }
@@ -444,14 +444,16 @@ fn set_range<S: WriteView>(
     max: usize,
     ctx: Ctx,
 ) -> Result<Outcome, StoreError> {
-    let existing = live(s, key, ctx.now_ms)?;
-    if existing
-        .as_ref()
-        .is_some_and(|(m, _)| m.kind != Kind::String)
-    {
+    // The old item's meta and length only: `edit` builds the new value from the old one where
+    // it lies, so an APPEND to a large value copies it once, not twice.
+    let existing = s
+        .get(key)?
+        .filter(|i| !i.meta.is_expired(ctx.now_ms))
+        .map(|i| (i.meta, i.value.len()));
+    if existing.is_some_and(|(m, _)| m.kind != Kind::String) {
         return Ok(Outcome::WrongType);
     }
-    let old_len = existing.as_ref().map_or(0, |(_, v)| v.len());
+    let old_len = existing.map_or(0, |(_, n)| n);
     let at = offset.unwrap_or(old_len);
     if offset.is_some() && data.is_empty() {
         // SETRANGE with nothing to write changes nothing, and creates nothing.
@@ -463,38 +465,18 @@ fn set_range<S: WriteView>(
             "ERR string exceeds maximum allowed size (proto-max-bulk-len)",
         ));
     }
-    let existed = existing.is_some();
-    let (mut meta, mut value) = existing.unwrap_or((ItemMeta::string(0), Vec::new()));
+    let (mut meta, existed) = match existing {
+        Some((m, _)) => (m, true),
+        None => (ItemMeta::string(0), false),
+    };
     let old_meta = meta;
     meta.cas = s.next_cas();
-    if offset.is_none() {
-        let parts: [&[u8]; 2] = [&value, data];
-        if existed {
-            s.patch(
-                key,
-                &old_meta,
-                old_len,
-                &meta,
-                &parts,
-                &Edit::append(old_len, data.len()),
-            )?;
-        } else {
-            s.put(key, &meta, &parts)?;
-        }
-        return Ok(Outcome::Int(new_len as i64));
-    }
-    value.resize(new_len, 0);
-    value[at..at + data.len()].copy_from_slice(data);
     if existed {
-        s.patch(
-            key,
-            &old_meta,
-            old_len,
-            &meta,
-            &[&value],
-            &Edit::write(at, data.len()),
-        )?;
+        s.edit(key, &old_meta, &meta, data, &Edit::write(at, data.len()))?;
     } else {
+        // A new key: zeros up to `at` (SETRANGE), then the data.
+        let mut value = vec![0; at];
+        value.extend_from_slice(data);
         s.put(key, &meta, &[&value])?;
     }
     Ok(Outcome::Int(new_len as i64))

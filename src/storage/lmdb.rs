@@ -142,7 +142,8 @@ impl Table {
             at: edit.at as u32,
             bytes,
         };
-        txn.log.patch(self.id, key, &patch, item.clone());
+        let dirty = txn.patch_charge(self.id, key, item.len());
+        txn.log.patch(self.id, key, &patch, item.clone(), dirty);
         Ok(())
     }
 
@@ -181,6 +182,9 @@ impl Table {
 pub struct LogTxn<'e> {
     txn: RwTxn<'e>,
     log: LogBuf,
+    /// The string items this transaction stored through `Table::patch`, by database number
+    /// and key, with the number of pages their last version took (`patch_charge`).
+    patched: std::collections::HashMap<Box<[u8]>, usize>,
 }
 
 impl<'e> std::ops::Deref for LogTxn<'e> {
@@ -191,6 +195,33 @@ impl<'e> std::ops::Deref for LogTxn<'e> {
 }
 
 impl<'e> LogTxn<'e> {
+    /// The bytes of new pages LMDB took for storing an item of `len` bytes under `key` by a
+    /// patch: all of them the first time in this transaction (the committed pages are copied
+    /// on write); after that, none while the item fits the overflow pages its last version
+    /// took, which LMDB rewrites in place (`mdb_cursor_put` reuses a dirty overflow run big
+    /// enough), and all of them again when it needs a longer run. The writer commits LMDB by
+    /// this measure, so 1,000 small appends to one 1 MiB value no longer commit it every
+    /// 4 appends (each commit then copying the whole value into fresh pages).
+    fn patch_charge(&mut self, db: u8, key: &[u8], len: usize) -> u64 {
+        // An overflow run: the page header, then the node's data. Pages of 4 KiB: where
+        // LMDB's are larger, this counts a new run more often than it happens.
+        let pages = (len + 16).div_ceil(4096);
+        let mut name = Vec::with_capacity(1 + key.len());
+        name.push(db);
+        name.extend_from_slice(key);
+        match self.patched.get_mut(name.as_slice()) {
+            Some(p) if *p >= pages => 0,
+            Some(p) => {
+                *p = pages;
+                len as u64
+            }
+            None => {
+                self.patched.insert(name.into(), pages);
+                len as u64
+            }
+        }
+    }
+
     /// The records written since the last call, leaving `spare` (emptied) to collect the next.
     pub fn take_log(&mut self, mut spare: LogBuf) -> LogBuf {
         spare.reset();
@@ -277,6 +308,7 @@ impl OpenTxn {
             txn: Some(LogTxn {
                 txn,
                 log: LogBuf::default(),
+                patched: Default::default(),
             }),
             owner: std::thread::current().id(),
             _env: env,
@@ -617,6 +649,7 @@ impl LmdbStore {
         Ok(LogTxn {
             txn: self.env.write_txn()?,
             log,
+            patched: Default::default(),
         })
     }
 
@@ -972,6 +1005,68 @@ fn concat_shared(parts: &[&[u8]]) -> std::sync::Arc<[u8]> {
     parts.concat().into()
 }
 
+/// Whether a string item of `new_len` value bytes made by `edit` from the item `old` (of
+/// `old_len` value bytes) under `key` is logged as a patch rather than whole.
+fn patchable(
+    key: &[u8],
+    old: &ItemMeta,
+    old_len: usize,
+    meta: &ItemMeta,
+    new_len: usize,
+    edit: &super::Edit,
+) -> bool {
+    old.kind == Kind::String
+        && meta.kind == Kind::String
+        && edit.worth_it(new_len)
+        && new_len <= u32::MAX as usize
+        && old_len <= u32::MAX as usize
+        && !key.is_empty()
+        && key.len() <= super::MAX_KEY
+}
+
+/// `header` then `pieces` (`Edit::pieces`) in one new shared buffer, each byte written once.
+fn edited_shared(header: &[u8], pieces: &[super::Piece]) -> std::sync::Arc<[u8]> {
+    let total = header.len()
+        + pieces
+            .iter()
+            .map(|p| match *p {
+                super::Piece::Bytes(b) => b.len(),
+                super::Piece::Zeros(n) => n,
+            })
+            .sum::<usize>();
+    let mut buf = std::sync::Arc::<[u8]>::new_uninit_slice(total);
+    if let Some(dst) = std::sync::Arc::get_mut(&mut buf) {
+        dst[..header.len()].write_copy_of_slice(header);
+        let mut at = header.len();
+        for piece in pieces {
+            match *piece {
+                super::Piece::Bytes(b) => {
+                    dst[at..at + b.len()].write_copy_of_slice(b);
+                    at += b.len();
+                }
+                super::Piece::Zeros(n) => {
+                    for b in &mut dst[at..at + n] {
+                        b.write(0);
+                    }
+                    at += n;
+                }
+            }
+        }
+        // SAFETY: `buf` was just made, so `get_mut` gave the only reference, and the header
+        // and the pieces, `total` bytes in all, were written end to end.
+        return unsafe { buf.assume_init() };
+    }
+    // Unreachable (a new Arc has no other owner); the plain way stays correct all the same.
+    let mut v = header.to_vec();
+    for piece in pieces {
+        match *piece {
+            super::Piece::Bytes(b) => v.extend_from_slice(b),
+            super::Piece::Zeros(n) => v.resize(v.len() + n, 0),
+        }
+    }
+    v.into()
+}
+
 /// How a replay treats a `PATCH` record whose old item is not what the store holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Replay {
@@ -1041,6 +1136,46 @@ pub struct LmdbWrite<'t, 'e> {
 }
 
 impl<'e> LmdbWrite<'_, 'e> {
+    /// Stores `item` (a string item, `header` bytes of header, made by `edit` from the item
+    /// with meta `old` and `old_len` value bytes) as a patch: the log gets only the change.
+    #[allow(clippy::too_many_arguments)]
+    fn store_patched(
+        &mut self,
+        key: &[u8],
+        old: &ItemMeta,
+        old_len: usize,
+        meta: &ItemMeta,
+        item: std::sync::Arc<[u8]>,
+        header: usize,
+        edit: &super::Edit,
+    ) -> Result<(), StoreError> {
+        let (old_hdr, old_n) = old.header();
+        self.store.items.patch(
+            self.txn,
+            key,
+            (&old_hdr[..old_n], old_len),
+            item,
+            header,
+            edit,
+        )?;
+        if let Some(a) = self.store.access() {
+            a.note_write(key, *self.cas);
+        }
+        if let Some(h) = self.store.hits() {
+            h.written(key, meta.cas);
+        }
+        if meta.expire_at != 0 && meta.expire_at != old.expire_at {
+            let key = &key[..key.len().min(INDEX_KEY_MAX)];
+            let mut ix = Vec::with_capacity(8 + key.len());
+            ix.extend_from_slice(&meta.expire_at.to_be_bytes());
+            ix.extend_from_slice(key);
+            self.store.expiry.put(self.txn, &ix, &[])?;
+        }
+        let delta = i64::from(meta.expire_at != 0) - i64::from(old.expire_at != 0);
+        self.store.count_expires(self.txn, delta)?;
+        Ok(())
+    }
+
     /// The store and the open transaction, for the collection types.
     pub fn parts(&mut self) -> (&LmdbStore, &mut LogTxn<'e>) {
         (self.store, self.txn)
@@ -1117,42 +1252,47 @@ impl WriteView for LmdbWrite<'_, '_> {
         edit: &super::Edit,
     ) -> Result<(), StoreError> {
         let len = parts.iter().map(|p| p.len()).sum::<usize>();
-        if old.kind != Kind::String
-            || meta.kind != Kind::String
-            || !edit.worth_it(len)
-            || len > u32::MAX as usize
-            || old_len > u32::MAX as usize
-            || key.is_empty()
-            || key.len() > super::MAX_KEY
-        {
+        if !patchable(key, old, old_len, meta, len, edit) {
             return self.put(key, meta, parts);
         }
         let (hdr, n) = meta.header();
-        let (old_hdr, old_n) = old.header();
         // The whole new item, made once: LMDB takes a copy, readers share this one.
         let mut all: Vec<&[u8]> = Vec::with_capacity(parts.len() + 1);
         all.push(&hdr[..n]);
         all.extend_from_slice(parts);
         let item = concat_shared(&all);
-        self.store
-            .items
-            .patch(self.txn, key, (&old_hdr[..old_n], old_len), item, n, edit)?;
-        if let Some(a) = self.store.access() {
-            a.note_write(key, *self.cas);
+        self.store_patched(key, old, old_len, meta, item, n, edit)
+    }
+
+    fn edit(
+        &mut self,
+        key: &[u8],
+        old: &ItemMeta,
+        meta: &ItemMeta,
+        data: &[u8],
+        edit: &super::Edit,
+    ) -> Result<(), StoreError> {
+        let (hdr, n) = meta.header();
+        // The new item is built from the old value where LMDB holds it (no copy of it first),
+        // and only then stored: the one copy of the value an edit needs besides LMDB's own.
+        let (made, old_len) = {
+            let cur = self
+                .store
+                .get(self.txn, key)?
+                .ok_or_else(super::edit_gone)?;
+            let pieces = edit.pieces(cur.value, data).ok_or_else(super::bad_edit)?;
+            let new_len = edit.new_len(cur.value.len());
+            let made = if patchable(key, old, cur.value.len(), meta, new_len, edit) {
+                Ok(edited_shared(&hdr[..n], &pieces))
+            } else {
+                Err(edit.apply(cur.value, data).ok_or_else(super::bad_edit)?)
+            };
+            (made, cur.value.len())
+        };
+        match made {
+            Ok(item) => self.store_patched(key, old, old_len, meta, item, n, edit),
+            Err(value) => self.put(key, meta, &[&value]),
         }
-        if let Some(h) = self.store.hits() {
-            h.written(key, meta.cas);
-        }
-        if meta.expire_at != 0 && meta.expire_at != old.expire_at {
-            let key = &key[..key.len().min(INDEX_KEY_MAX)];
-            let mut ix = Vec::with_capacity(8 + key.len());
-            ix.extend_from_slice(&meta.expire_at.to_be_bytes());
-            ix.extend_from_slice(key);
-            self.store.expiry.put(self.txn, &ix, &[])?;
-        }
-        let delta = i64::from(meta.expire_at != 0) - i64::from(old.expire_at != 0);
-        self.store.count_expires(self.txn, delta)?;
-        Ok(())
     }
 
     fn delete(&mut self, key: &[u8]) -> Result<bool, StoreError> {

@@ -173,6 +173,23 @@ pub struct Edit {
     pub len: usize,
 }
 
+/// `WriteView::edit` called for a key that holds nothing (a caller's mistake).
+pub fn edit_gone() -> StoreError {
+    StoreError::Backend("an edit found no item to edit".into())
+}
+
+/// `WriteView::edit` called with data that does not fit the edit (a caller's mistake).
+pub fn bad_edit() -> StoreError {
+    StoreError::Backend("an edit whose data does not fit it".into())
+}
+
+/// A piece of an edited value (`Edit::pieces`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Piece<'a> {
+    Bytes(&'a [u8]),
+    Zeros(usize),
+}
+
 /// Values below this are logged whole: a patch record saves little there, and costs a CRC.
 pub const PATCH_MIN: usize = 4096;
 
@@ -202,6 +219,54 @@ impl Edit {
             at,
             len,
         }
+    }
+
+    /// The length of the value this edit makes of one of `old_len` bytes.
+    pub fn new_len(&self, old_len: usize) -> usize {
+        self.prepend
+            .saturating_add(old_len)
+            .max(self.at.saturating_add(self.len))
+    }
+
+    /// The pieces, in order, of the value this edit makes of `old` with `data` (the bytes put
+    /// in front, or the bytes written at `at`): old bytes, new bytes, and a run of zeros where
+    /// a write starts past the old end. `None` for an edit that is neither a prepend nor a
+    /// write of exactly `data` (no caller makes one).
+    pub fn pieces<'a>(&self, old: &'a [u8], data: &'a [u8]) -> Option<[Piece<'a>; 4]> {
+        use Piece::{Bytes, Zeros};
+        if self.prepend > 0 {
+            return (self.len == 0 && data.len() == self.prepend).then_some([
+                Bytes(data),
+                Bytes(old),
+                Zeros(0),
+                Zeros(0),
+            ]);
+        }
+        if data.len() != self.len {
+            return None;
+        }
+        let head = old.get(..self.at).unwrap_or(old);
+        let tail = old
+            .get(self.at.saturating_add(self.len)..)
+            .unwrap_or_default();
+        Some([
+            Bytes(head),
+            Zeros(self.at - head.len()),
+            Bytes(data),
+            Bytes(tail),
+        ])
+    }
+
+    /// The value this edit makes of `old` with `data` (see `pieces`).
+    pub fn apply(&self, old: &[u8], data: &[u8]) -> Option<Vec<u8>> {
+        let mut value = Vec::with_capacity(self.new_len(old.len()));
+        for piece in self.pieces(old, data)? {
+            match piece {
+                Piece::Bytes(b) => value.extend_from_slice(b),
+                Piece::Zeros(n) => value.resize(value.len() + n, 0),
+            }
+        }
+        Some(value)
     }
 
     /// Whether logging this change of a value that ends `new_len` bytes long beats logging
@@ -239,6 +304,25 @@ pub trait WriteView: ReadView {
         let _ = (old, old_len, edit);
         self.put(key, meta, parts)
     }
+    /// Makes `key`'s new string value from the one it holds (an item with meta `old`, which
+    /// the caller read in this transaction) by putting `data` where `edit` says, and stores
+    /// it with `meta`, as `patch` would. The caller copies no old value: a store may build
+    /// the new item straight from the old one, one copy in all.
+    fn edit(
+        &mut self,
+        key: &[u8],
+        old: &ItemMeta,
+        meta: &ItemMeta,
+        data: &[u8],
+        edit: &Edit,
+    ) -> Result<(), StoreError> {
+        let (value, old_len) = {
+            let item = self.get(key)?.ok_or_else(edit_gone)?;
+            let value = edit.apply(item.value, data).ok_or_else(bad_edit)?;
+            (value, item.value.len())
+        };
+        self.patch(key, old, old_len, meta, &[&value], edit)
+    }
     /// Removes `key` (and, for a collection, its elements); true if it was there.
     fn delete(&mut self, key: &[u8]) -> Result<bool, StoreError>;
     /// Removes `key`'s record but keeps a collection's elements, whose metadata the caller is
@@ -250,4 +334,48 @@ pub trait WriteView: ReadView {
     fn schedule_flush(&mut self, at_ms: u64) -> Result<(), StoreError>;
     /// A fresh CAS unique, larger than every one handed out before, across restarts.
     fn next_cas(&mut self) -> u64;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Edit;
+
+    #[test]
+    fn edits_make_the_values_they_describe() {
+        let old = b"hello".as_slice();
+        let made = |e: Edit, data: &[u8]| e.apply(old, data);
+        assert_eq!(
+            made(Edit::append(5, 3), b"abc").as_deref(),
+            Some(&b"helloabc"[..])
+        );
+        assert_eq!(
+            made(Edit::prepend(2), b"ab").as_deref(),
+            Some(&b"abhello"[..])
+        );
+        assert_eq!(
+            made(Edit::write(1, 2), b"XY").as_deref(),
+            Some(&b"hXYlo"[..])
+        );
+        assert_eq!(
+            made(Edit::write(4, 3), b"XYZ").as_deref(),
+            Some(&b"hellXYZ"[..])
+        );
+        assert_eq!(
+            made(Edit::write(7, 2), b"XY").as_deref(),
+            Some(&b"hello\0\0XY"[..]),
+            "zeros between the old end and a write past it"
+        );
+        assert_eq!(made(Edit::write(0, 0), b"").as_deref(), Some(old));
+        for (e, data) in [
+            (Edit::append(5, 3), &b"abc"[..]),
+            (Edit::prepend(2), b"ab"),
+            (Edit::write(7, 2), b"XY"),
+        ] {
+            let v = e.apply(old, data).expect("fits");
+            assert_eq!(v.len(), e.new_len(old.len()));
+        }
+        // Data that is not what the edit says: refused, not guessed at.
+        assert_eq!(made(Edit::write(1, 2), b"XYZ"), None);
+        assert_eq!(made(Edit::prepend(2), b"abc"), None);
+    }
 }
