@@ -106,6 +106,58 @@ fn reads_pipelined_behind_collection_writes_see_them() {
 }
 
 #[test]
+fn counts_of_collections_being_written_are_answered_from_the_snapshot() {
+    // LLEN, HLEN, SCARD and ZCARD need only the collection's metadata record, which readers
+    // see at once (the overlay), so they never go to the writer, even right behind a write of
+    // the collection they count.
+    for sync in ["always", "never"] {
+        let s = server(sync);
+        let mut c = connect(&s);
+        for round in 0..20 {
+            let cmds: Vec<Vec<u8>> = [
+                format!("RPUSH l{round} a b c"),
+                format!("LLEN l{round}"),
+                format!("HSET h{round} f v g w"),
+                format!("HLEN h{round}"),
+                format!("SADD s{round} x y z q"),
+                format!("SCARD s{round}"),
+                format!("ZADD z{round} 1 m 2 n 3 o 4 p 5 q"),
+                format!("ZCARD z{round}"),
+                format!("LLEN h{round}"),
+                format!("ZCARD nothing{round}"),
+            ]
+            .iter()
+            .map(|line| {
+                let words: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
+                Resp::encode(&words)
+            })
+            .collect();
+            c.send_raw(&cmds.concat());
+            let replies: Vec<Reply> = (0..cmds.len()).map(|_| c.read()).collect();
+            let wrong = "WRONGTYPE Operation against a key holding the wrong kind of value";
+            let want = vec![
+                Reply::Int(3),
+                Reply::Int(3),
+                Reply::Int(2),
+                Reply::Int(2),
+                Reply::Int(4),
+                Reply::Int(4),
+                Reply::Int(5),
+                Reply::Int(5),
+                Reply::Error(wrong.into()),
+                Reply::Int(0),
+            ];
+            assert_eq!(replies, want, "round {round}, --sync {sync}");
+        }
+        assert_eq!(
+            info_u64(&mut c, "memkeep_reads_in_writer"),
+            0,
+            "--sync {sync}: a count went to the writer"
+        );
+    }
+}
+
+#[test]
 fn another_connection_sees_each_acknowledged_collection_write() {
     let s = server("never");
     let mut w = connect(&s);

@@ -7,7 +7,7 @@
 use super::args::{Args, NOT_INTEGER, SYNTAX, glob_match, int_arg, scan_opts};
 use super::table::{Cmd, Family, KEY1, R, Spec, W, spec};
 use super::zset::fmt_scan_score;
-use super::{Cx, read_error, storage_error};
+use super::{Cx, count, read_error, storage_error};
 use crate::command::REPLY_MAX;
 use crate::protocol::resp::{enc, parse_i64};
 use crate::storage::Kind;
@@ -132,6 +132,7 @@ pub fn read(code: u8, args: Args<'_>, cx: &Cx<'_, '_>, out: &mut Vec<u8>, v3: bo
     match code {
         HSCAN => return scan(args, cx, Kind::Hash, out),
         HRANDFIELD => return randfield(args, cx, out, v3),
+        HLEN => return count(cx, args.get(1), Kind::Hash, out),
         _ => {}
     }
     let coll = match cx.open(args.get(1), Kind::Hash) {
@@ -144,7 +145,6 @@ pub fn read(code: u8, args: Args<'_>, cx: &Cx<'_, '_>, out: &mut Vec<u8>, v3: bo
         None => Ok(None),
     };
     match code {
-        HLEN => enc::int(out, coll.map_or(0, |c| cx.len(c) as i64)),
         HGET => match value(args.get(2)) {
             Ok(Some(v)) => enc::bulk(out, v),
             Ok(None) => enc::null(out, v3),

@@ -4,7 +4,7 @@
 
 use super::args::{Args, NOT_INTEGER, SYNTAX, int_arg, key_ok};
 use super::table::{Cmd, Family, KEY1, R, Spec, W, spec};
-use super::{Cx, read_error, storage_error};
+use super::{Cx, count, read_error, storage_error};
 use crate::protocol::resp::{enc, parse_i64};
 use crate::storage::Kind;
 use crate::types::list::ListOp;
@@ -149,12 +149,14 @@ pub fn write_op(code: u8, args: Args<'_>) -> Result<ListOp, String> {
 
 /// Answers a list read (typed: `CollRead`'s list reads), writing RESP into `out`.
 pub fn read(code: u8, args: Args<'_>, cx: &Cx<'_, '_>, out: &mut Vec<u8>, v3: bool) {
+    if code == LLEN {
+        return count(cx, args.get(1), Kind::List, out);
+    }
     let coll = match cx.open(args.get(1), Kind::List) {
         Ok(c) => c,
         Err(e) => return read_error(out, e),
     };
     match code {
-        LLEN => enc::int(out, coll.map_or(0, |c| cx.len(c) as i64)),
         LINDEX => {
             let Some(i) = parse_i64(args.get(2)) else {
                 return enc::error(out, NOT_INTEGER);

@@ -5,7 +5,7 @@
 use super::args::{Args, SYNTAX, key_ok};
 use super::hash::{MAX_REPEAT_PICKS, REPLY_TOO_LARGE, TOO_MANY_PICKS, rand_count, scan, sub_ok};
 use super::table::{Cmd, Family, KEY1, NOKEY, R, Spec, W, spec};
-use super::{Cx, read_error, storage_error};
+use super::{Cx, count, read_error, storage_error};
 use crate::command::REPLY_MAX;
 use crate::protocol::resp::{enc, parse_i64};
 use crate::storage::Kind;
@@ -118,6 +118,7 @@ pub fn write_op(code: u8, args: Args<'_>) -> Result<SetOp, String> {
 pub fn read(code: u8, args: Args<'_>, cx: &Cx<'_, '_>, out: &mut Vec<u8>, v3: bool) {
     match code {
         SSCAN => return scan(args, cx, Kind::Set, out),
+        SCARD => return count(cx, args.get(1), Kind::Set, out),
         SINTER | SUNION | SDIFF => {
             let how = match code {
                 SINTER => Combine::Inter,
@@ -139,7 +140,6 @@ pub fn read(code: u8, args: Args<'_>, cx: &Cx<'_, '_>, out: &mut Vec<u8>, v3: bo
         None => Ok(false),
     };
     match code {
-        SCARD => enc::int(out, coll.map_or(0, |c| cx.len(c) as i64)),
         SISMEMBER => match has(args.get(2)) {
             Ok(b) => enc::int(out, b as i64),
             Err(e) => storage_error(out, e),

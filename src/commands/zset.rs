@@ -424,7 +424,10 @@ fn read_inner(
 ) -> Result<(), String> {
     let key = args.get(1);
     match code {
-        ZCARD => enc::int(out, look(cx, key)?.map_or(0, |c| cx.len(c) as i64)),
+        ZCARD => enc::int(
+            out,
+            cx.count(key, Kind::ZSet).map_err(read_error_text)? as i64,
+        ),
         ZSCORE => {
             let score = match look(cx, key)? {
                 Some(c) => cx.zscore(c, args.get(2)).map_err(storage_err)?,

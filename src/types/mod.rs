@@ -355,14 +355,20 @@ impl ReadCx<'_, '_> {
     }
 
     pub fn find(&self, key: &[u8], kind: Kind) -> Result<Found, StoreError> {
-        if self.flushed || key.is_empty() || key.len() > crate::storage::MAX_KEY {
-            return Ok(Found::Missing);
-        }
-        let found = classify(self.store.record(key)?, kind, self.now)?;
+        let found = self.find_record(key, kind)?;
         match found {
             Found::Coll(_, c) => self.current(c).map(|_| found),
             _ => Ok(found),
         }
+    }
+
+    /// `find` for a read of the collection's metadata only (its count): the snapshot's
+    /// record, whether or not its elements are current there.
+    pub fn find_record(&self, key: &[u8], kind: Kind) -> Result<Found, StoreError> {
+        if self.flushed || key.is_empty() || key.len() > crate::storage::MAX_KEY {
+            return Ok(Found::Missing);
+        }
+        classify(self.store.record(key)?, kind, self.now)
     }
 
     /// Ok when this snapshot holds `coll`'s elements as they are; else the read stops here

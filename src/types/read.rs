@@ -68,8 +68,15 @@ pub trait CollRead {
     /// The collection of `kind` under `key`: None when absent (or expired, or flushed).
     fn open(&self, key: &[u8], kind: Kind) -> Result<Option<Self::Coll<'_>>, ReadError>;
 
-    /// Its element count (LLEN, HLEN, SCARD, ZCARD).
+    /// Its element count.
     fn len(&self, c: Self::Coll<'_>) -> u64;
+
+    /// The element count of the collection of `kind` under `key`, 0 when absent (LLEN, HLEN,
+    /// SCARD, ZCARD). The same as `open` then `len`, but a store whose snapshot may lag behind
+    /// a collection's elements while its metadata is current answers it anyway.
+    fn count(&self, key: &[u8], kind: Kind) -> Result<u64, ReadError> {
+        Ok(self.open(key, kind)?.map_or(0, |c| self.len(c)))
+    }
 
     // Lists
 
@@ -203,6 +210,16 @@ impl CollRead for ReadCx<'_, '_> {
 
     fn len(&self, c: CollMeta) -> u64 {
         c.len
+    }
+
+    fn count(&self, key: &[u8], kind: Kind) -> Result<u64, ReadError> {
+        // The count is in the metadata record, which the overlay holds current: no need to
+        // send the read to the writer when the elements are being changed (`current`).
+        match self.find_record(key, kind)? {
+            Found::Missing => Ok(0),
+            Found::WrongType => Err(ReadError::WrongType),
+            Found::Coll(_, c) => Ok(c.len),
+        }
     }
 
     fn lindex(&self, c: CollMeta, index: i64) -> Result<Option<&[u8]>, StoreError> {
