@@ -136,7 +136,6 @@ pub fn storage_error(out: &mut Vec<u8>, e: impl Into<StoreError>) {
     enc::error(out, &e.into().resp_reply())
 }
 
-/// Answers a collection read whose key could not be opened (`CollRead::open`).
 /// LLEN, HLEN, SCARD, ZCARD: the element count of the collection of `kind` under `key`
 /// (`CollRead::count`: answered from the snapshot even while the writer changes the elements).
 pub fn count(cx: &Cx<'_, '_>, key: &[u8], kind: crate::storage::Kind, out: &mut Vec<u8>) {
@@ -147,6 +146,7 @@ pub fn count(cx: &Cx<'_, '_>, key: &[u8], kind: crate::storage::Kind, out: &mut 
     }
 }
 
+/// Answers a collection read whose key could not be opened (`CollRead::open`).
 pub fn read_error(out: &mut Vec<u8>, e: types::read::ReadError) {
     enc::error(out, &read_error_text(e))
 }
