@@ -46,6 +46,19 @@ fn info_u64(c: &mut Resp, field: &str) -> u64 {
         .expect("a number")
 }
 
+/// Sends `lines` (words split at spaces) in one write and reads a reply to each.
+fn pipelined(c: &mut Resp, lines: &[String]) -> Vec<Reply> {
+    let cmds: Vec<Vec<u8>> = lines
+        .iter()
+        .map(|line| {
+            let words: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
+            Resp::encode(&words)
+        })
+        .collect();
+    c.send_raw(&cmds.concat());
+    (0..cmds.len()).map(|_| c.read()).collect()
+}
+
 fn bulks(items: &[String]) -> Reply {
     Reply::array(items.iter().map(|s| Reply::bulk(s)).collect())
 }
@@ -56,28 +69,23 @@ fn reads_pipelined_behind_collection_writes_see_them() {
         let s = server(sync);
         let mut c = connect(&s);
         for round in 0..20 {
-            let cmds: Vec<Vec<u8>> = [
-                format!("RPUSH l{round} a b c"),
-                format!("LRANGE l{round} 0 -1"),
-                format!("LLEN l{round}"),
-                format!("HSET h{round} f v g w"),
-                format!("HGETALL h{round}"),
-                format!("SADD s{round} x"),
-                format!("SISMEMBER s{round} x"),
-                format!("ZADD z{round} 1 m 2 n"),
-                format!("ZRANGE z{round} 0 -1 WITHSCORES"),
-                format!("ZRANK z{round} n"),
-                format!("OBJECT ENCODING h{round}"),
-                format!("TYPE z{round}"),
-            ]
-            .iter()
-            .map(|line| {
-                let words: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
-                Resp::encode(&words)
-            })
-            .collect();
-            c.send_raw(&cmds.concat());
-            let replies: Vec<Reply> = (0..cmds.len()).map(|_| c.read()).collect();
+            let replies = pipelined(
+                &mut c,
+                &[
+                    format!("RPUSH l{round} a b c"),
+                    format!("LRANGE l{round} 0 -1"),
+                    format!("LLEN l{round}"),
+                    format!("HSET h{round} f v g w"),
+                    format!("HGETALL h{round}"),
+                    format!("SADD s{round} x"),
+                    format!("SISMEMBER s{round} x"),
+                    format!("ZADD z{round} 1 m 2 n"),
+                    format!("ZRANGE z{round} 0 -1 WITHSCORES"),
+                    format!("ZRANK z{round} n"),
+                    format!("OBJECT ENCODING h{round}"),
+                    format!("TYPE z{round}"),
+                ],
+            );
             let want = vec![
                 Reply::Int(3),
                 Reply::bulks(&["a", "b", "c"]),
@@ -114,26 +122,21 @@ fn counts_of_collections_being_written_are_answered_from_the_snapshot() {
         let s = server(sync);
         let mut c = connect(&s);
         for round in 0..20 {
-            let cmds: Vec<Vec<u8>> = [
-                format!("RPUSH l{round} a b c"),
-                format!("LLEN l{round}"),
-                format!("HSET h{round} f v g w"),
-                format!("HLEN h{round}"),
-                format!("SADD s{round} x y z q"),
-                format!("SCARD s{round}"),
-                format!("ZADD z{round} 1 m 2 n 3 o 4 p 5 q"),
-                format!("ZCARD z{round}"),
-                format!("LLEN h{round}"),
-                format!("ZCARD nothing{round}"),
-            ]
-            .iter()
-            .map(|line| {
-                let words: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
-                Resp::encode(&words)
-            })
-            .collect();
-            c.send_raw(&cmds.concat());
-            let replies: Vec<Reply> = (0..cmds.len()).map(|_| c.read()).collect();
+            let replies = pipelined(
+                &mut c,
+                &[
+                    format!("RPUSH l{round} a b c"),
+                    format!("LLEN l{round}"),
+                    format!("HSET h{round} f v g w"),
+                    format!("HLEN h{round}"),
+                    format!("SADD s{round} x y z q"),
+                    format!("SCARD s{round}"),
+                    format!("ZADD z{round} 1 m 2 n 3 o 4 p 5 q"),
+                    format!("ZCARD z{round}"),
+                    format!("LLEN h{round}"),
+                    format!("ZCARD nothing{round}"),
+                ],
+            );
             let wrong = "WRONGTYPE Operation against a key holding the wrong kind of value";
             let want = vec![
                 Reply::Int(3),
