@@ -520,7 +520,7 @@ impl Acl {
                         &self.denied_cmd,
                         format!(
                             "NOPERM this user has no permissions to run the '{}' command",
-                            command_name(spec, args)
+                            command_name(spec, args.get(1).copied())
                         ),
                     ),
                     Denied::Key => (
@@ -604,8 +604,9 @@ impl Acl {
     }
 }
 
-/// How Redis names a command in NOPERM: `name`, or `name|subcommand` for a container.
-fn command_name(spec: &Spec, args: &[&[u8]]) -> String {
+/// How Redis names a command in its refusals (NOPERM, subscribed mode): `name`, or
+/// `name|subcommand` for a container given a subcommand (`sub`, argument 1).
+pub(crate) fn command_name(spec: &Spec, sub: Option<&[u8]>) -> String {
     let container = matches!(
         spec.cmd,
         Cmd::Client
@@ -618,7 +619,7 @@ fn command_name(spec: &Spec, args: &[&[u8]]) -> String {
             | Cmd::Function
             | Cmd::Acl
     );
-    match args.get(1) {
+    match sub {
         Some(sub) if container => format!(
             "{}|{}",
             spec.name,

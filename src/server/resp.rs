@@ -717,26 +717,8 @@ fn check(args: Args<'_>, sess: &Session, pass: &Pass<'_>) -> Result<&'static Spe
             | Cmd::Reset
     );
     if !sess.v3 && sess.subs.count() > 0 && !allowed {
-        let container = matches!(
-            spec.cmd,
-            Cmd::Client
-                | Cmd::Config
-                | Cmd::Command
-                | Cmd::PubSub
-                | Cmd::Object
-                | Cmd::Memory
-                | Cmd::Latency
-                | Cmd::Function
-        );
-        let name = if container && args.len() > 1 {
-            format!(
-                "{}|{}",
-                spec.name,
-                String::from_utf8_lossy(args.get(1)).to_ascii_lowercase()
-            )
-        } else {
-            spec.name.to_string()
-        };
+        let sub = (args.len() > 1).then(|| args.get(1));
+        let name = super::acl::command_name(spec, sub);
         return Err(format!(
             "ERR Can't execute '{name}': only (P|S)SUBSCRIBE / (P|S)UNSUBSCRIBE / PING / QUIT / RESET are allowed in this context"
         ));
