@@ -8,11 +8,10 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::TcpStream;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::free_port;
+use common::Server;
 
 const BIN: &str = env!("CARGO_BIN_EXE_memkeep");
 
@@ -75,36 +74,17 @@ fn parse(log: &str) -> Vec<Call> {
 }
 
 /// Starts memkeep with `sync`, attaches strace to all its threads, sends `n` sequential SETs,
-/// stops memkeep (SIGTERM; strace ends with it) and returns the traced calls.
+/// stops memkeep (SIGTERM; strace ends with it) and returns the traced calls. The server comes
+/// from the shared launcher, which makes sure the port answers for our own child: two tests
+/// here start servers at once, and a port handed out twice once sent this test's SETs to the
+/// other test's server, which was being stopped (a reset, in CI).
 fn trace(sync: &str, n: usize) -> Vec<Call> {
     let dir = tempfile::tempdir().expect("tempdir");
     let log = dir.path().join("strace.log");
-    let port = free_port();
-    let mut server = Command::new(BIN)
-        .args([
-            "-p",
-            &port.to_string(),
-            "--resp-port",
-            "0",
-            "--sync",
-            sync,
-            "-H",
-        ])
-        .arg(dir.path().join("data"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start memkeep");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let conn = loop {
-        if let Ok(c) = TcpStream::connect(("127.0.0.1", port)) {
-            break c;
-        }
-        assert!(Instant::now() < deadline, "memkeep never listened");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let mut server = Server::start(BIN, &["--sync", sync]);
+    let conn = server.connect();
     // Attach to every thread and wait until strace says it has.
-    let pid = server.id();
+    let pid = server.pid().expect("memkeep runs");
     let threads = std::fs::read_dir(format!("/proc/{pid}/task"))
         .expect("threads")
         .count();
@@ -148,16 +128,16 @@ fn trace(sync: &str, n: usize) -> Vec<Call> {
     let mut r = BufReader::new(conn);
     for i in 0..n {
         w.write_all(format!("set k{i} 0 0 1\r\nx\r\n").as_bytes())
-            .expect("send");
+            .unwrap_or_else(|e| panic!("send: {e}\n{}", server.stderr_tail(2000)));
         let mut reply = String::new();
         r.read_line(&mut reply).expect("reply");
         assert_eq!(reply, "STORED\r\n");
     }
-    // Safety: the pid is memkeep's, which this test started.
-    unsafe {
-        libc::kill(pid as i32, libc::SIGTERM);
-    }
-    let _ = server.wait();
+    let status = server.terminate();
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "memkeep stopped on SIGTERM: {status:?}"
+    );
     let _ = strace.wait();
     parse(&std::fs::read_to_string(&log).expect("strace log"))
 }
