@@ -544,6 +544,9 @@ pub type FlushAt = Arc<AtomicU64>;
 /// the overlay (`overlay.rs`) and kept in `uncommitted` for a rebuild.
 const COMMIT_BYTES: usize = 4 << 20;
 const COMMIT_EVERY: Duration = Duration::from_millis(250);
+/// ... or once the overlay holds this many bytes of versions that later ones hide (a value
+/// rewritten or edited again and again): they are freed only with the overlay's list.
+const SUPERSEDED_MAX: u64 = 32 << 20;
 
 pub struct Writer<T> {
     store: LmdbStore,
@@ -754,7 +757,7 @@ impl<T: Send + Clone> Writer<T> {
             watches: Arc::default(),
             blocking,
             open: None,
-            map: Map::new_sync(),
+            map: Map::new(),
             dirty: Dirty::new_sync(),
             uncommitted: Vec::new(),
             uncommitted_patched: 0,
@@ -972,11 +975,11 @@ impl<T: Send + Clone> Writer<T> {
     /// Publishes (and keeps) an empty overlay over LMDB transaction `base`, which holds
     /// everything.
     fn publish_empty(&mut self, base: usize) {
-        self.map = Map::new_sync();
+        self.map = Map::new();
         self.dirty = Dirty::new_sync();
         self.store
             .overlay()
-            .publish(base, Map::new_sync(), Dirty::new_sync());
+            .publish(base, self.map.clone(), Dirty::new_sync());
     }
 
     /// Begins the write transaction batches go into (writer thread only) and publishes the
@@ -1007,6 +1010,7 @@ impl<T: Send + Clone> Writer<T> {
             || (!self.uncommitted.is_empty()
                 && (self.uncommitted.len() as u64 + self.uncommitted_patched
                     >= COMMIT_BYTES as u64
+                    || self.map.superseded() >= SUPERSEDED_MAX
                     || self.since.is_some_and(|t| t.elapsed() >= COMMIT_EVERY)
                     || self.store.overlay().commit_asked.load(Ordering::Acquire)))
     }
@@ -1356,16 +1360,17 @@ impl<T: Send + Clone> Writer<T> {
             return (Handled::Done, swept);
         }
         if !log.is_empty() {
-            let mut map = self.map.clone();
             let mut dirty = self.dirty.clone();
-            let visible_now =
-                match overlay::absorb(&mut map, &mut dirty, log.payload(), log.patched()) {
-                    Ok(v) => v && !self.near_full(log.payload_len() + log.patched_dirty() as usize),
-                    Err(e) => {
-                        error!("cannot read back a batch's records: {e}");
-                        false
-                    }
-                };
+            let changes = match overlay::absorb(&mut dirty, log.payload(), log.patched()) {
+                Ok(c) => {
+                    c.filter(|_| !self.near_full(log.payload_len() + log.patched_dirty() as usize))
+                }
+                Err(e) => {
+                    error!("cannot read back a batch's records: {e}");
+                    None
+                }
+            };
+            let visible_now = changes.is_some();
             if visible_now || leader.is_some() {
                 match self.wal.append(&mut log) {
                     Err(e) => {
@@ -1378,8 +1383,9 @@ impl<T: Send + Clone> Writer<T> {
                         self.uncommitted.extend_from_slice(log.payload());
                         self.uncommitted_patched += log.patched_dirty();
                         self.since.get_or_insert_with(Instant::now);
-                        if visible_now {
+                        if let Some(changes) = changes {
                             let base = self.open.as_ref().map_or(0, |o| o.id().saturating_sub(1));
+                            let map = self.map.with(changes);
                             self.store
                                 .overlay()
                                 .publish(base, map.clone(), dirty.clone());

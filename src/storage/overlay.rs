@@ -8,9 +8,10 @@
 //! in `items` is published here first, so readers see it before LMDB does.
 //!
 //! Invariants:
-//! - A `State` is immutable once published: a persistent (structurally shared) map of the
-//!   item records changed since LMDB transaction `base` (None = deleted), over that very LMDB
-//!   snapshot. A reader takes one state per event-loop pass and opens an LMDB read
+//! - A `State` is immutable once published: a view (`Map`) of the item records changed since
+//!   LMDB transaction `base` (None = deleted), over that very LMDB snapshot. Views share one
+//!   list of versions that only grows; a view sees the versions up to its batch, so what a
+//!   published state answers never changes. A reader takes one state per event-loop pass and opens an LMDB read
 //!   transaction; it uses them together only if that transaction is `base` (or the map is
 //!   empty), so a pass sees exactly the store after some batch: MGET and EXEC are atomic,
 //!   and nothing a reader saw can be "unseen" later in its pass.
@@ -34,6 +35,8 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crossbeam_epoch::Guard;
+use crossbeam_skiplist::base::SkipList;
 use heed::types::Bytes;
 use heed::{RoTxn, WithoutTls};
 
@@ -44,9 +47,262 @@ use super::resident::Fetched;
 
 /// An item record, or None for a deleted key.
 pub type Val = Option<Arc<[u8]>>;
-pub type Map = rpds::RedBlackTreeMapSync<Box<[u8]>, Val>;
+/// A batch's changes of item records, in write order.
+pub type Changes = Vec<(Box<[u8]>, Val)>;
 /// Ids of the collections whose elements changed after `base` (rank-directory bit cleared).
 pub type Dirty = rpds::HashTrieSetSync<u64>;
+
+/// How versions are ordered: by key, then newest first, so that the first entry at or after
+/// `(key, seq)` is the newest version of `key` a view at batch `seq` may see.
+trait Versioned {
+    fn key(&self) -> &[u8];
+    fn seq(&self) -> u64;
+}
+
+/// One version's place in the list: its key and the number of the batch that wrote it.
+struct VKey {
+    key: Box<[u8]>,
+    seq: u64,
+}
+
+/// A key and a batch number to search by.
+struct Probe<'a> {
+    key: &'a [u8],
+    seq: u64,
+}
+
+impl Versioned for VKey {
+    fn key(&self) -> &[u8] {
+        &self.key
+    }
+    fn seq(&self) -> u64 {
+        self.seq
+    }
+}
+
+impl Versioned for Probe<'_> {
+    fn key(&self) -> &[u8] {
+        self.key
+    }
+    fn seq(&self) -> u64 {
+        self.seq
+    }
+}
+
+impl Ord for dyn Versioned + '_ {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.key()
+            .cmp(other.key())
+            .then_with(|| other.seq().cmp(&self.seq()))
+    }
+}
+
+impl PartialOrd for dyn Versioned + '_ {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl PartialEq for dyn Versioned + '_ {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other).is_eq()
+    }
+}
+
+impl Eq for dyn Versioned + '_ {}
+
+impl<'a> std::borrow::Borrow<dyn Versioned + 'a> for VKey {
+    fn borrow(&self) -> &(dyn Versioned + 'a) {
+        self
+    }
+}
+
+impl Ord for VKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self as &dyn Versioned).cmp(other as &dyn Versioned)
+    }
+}
+
+impl PartialOrd for VKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl PartialEq for VKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other).is_eq()
+    }
+}
+
+impl Eq for VKey {}
+
+/// Key bounds turned into bounds on versions (all of a key's versions lie between
+/// `(key, u64::MAX)` and `(key, 0)`; batch numbers start at 1).
+struct Span {
+    lo: Bound<VKey>,
+    hi: Bound<VKey>,
+}
+
+impl Span {
+    fn new(lo: Bound<&[u8]>, hi: Bound<&[u8]>) -> Span {
+        let v = |key: &[u8], seq| VKey {
+            key: key.into(),
+            seq,
+        };
+        Span {
+            lo: match lo {
+                Bound::Included(k) => Bound::Included(v(k, u64::MAX)),
+                Bound::Excluded(k) => Bound::Excluded(v(k, 0)),
+                Bound::Unbounded => Bound::Unbounded,
+            },
+            hi: match hi {
+                Bound::Included(k) => Bound::Included(v(k, 0)),
+                Bound::Excluded(k) => Bound::Excluded(v(k, u64::MAX)),
+                Bound::Unbounded => Bound::Unbounded,
+            },
+        }
+    }
+}
+
+impl std::ops::RangeBounds<dyn Versioned> for Span {
+    fn start_bound(&self) -> Bound<&(dyn Versioned + 'static)> {
+        self.lo.as_ref().map(|k| k as &(dyn Versioned + 'static))
+    }
+    fn end_bound(&self) -> Bound<&(dyn Versioned + 'static)> {
+        self.hi.as_ref().map(|k| k as &(dyn Versioned + 'static))
+    }
+}
+
+/// Bytes a version costs besides its key and value (the list's node, the value's `Arc`).
+const VERSION_OVERHEAD: u64 = 96;
+
+/// The item records changed since an LMDB transaction, as one view sees them.
+///
+/// All views over one LMDB transaction share a single list holding every version written
+/// since it: the writer adds each batch's records under the batch's number (`with`), never
+/// changes or removes an entry, and a view sees the versions up to its own batch. Adding a
+/// batch is one insertion per record, where a persistent tree copied a path of nodes (and
+/// freed the old path later) for each. The list and everything in it is freed with the last
+/// view, after the writer has moved on to the next transaction (`Map::new`). A version that
+/// a later one hides stays until then, so the writer commits LMDB once such versions add up
+/// (`superseded`).
+///
+/// Searching needs an epoch guard (`crossbeam_epoch::pin`); nothing is ever retired through
+/// it, since nothing is removed, so a guard held for a reader's whole pass holds nothing back.
+#[derive(Clone)]
+pub struct Map {
+    list: Arc<SkipList<VKey, Val>>,
+    /// The last batch this view sees (0: none).
+    seq: u64,
+    /// Versions this view sees.
+    len: usize,
+    /// Bytes of the versions this view sees that a later one hides.
+    superseded: u64,
+}
+
+impl Map {
+    pub fn new() -> Map {
+        Map {
+            list: Arc::new(SkipList::new(crossbeam_epoch::default_collector().clone())),
+            seq: 0,
+            len: 0,
+            superseded: 0,
+        }
+    }
+
+    /// Nothing changed in this view.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes of versions a later version of the same key hides (held until the list goes).
+    pub fn superseded(&self) -> u64 {
+        self.superseded
+    }
+
+    /// A view with `changes` (in write order; a later change of a key wins) added as the next
+    /// batch. The writer only, on its latest view.
+    pub fn with(&self, changes: Changes) -> Map {
+        let seq = self.seq + 1;
+        let mut next = Map {
+            list: self.list.clone(),
+            seq,
+            len: self.len,
+            superseded: self.superseded,
+        };
+        // One version per key and batch (an equal entry would replace, and retire, the
+        // earlier one): a key written twice in the batch keeps its last write.
+        let mut hidden = Vec::new();
+        if changes.len() > 1 {
+            let mut seen = std::collections::HashSet::with_capacity(changes.len());
+            hidden = vec![false; changes.len()];
+            for (i, (key, _)) in changes.iter().enumerate().rev() {
+                hidden[i] = !seen.insert(&key[..]);
+            }
+        }
+        let size = |k: &[u8], v: &Val| {
+            k.len() as u64 + v.as_ref().map_or(0, |v| v.len() as u64) + VERSION_OVERHEAD
+        };
+        let guard = crossbeam_epoch::pin();
+        for (i, (key, val)) in changes.into_iter().enumerate() {
+            if hidden.get(i).copied().unwrap_or(false) {
+                continue;
+            }
+            let added = next.list.insert(VKey { key, seq }, val, &guard);
+            // The entry after the new one is the key's previous version, if it has one.
+            if let Some(older) = added.next(&guard) {
+                if older.key().key == added.key().key {
+                    next.superseded += size(&older.key().key, older.value());
+                }
+                older.release(&guard);
+            }
+            added.release(&guard);
+            next.len += 1;
+        }
+        next
+    }
+
+    /// The newest version of `key` this view sees: Some(None) for a deletion, None when the
+    /// key did not change.
+    pub fn get<'g>(&'g self, key: &[u8], guard: &'g Guard) -> Option<&'g Val> {
+        if self.len == 0 {
+            return None;
+        }
+        let probe = Probe { key, seq: self.seq };
+        let e = self
+            .list
+            .lower_bound(Bound::Included(&probe as &dyn Versioned), guard)?;
+        (*e.key().key == *key).then(|| e.value())
+    }
+
+    /// The newest version this view sees of each key within the bounds, in key order.
+    pub fn range<'g>(
+        &'g self,
+        lo: Bound<&[u8]>,
+        hi: Bound<&[u8]>,
+        guard: &'g Guard,
+    ) -> impl Iterator<Item = (&'g [u8], &'g Val)> + 'g {
+        let seq = self.seq;
+        let mut last: Option<&'g [u8]> = None;
+        self.list
+            .range(Span::new(lo, hi), guard)
+            .filter_map(move |e| {
+                let k: &'g VKey = e.key();
+                if k.seq > seq || last == Some(&k.key[..]) {
+                    return None;
+                }
+                last = Some(&k.key[..]);
+                Some((&k.key[..], e.value()))
+            })
+    }
+}
+
+impl Default for Map {
+    fn default() -> Map {
+        Map::new()
+    }
+}
 
 /// The published view: item records changed after LMDB transaction `base`, and the
 /// collections whose elements did.
@@ -75,7 +331,7 @@ impl Overlay {
         Overlay {
             current: Mutex::new(Arc::new(State {
                 base,
-                map: Map::new_sync(),
+                map: Map::new(),
                 dirty: Dirty::new_sync(),
             })),
             commit_asked: AtomicBool::new(false),
@@ -127,34 +383,34 @@ fn owner(key: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(id) & !super::lmdb::ZRANK_DIR)
 }
 
-/// Applies the `items` records of a batch's log payload to `map`, and notes in `dirty` the
-/// collections whose elements it changed. Returns false (and leaves both as they may be,
-/// partly updated: the caller discards them) when the batch did something a reader must not
-/// see through the overlay: a clear.
+/// The `items` records of a batch's log payload, in order, for `Map::with`; notes in `dirty`
+/// the collections whose elements the batch changed. Returns None (and leaves `dirty` as it
+/// may be, partly updated: the caller discards it) when the batch did something a reader must
+/// not see through the overlay: a clear.
 ///
 /// `patched` holds the whole new items of the payload's `PATCH` records, in order (the log's
 /// records carry only the change): `LogBuf::patched`.
 pub fn absorb(
-    map: &mut Map,
     dirty: &mut Dirty,
     payload: &[u8],
     patched: &[Arc<[u8]>],
-) -> Result<bool, String> {
+) -> Result<Option<Changes>, String> {
     use super::lmdb::{DB_ELEMS, DB_ITEMS, DB_ZSCORE};
     use super::wal::Op;
     let mut patched = patched.iter();
+    let mut changes = Vec::new();
     for op in super::wal::ops(payload) {
         match op? {
             Op::Put { db, key, value } if db == DB_ITEMS => {
-                map.insert_mut(key.into(), Some(Arc::from(value)));
+                changes.push((key.into(), Some(Arc::from(value))));
             }
-            Op::Del { db, key } if db == DB_ITEMS => map.insert_mut(key.into(), None),
+            Op::Del { db, key } if db == DB_ITEMS => changes.push((key.into(), None)),
             Op::Patch { db, key, .. } if db == DB_ITEMS => {
                 // Only strings are patched; without the whole item, readers wait for LMDB.
                 let Some(item) = patched.next() else {
-                    return Ok(false);
+                    return Ok(None);
                 };
-                map.insert_mut(key.into(), Some(item.clone()));
+                changes.push((key.into(), Some(item.clone())));
             }
             Op::Put { db, key, .. } | Op::Del { db, key } if db == DB_ELEMS || db == DB_ZSCORE => {
                 match owner(key) {
@@ -162,13 +418,13 @@ pub fn absorb(
                     None => return Err("an element record shorter than its collection id".into()),
                 }
             }
-            Op::Clear { .. } => return Ok(false),
+            Op::Clear { .. } => return Ok(None),
             // The expiry index, the CAS counter and reclaimed elements of deleted collections
             // are the writer's own business: no reader looks at them.
             _ => {}
         }
     }
-    Ok(true)
+    Ok(Some(changes))
 }
 
 /// A multi-key read that stopped at a cold key looks this many keys further for other cold
@@ -190,6 +446,8 @@ pub struct Snap<'s> {
     fetched: Vec<Fetched>,
     /// A read met a collection whose elements changed after this snapshot (`note_pending`).
     pending: Cell<bool>,
+    /// Pinned while the overlay has records (its list is searched under a guard).
+    guard: Option<Guard>,
 }
 
 /// What `Snap::lookup` found under a key.
@@ -230,8 +488,10 @@ impl<'s> Snap<'s> {
             let state = store.overlay().current();
             let txn = store.read_txn_static()?;
             if state.is_empty() || txn.id() == state.base {
+                let guard = (!state.map.is_empty()).then(crossbeam_epoch::pin);
                 return Ok(Snap {
                     store,
+                    guard,
                     state,
                     txn: SnapTxn::Own(txn),
                     cold_checks: Cell::new(false),
@@ -254,9 +514,10 @@ impl<'s> Snap<'s> {
             store,
             state: Arc::new(State {
                 base: 0,
-                map: Map::new_sync(),
+                map: Map::new(),
                 dirty: Dirty::new_sync(),
             }),
+            guard: None,
             txn: SnapTxn::Within(txn),
             cold_checks: Cell::new(false),
             cold: RefCell::new(Vec::new()),
@@ -288,6 +549,7 @@ impl<'s> Snap<'s> {
             cold,
             fetched,
             pending,
+            guard,
         } = self;
         let (txn, kept) = match txn {
             SnapTxn::Own(t) => {
@@ -305,6 +567,7 @@ impl<'s> Snap<'s> {
             cold,
             fetched,
             pending,
+            guard,
         };
         (snap, kept)
     }
@@ -400,9 +663,26 @@ impl<'s> Snap<'s> {
         }
     }
 
+    /// The overlay's newest version of `key`, if it changed after `base`.
+    fn overlaid(&self, key: &[u8]) -> Option<&Val> {
+        self.guard.as_ref().and_then(|g| self.state.map.get(key, g))
+    }
+
+    /// The overlay's records within the bounds, newest version of each key, in key order.
+    fn overlaid_range<'a>(
+        &'a self,
+        lo: Bound<&[u8]>,
+        hi: Bound<&[u8]>,
+    ) -> Box<dyn Iterator<Item = (&'a [u8], &'a Val)> + 'a> {
+        match &self.guard {
+            Some(g) => Box::new(self.state.map.range(lo, hi, g)),
+            None => Box::new(std::iter::empty()),
+        }
+    }
+
     /// The item record under `key`, as of this snapshot.
     pub fn record(&self, key: &[u8]) -> Result<Option<&[u8]>, StoreError> {
-        let found = match self.state.map.get(key) {
+        let found = match self.overlaid(key) {
             Some(v) => v.as_deref(),
             None => self.store.items().get(self.txn(), key)?,
         };
@@ -428,17 +708,7 @@ impl<'s> Snap<'s> {
     /// Item records in key order within the bounds.
     pub fn range(&self, lo: Bound<&[u8]>, hi: Bound<&[u8]>) -> Result<ItemsIter<'_>, StoreError> {
         let lmdb = self.store.items().range(self.txn(), &(lo, hi))?;
-        let ov: OverlayRange<'_> = if self.state.map.is_empty() {
-            Box::new(std::iter::empty())
-        } else {
-            let own = |b: Bound<&[u8]>| b.map(Box::<[u8]>::from);
-            Box::new(
-                self.state
-                    .map
-                    .range::<Box<[u8]>, _>((own(lo), own(hi)))
-                    .map(|(k, v)| (&k[..], v)),
-            )
-        };
+        let ov: OverlayRange<'_> = self.overlaid_range(lo, hi);
         Ok(ItemsIter {
             lmdb: lmdb.peekable(),
             ov: ov.peekable(),
@@ -449,7 +719,7 @@ impl<'s> Snap<'s> {
     #[allow(clippy::len_without_is_empty)]
     pub fn len(&self) -> Result<u64, StoreError> {
         let mut n = self.store.items().len(self.txn())? as i64;
-        for (k, v) in self.state.map.iter() {
+        for (k, v) in self.overlaid_range(Bound::Unbounded, Bound::Unbounded) {
             let below = self.store.items().get(self.txn(), k)?.is_some();
             n += i64::from(v.is_some() && !below) - i64::from(v.is_none() && below);
         }
@@ -470,7 +740,7 @@ impl<'s> Snap<'s> {
             })
         };
         let mut n = base as i64;
-        for (k, v) in self.state.map.iter() {
+        for (k, v) in self.overlaid_range(Bound::Unbounded, Bound::Unbounded) {
             n += ttl(v.as_deref())? - ttl(self.store.items().get(self.txn(), k)?)?;
         }
         Ok(Some(n.max(0) as u64))
@@ -548,7 +818,6 @@ mod tests {
     #[test]
     fn absorb_takes_items_and_names_changed_collections_and_refuses_clears() {
         use crate::storage::lmdb::{DB_ELEMS, DB_EXPIRY, DB_ITEMS, DB_ZSCORE, ZRANK_DIR};
-        let mut map = Map::new_sync();
         let mut dirty = Dirty::new_sync();
         let mut log = LogBuf::default();
         log.put(DB_ITEMS, b"a", &[&record(Kind::String, b"1")]);
@@ -562,32 +831,167 @@ mod tests {
             &[&(11u64 | ZRANK_DIR).to_be_bytes()[..], b"c"].concat(),
             &[b"n"],
         );
-        assert_eq!(
-            absorb(&mut map, &mut dirty, log.payload(), log.patched()),
-            Ok(true)
-        );
-        assert!(map.get(&b"a"[..]).is_some_and(|v| v.is_some()));
-        assert!(map.get(&b"b"[..]).is_some_and(|v| v.is_none()));
-        assert!(map.get(&b"x"[..]).is_none());
+        let changes = absorb(&mut dirty, log.payload(), log.patched())
+            .expect("readable")
+            .expect("visible");
+        let map = Map::new().with(changes);
+        let g = crossbeam_epoch::pin();
+        assert!(map.get(b"a", &g).is_some_and(|v| v.is_some()));
+        assert!(map.get(b"b", &g).is_some_and(|v| v.is_none()));
+        assert!(map.get(b"x", &g).is_none());
         // A collection's metadata is served from here like a string's record.
-        assert!(map.get(&b"l"[..]).is_some_and(|v| v.is_some()));
+        assert!(map.get(b"l", &g).is_some_and(|v| v.is_some()));
         let mut ids: Vec<u64> = dirty.iter().copied().collect();
         ids.sort_unstable();
         assert_eq!(ids, vec![7, 9, 11]);
         let mut l = LogBuf::default();
         l.clear(DB_ITEMS);
         assert_eq!(
-            absorb(
-                &mut map.clone(),
-                &mut dirty.clone(),
-                l.payload(),
-                l.patched()
-            ),
-            Ok(false)
+            absorb(&mut dirty.clone(), l.payload(), l.patched()),
+            Ok(None)
         );
         let mut short = LogBuf::default();
         short.put(DB_ELEMS, b"abc", &[b"v"]);
-        assert!(absorb(&mut map, &mut dirty, short.payload(), short.patched()).is_err());
+        assert!(absorb(&mut dirty, short.payload(), short.patched()).is_err());
+    }
+
+    fn string(v: &[u8]) -> Val {
+        Some(Arc::from(record(Kind::String, v)))
+    }
+
+    fn value_of(v: Option<&Val>) -> Option<Option<Vec<u8>>> {
+        v.map(|v| {
+            v.as_ref()
+                .map(|b| item::decode(b).expect("item").value.to_vec())
+        })
+    }
+
+    #[test]
+    fn each_view_sees_the_batches_up_to_its_own_and_the_last_write_of_each() {
+        let v0 = Map::new();
+        let v1 = v0.with(vec![
+            (b"a"[..].into(), string(b"1")),
+            (b"b"[..].into(), string(b"1")),
+            (b"a"[..].into(), string(b"2")),
+        ]);
+        let v2 = v1.with(vec![
+            (b"a"[..].into(), None),
+            (b"c"[..].into(), string(b"3")),
+        ]);
+        let v3 = v2.with(vec![(b"a"[..].into(), string(b"4"))]);
+        let g = crossbeam_epoch::pin();
+        assert!(v0.is_empty() && v0.get(b"a", &g).is_none());
+        // A key written twice in one batch keeps its last write, as one version.
+        assert_eq!(value_of(v1.get(b"a", &g)), Some(Some(b"2".to_vec())));
+        assert_eq!(v1.len, 2);
+        assert!(v1.get(b"c", &g).is_none());
+        assert_eq!(value_of(v2.get(b"a", &g)), Some(None));
+        assert_eq!(value_of(v2.get(b"c", &g)), Some(Some(b"3".to_vec())));
+        assert_eq!(value_of(v3.get(b"a", &g)), Some(Some(b"4".to_vec())));
+        // Unchanged keys answer from the batch that last wrote them; keys between the
+        // written ones, and past them, are not there.
+        assert_eq!(value_of(v3.get(b"b", &g)), Some(Some(b"1".to_vec())));
+        for absent in [&b""[..], b"aa", b"bb", b"d"] {
+            assert!(v3.get(absent, &g).is_none(), "{absent:?}");
+        }
+        let keys = |m: &Map, lo: Bound<&[u8]>, hi: Bound<&[u8]>| -> Vec<(Vec<u8>, bool)> {
+            m.range(lo, hi, &g)
+                .map(|(k, v)| (k.to_vec(), v.is_some()))
+                .collect()
+        };
+        use Bound::{Excluded, Included, Unbounded};
+        assert_eq!(
+            keys(&v1, Unbounded, Unbounded),
+            vec![(b"a".to_vec(), true), (b"b".to_vec(), true)]
+        );
+        assert_eq!(
+            keys(&v2, Unbounded, Unbounded),
+            vec![
+                (b"a".to_vec(), false),
+                (b"b".to_vec(), true),
+                (b"c".to_vec(), true)
+            ]
+        );
+        assert_eq!(
+            keys(&v3, Excluded(b"a"), Included(b"c")),
+            vec![(b"b".to_vec(), true), (b"c".to_vec(), true)]
+        );
+        assert_eq!(
+            keys(&v3, Included(b"a"), Excluded(b"c")),
+            vec![(b"a".to_vec(), true), (b"b".to_vec(), true)]
+        );
+        assert_eq!(keys(&v3, Included(b"c"), Excluded(b"c")), vec![]);
+        // Hidden versions are counted: "a" 2 hidden by its deletion, and that by "a" 4 ("a" 1
+        // never became a version).
+        let two = record(Kind::String, b"2").len() as u64;
+        assert_eq!(v1.superseded(), 0);
+        assert_eq!(v2.superseded(), 1 + two + VERSION_OVERHEAD);
+        assert_eq!(v3.superseded(), 2 * (1 + VERSION_OVERHEAD) + two);
+    }
+
+    #[test]
+    fn views_stay_as_published_while_the_writer_adds_batches() {
+        // One writer adds batches that set "a" and "b" to the batch's number (and a key of
+        // its own); readers take the latest view and check, while batches keep arriving, that
+        // it answers a == b, the same on a second look, and no less than the last view they
+        // took.
+        let current = Arc::new(Mutex::new(Map::new()));
+        let done = Arc::new(AtomicBool::new(false));
+        let readers: Vec<_> = (0..2)
+            .map(|_| {
+                let current = current.clone();
+                let done = done.clone();
+                std::thread::spawn(move || {
+                    let num = |v: Option<&Val>| -> u64 {
+                        let v = v.expect("written").as_ref().expect("not deleted");
+                        let item = item::decode(v).expect("item");
+                        std::str::from_utf8(item.value)
+                            .expect("utf-8")
+                            .parse()
+                            .expect("number")
+                    };
+                    let (mut last, mut looks) = (0, 0u64);
+                    while !done.load(Ordering::Acquire) || looks == 0 {
+                        let view = current.lock().expect("lock").clone();
+                        if view.is_empty() {
+                            continue;
+                        }
+                        let g = crossbeam_epoch::pin();
+                        let a = num(view.get(b"a", &g));
+                        assert_eq!(a, num(view.get(b"b", &g)), "half a batch");
+                        assert!(a >= last, "a view went back from {last} to {a}");
+                        let seen: Vec<u64> = view
+                            .range(Bound::Unbounded, Bound::Included(b"b"), &g)
+                            .map(|(_, v)| num(Some(v)))
+                            .collect();
+                        assert_eq!(seen, vec![a, a], "range");
+                        assert_eq!(num(view.get(b"a", &g)), a, "a view changed");
+                        last = a;
+                        looks += 1;
+                    }
+                    looks
+                })
+            })
+            .collect();
+        let mut view = Map::new();
+        for i in 1..=3000u64 {
+            let n = string(i.to_string().as_bytes());
+            view = view.with(vec![
+                (b"a"[..].into(), n.clone()),
+                (format!("k{i}").into_bytes().into(), n.clone()),
+                (b"b"[..].into(), n),
+            ]);
+            *current.lock().expect("lock") = view.clone();
+        }
+        done.store(true, Ordering::Release);
+        for r in readers {
+            assert!(r.join().expect("reader") > 0);
+        }
+        let g = crossbeam_epoch::pin();
+        assert_eq!(
+            view.range(Bound::Unbounded, Bound::Unbounded, &g).count(),
+            3002
+        );
     }
 
     #[test]
@@ -596,7 +1000,7 @@ mod tests {
         let s = store(dir.path());
         let base = s.read_txn().expect("txn").id();
         let dirty = Dirty::new_sync().insert(5);
-        s.overlay().publish(base, Map::new_sync(), dirty);
+        s.overlay().publish(base, Map::new(), dirty);
         let snap = Snap::open(&s).expect("snap");
         assert!(snap.coll_dirty(5) && !snap.coll_dirty(6));
         assert!(!snap.take_pending());
@@ -616,13 +1020,11 @@ mod tests {
         let s = store(dir.path());
         put_lmdb(&s, &[(b"a", b"1"), (b"c", b"3"), (b"e", b"5")]);
         let base = s.read_txn().expect("txn").id();
-        let mut map = Map::new_sync();
-        map.insert_mut(b"b"[..].into(), Some(Arc::from(record(Kind::String, b"2"))));
-        map.insert_mut(b"c"[..].into(), None);
-        map.insert_mut(
-            b"e"[..].into(),
-            Some(Arc::from(record(Kind::String, b"55"))),
-        );
+        let map = Map::new().with(vec![
+            (b"b"[..].into(), string(b"2")),
+            (b"c"[..].into(), None),
+            (b"e"[..].into(), string(b"55")),
+        ]);
         s.overlay().publish(base, map, Dirty::new_sync());
         let snap = Snap::open(&s).expect("snap");
         let seen: Vec<(Vec<u8>, Vec<u8>)> = snap
@@ -657,15 +1059,14 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let s = store(dir.path());
         let base = s.read_txn().expect("txn").id();
-        let mut map = Map::new_sync();
-        map.insert_mut(b"k"[..].into(), Some(Arc::from(record(Kind::String, b"v"))));
+        let map = Map::new().with(vec![(b"k"[..].into(), string(b"v"))]);
         s.overlay().publish(base, map, Dirty::new_sync());
         // LMDB moves on without the overlay being republished over it: no snapshot may mix
         // the two.
         put_lmdb(&s, &[(b"k", b"lmdb")]);
         assert!(Snap::open(&s).is_err());
         let now = s.read_txn().expect("txn").id();
-        s.overlay().publish(now, Map::new_sync(), Dirty::new_sync());
+        s.overlay().publish(now, Map::new(), Dirty::new_sync());
         let snap = Snap::open(&s).expect("snap");
         assert_eq!(
             snap.get(b"k").expect("get").map(|i| i.value),
