@@ -103,6 +103,34 @@ impl Table {
         Ok(())
     }
 
+    /// Stores `parts` concatenated under `key` if no record is there (and logs it as
+    /// `put_parts` does); otherwise changes nothing and returns what `seen` makes of the record
+    /// there. One B-tree search where a lookup and then a put made two.
+    pub fn put_new_parts<T>(
+        &self,
+        txn: &mut LogTxn,
+        key: &[u8],
+        parts: &[&[u8]],
+        seen: impl FnOnce(&[u8]) -> T,
+    ) -> Result<Option<T>, heed::Error> {
+        let len = parts.iter().map(|p| p.len()).sum::<usize>();
+        let there = self
+            .db
+            .get_or_put_reserved(&mut txn.txn, key, len, |space| {
+                for p in parts {
+                    space.write_all(p)?;
+                }
+                Ok(())
+            })?;
+        match there {
+            Some(old) => Ok(Some(seen(old))),
+            None => {
+                txn.log.put(self.id, key, parts);
+                Ok(None)
+            }
+        }
+    }
+
     /// Stores `item` (header and value, `header` bytes of header) under `key`, logging only
     /// the change `edit` says was made to the old item (`old` is its header as `item`
     /// encodes it, `old_len` its value's length). The caller has checked that the change is
@@ -881,15 +909,7 @@ impl LmdbStore {
     fn old_state(&self, txn: &RoTxn, key: &[u8]) -> Result<(u64, Option<u64>), StoreError> {
         match self.items.get(txn, key)? {
             None => Ok((0, None)),
-            Some(bytes) => {
-                let item = item::decode(bytes)?;
-                let id = if item.meta.kind == Kind::String {
-                    None
-                } else {
-                    id_of(&[item.value])
-                };
-                Ok((item.meta.expire_at, id))
-            }
+            Some(bytes) => state_of(bytes),
         }
     }
 
@@ -969,6 +989,17 @@ impl LmdbStore {
         self.meta.put(txn, META_EXPIRES, &0u64.to_le_bytes())?;
         Ok(())
     }
+}
+
+/// The expiry and the collection id (None for a string) of an item record.
+fn state_of(bytes: &[u8]) -> Result<(u64, Option<u64>), StoreError> {
+    let item = item::decode(bytes)?;
+    let id = if item.meta.kind == Kind::String {
+        None
+    } else {
+        id_of(&[item.value])
+    };
+    Ok((item.meta.expire_at, id))
 }
 
 /// The collection id a metadata value starts with (u64 LE), read across `parts`.
@@ -1201,27 +1232,38 @@ impl WriteView for LmdbWrite<'_, '_> {
         if key.is_empty() || key.len() > super::MAX_KEY {
             return Err(StoreError::BadKey);
         }
-        let (old_expire, old_id) = self.store.old_state(self.txn, key)?;
-        // Replacing a collection by anything but its own metadata orphans its elements.
-        if let Some(old) = old_id {
-            let new = (meta.kind != Kind::String).then(|| id_of(parts)).flatten();
-            if new != Some(old) {
-                self.store.schedule_gc(self.txn, old)?;
-            }
-        }
         let (hdr, n) = meta.header();
         let mut all: [&[u8]; 4] = [&hdr[..n], &[], &[], &[]];
-        if parts.len() <= 3 {
+        let long: Vec<&[u8]>;
+        let record: &[&[u8]] = if parts.len() <= 3 {
             all[1..=parts.len()].copy_from_slice(parts);
-            self.store
-                .items
-                .put_parts(self.txn, key, &all[..=parts.len()])?;
+            &all[..=parts.len()]
         } else {
-            let mut v: Vec<&[u8]> = Vec::with_capacity(parts.len() + 1);
-            v.push(&hdr[..n]);
-            v.extend_from_slice(parts);
-            self.store.items.put_parts(self.txn, key, &v)?;
-        }
+            long = [&[&hdr[..n]][..], parts].concat();
+            &long
+        };
+        // A new key is written in the same search that finds it absent; a record already
+        // there is read first (its expiry and collection), then replaced.
+        let old_expire = match self
+            .store
+            .items
+            .put_new_parts(self.txn, key, record, state_of)?
+        {
+            None => 0,
+            Some(old) => {
+                let (old_expire, old_id) = old?;
+                // Replacing a collection by anything but its own metadata orphans its
+                // elements.
+                if let Some(old) = old_id {
+                    let new = (meta.kind != Kind::String).then(|| id_of(parts)).flatten();
+                    if new != Some(old) {
+                        self.store.schedule_gc(self.txn, old)?;
+                    }
+                }
+                self.store.items.put_parts(self.txn, key, record)?;
+                old_expire
+            }
+        };
         if let Some(a) = self.store.access() {
             a.note_write(key, *self.cas);
         }
