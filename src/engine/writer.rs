@@ -558,8 +558,9 @@ pub struct Writer<T> {
     page_size: u64,
     /// Set while commits are paced (see `PRESSURE_GROWTH`); read by workers without the lock.
     paced: Arc<std::sync::atomic::AtomicBool>,
-    /// The batch's log records, kept between batches for its buffer.
-    log: LogBuf,
+    /// The batch's log records, kept between batches for its buffer (None only while a batch
+    /// has it, or after a batch that failed: then the next one starts a new buffer).
+    log: Option<LogBuf>,
     /// Set when the log could not be written or synced: durability is unknown from then on, so
     /// every later write is refused (reads go on) until a restart recovers.
     broken: Option<String>,
@@ -745,7 +746,7 @@ impl<T: Send + Clone> Writer<T> {
             checkpoint_pgno,
             page_size,
             paced: Arc::new(std::sync::atomic::AtomicBool::new(false)),
-            log: LogBuf::default(),
+            log: Some(LogBuf::default()),
             broken: None,
             clock,
             cfg,
@@ -1249,7 +1250,7 @@ impl<T: Send + Clone> Writer<T> {
         let replica = self.is_replica();
         let mut cache = if evict { self.cache.take() } else { None };
         let mut evicted = None;
-        let spare = std::mem::take(&mut self.log);
+        let spare = self.log.take().unwrap_or_default();
         let applied_log: Result<LogBuf, StoreError> = match (&self.broken, open.as_mut()) {
             (Some(_), _) => Err(StoreError::Backend("the write-ahead log is broken".into())),
             (None, None) => Err(StoreError::Backend("no write transaction".into())),
@@ -1349,7 +1350,7 @@ impl<T: Send + Clone> Writer<T> {
             ));
             self.poisoned = true;
             log.reset();
-            self.log = std::mem::take(&mut log);
+            self.log = Some(log);
             waiters.rollback(&blocking);
             if leader.is_some() {
                 // Only the writer thread begins and ends LMDB transactions: it runs this.
@@ -1398,7 +1399,6 @@ impl<T: Send + Clone> Writer<T> {
                 }
             } else if let Err(e) = self.log_and_commit(&mut log) {
                 log.reset();
-                self.log = std::mem::take(&mut log);
                 if self.broken.is_some() {
                     failed = true;
                 } else {
@@ -1410,7 +1410,7 @@ impl<T: Send + Clone> Writer<T> {
             }
         }
         log.reset();
-        self.log = log;
+        self.log = Some(log);
         // Counted once readers see the items gone, so `stats` never shows an eviction whose
         // item it still counts.
         if let (Some(p), Some(c), None) = (evicted, &self.cache, &self.broken) {
