@@ -580,6 +580,10 @@ pub struct Writer<T> {
     open: Option<OpenTxn>,
     /// What the open transaction changed in `items`, as last published to readers.
     map: Map,
+    /// Overlays of committed transactions, kept until no reader holds them, so that freeing
+    /// their lists (every version since their transaction began) falls to the writer thread,
+    /// outside the lock, never to a worker between two requests.
+    retired: Vec<Map>,
     /// The collections whose elements the open transaction changed, as last published.
     dirty: Dirty,
     /// The log payloads of every batch in the open transaction, in order: replayed into a
@@ -759,6 +763,7 @@ impl<T: Send + Clone> Writer<T> {
             blocking,
             open: None,
             map: Map::new(),
+            retired: Vec::new(),
             dirty: Dirty::new_sync(),
             uncommitted: Vec::new(),
             uncommitted_patched: 0,
@@ -968,6 +973,15 @@ impl<T: Send + Clone> Writer<T> {
         }
     }
 
+    /// The retired overlays no reader holds any more, for the caller to drop outside the lock.
+    fn unused_overlays(&mut self) -> Vec<Map> {
+        let (held, unused) = std::mem::take(&mut self.retired)
+            .into_iter()
+            .partition(|m| m.in_use());
+        self.retired = held;
+        unused
+    }
+
     fn break_log(&mut self, why: String) {
         error!("{why}; refusing writes until memkeep is restarted");
         self.broken = Some(why);
@@ -976,7 +990,10 @@ impl<T: Send + Clone> Writer<T> {
     /// Publishes (and keeps) an empty overlay over LMDB transaction `base`, which holds
     /// everything.
     fn publish_empty(&mut self, base: usize) {
-        self.map = Map::new();
+        let old = std::mem::take(&mut self.map);
+        if !old.is_empty() {
+            self.retired.push(old);
+        }
         self.dirty = Dirty::new_sync();
         self.store
             .overlay()
@@ -1678,8 +1695,8 @@ fn run<T: Send + Clone>(
         if sync == SyncMode::Periodic {
             wait = wait.min(next_sync.saturating_duration_since(now));
         }
-        {
-            let w = lock(&core);
+        let unused = {
+            let mut w = lock(&core);
             if w.gc_more || w.commit_due() || w.over() {
                 // Deleted collections still hold elements, a commit is due, or the data is
                 // over the cap: no sleep.
@@ -1687,7 +1704,9 @@ fn run<T: Send + Clone>(
             } else if let Some(t) = w.since {
                 wait = wait.min(COMMIT_EVERY.saturating_sub(t.elapsed()));
             }
-        }
+            w.unused_overlays()
+        };
+        drop(unused);
         let mut disconnected = false;
         match rx.recv_timeout(wait) {
             Ok(sub) => batch.push(sub),

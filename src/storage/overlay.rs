@@ -216,6 +216,11 @@ impl Map {
         self.len == 0
     }
 
+    /// Whether another view shares this one's list (a published state, a reader's).
+    pub fn in_use(&self) -> bool {
+        Arc::strong_count(&self.list) > 1
+    }
+
     /// Bytes of versions a later version of the same key hides (held until the list goes).
     pub fn superseded(&self) -> u64 {
         self.superseded
