@@ -207,6 +207,35 @@ fn assert_same(p: &Server, r: &Server) {
     }
 }
 
+/// `assert_same` for a store of strings only, a thousand keys per round trip: the per-key
+/// walk of `assert_same` takes half a minute over a hundred thousand keys.
+fn assert_same_strings(p: &Server, r: &Server) {
+    let keys = |s: &Server| -> Vec<String> {
+        match resp(s).cmd("KEYS *") {
+            Reply::Array(Some(v)) => {
+                let mut k: Vec<String> = v.into_iter().map(text).collect();
+                k.sort();
+                k
+            }
+            other => panic!("KEYS: {other:?}"),
+        }
+    };
+    let all = keys(p);
+    assert_eq!(
+        all,
+        keys(r),
+        "the replica holds other keys than its primary"
+    );
+    let (mut pc, mut rc) = (resp(p), resp(r));
+    for chunk in all.chunks(1000) {
+        let mut args: Vec<&[u8]> = vec![b"MGET"];
+        args.extend(chunk.iter().map(|k| k.as_bytes()));
+        let theirs = pc.call(&args);
+        assert!(matches!(&theirs, Reply::Array(Some(v)) if v.len() == chunk.len()));
+        assert_eq!(theirs, rc.call(&args), "values differ in {}..", chunk[0]);
+    }
+}
+
 fn ok(r: Reply) {
     assert!(
         matches!(&r, Reply::Simple(s) if s == "OK") || matches!(r, Reply::Int(_)),
@@ -616,6 +645,73 @@ fn a_full_copy_of_100k_keys_while_the_primary_takes_writes_converges() {
     }
 }
 
+/// A copy that outlasts the backlog (4 KiB here, written past many times over while the copy
+/// runs) still continues from its snapshot's position: the sender's pin keeps the frames it
+/// has still to send. Before pins, the stream could not go on after the copy, and the replica
+/// took a new copy, again and again while the writes went on.
+#[test]
+fn a_full_copy_outlasting_the_backlog_continues_from_its_snapshot() {
+    let p = Server::start_with(
+        env!("CARGO_BIN_EXE_memkeep"),
+        Options {
+            resp: true,
+            args: vec!["--repl-backlog-size".into(), "4k".into()],
+            ..Options::default()
+        },
+    );
+    let mut c = resp(&p);
+    for chunk in 0..100 {
+        let mut args: Vec<Vec<u8>> = vec![b"MSET".to_vec()];
+        for i in chunk * 1000..(chunk + 1) * 1000 {
+            args.push(format!("key:{i}").into_bytes());
+            args.push(format!("value-{i}-{}", "x".repeat(i % 50)).into_bytes());
+        }
+        let refs: Vec<&[u8]> = args.iter().map(|a| a.as_slice()).collect();
+        assert_eq!(c.call(&refs), Reply::Simple("OK".into()));
+    }
+    let (stop, writer) = background_writer(&p, "live");
+    let offset = || -> u64 { info(&p, "master_repl_offset").parse().expect("offset") };
+    let before = offset();
+    let r = replica_of(&p);
+    let deadline = Instant::now() + CONVERGE;
+    while info(&r, "master_link_status") != "up" {
+        assert!(Instant::now() < deadline, "link never came up");
+        thread::sleep(Duration::from_millis(20));
+    }
+    let during = offset() - before;
+    thread::sleep(Duration::from_millis(200));
+    stop.store(true, Ordering::Release);
+    let written = writer.join().expect("writer");
+    converge(&p, &r);
+    // The copy took longer than the backlog lasts.
+    assert!(
+        during > 4096,
+        "the stream grew only {during} bytes during the copy"
+    );
+    assert_eq!(
+        info(&r, "memkeep_full_copies_taken"),
+        "1",
+        "replica:\n{}\nprimary:\n{}",
+        r.stderr_tail(3000),
+        p.stderr_tail(3000)
+    );
+    assert_eq!(resp(&p).cmd("DBSIZE"), resp(&r).cmd("DBSIZE"));
+    assert_eq!(resp(&r).cmd("DBSIZE"), Reply::Int(100_000 + written as i64));
+    assert_same_strings(&p, &r);
+    // Once caught up, the backlog is back within its size.
+    for i in 0..100 {
+        ok(c.cmd(&format!("SET after{i} {}", "v".repeat(100))));
+    }
+    converge(&p, &r);
+    assert!(
+        info(&p, "repl_backlog_histlen")
+            .parse::<u64>()
+            .expect("number")
+            <= 4096 + 200,
+        "the backlog is back within its size"
+    );
+}
+
 /// A full copy is installed as it arrives, in one transaction: a copy cut short (the primary
 /// killed while it streams) leaves the replica's store exactly as it was, and while it
 /// arrives the replica serves its old store. Whether the kill lands in the copy depends on
@@ -761,6 +857,12 @@ fn a_replica_behind_more_than_the_backlog_takes_a_full_copy() {
     let mut r = replica_of(&p);
     converge(&p, &r);
     r.kill9();
+    // Its sender is gone (and with it the pin that would hold the backlog for it).
+    let deadline = Instant::now() + CONVERGE;
+    while info(&p, "connected_slaves") != "0" {
+        assert!(Instant::now() < deadline, "the sender outlived its replica");
+        thread::sleep(Duration::from_millis(20));
+    }
     let mut c = resp(&p);
     for i in 0..200 {
         ok(c.cmd(&format!("SET behind{i} {}", "v".repeat(100))));

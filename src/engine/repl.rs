@@ -16,7 +16,13 @@
 //!   never while the log is broken;
 //! - batches are released in sequence order with no gap; a gap (which would be a bug) resets
 //!   the backlog, so a replica whose position falls in it takes a full copy;
-//! - the backlog holds at most `repl_backlog_size` bytes of frames (the oldest go first);
+//! - the backlog holds at most `repl_backlog_size` bytes of frames (the oldest go first),
+//!   except frames a sender still has to send (`Pin`: each sender's position, a full copy's
+//!   from its snapshot on), which stay up to `PINNED_MAX` bytes in all:
+//!   so a copy that outlasts the backlog under heavy writes still continues where its
+//!   snapshot ended, as Redis buffers a replica's stream in its output buffer during a full
+//!   sync (`client-output-buffer-limit replica 256mb`), instead of being taken again from the
+//!   start, for ever;
 //! - a replica stores the primary's replication id and the offset a batch brings it to in the
 //!   same LMDB transaction and log batch as the batch's records (`REPL_KEY` in `meta`), so
 //!   after a crash its recovered position is exactly what its recovered store holds.
@@ -38,6 +44,11 @@ pub const REPL_KEY: &[u8] = b"repl_primary";
 pub const FRAME_HEADER: usize = 5;
 /// How many LMDB commits the commit -> batch map remembers.
 const COMMITS_KEPT: usize = 256;
+/// Most bytes of frames the backlog keeps for senders still to send them (`Pin`), when that
+/// is more than `repl_backlog_size`; past it the oldest go, and a sender behind them loses
+/// its place (its replica takes a full copy). Redis's hard limit for a replica's output
+/// buffer has the same default.
+pub const PINNED_MAX: usize = 256 << 20;
 
 /// One batch as the stream carries it.
 #[derive(Debug, Clone)]
@@ -77,6 +88,35 @@ struct Backlog {
     /// replica of that primary at exactly that offset holds what this server held at its
     /// promotion, and may continue here without a full copy.
     previous: Option<(String, u64)>,
+    /// Senders' positions (pin id, stream offset): frames past them are kept up to
+    /// `pinned_max` bytes.
+    pins: Vec<(u64, u64)>,
+    next_pin: u64,
+    pinned_max: usize,
+}
+
+/// A sender's place in the stream: while it lives, the backlog keeps the frames after its
+/// offset (up to `PINNED_MAX` bytes in all).
+#[derive(Debug)]
+pub struct Pin<'a> {
+    hub: &'a Hub,
+    id: u64,
+}
+
+impl Pin<'_> {
+    /// The sender has sent everything up to `offset`.
+    pub fn advance(&self, offset: u64) {
+        let mut b = lock(&self.hub.backlog);
+        if let Some(p) = b.pins.iter_mut().find(|p| p.0 == self.id) {
+            p.1 = p.1.max(offset);
+        }
+    }
+}
+
+impl Drop for Pin<'_> {
+    fn drop(&mut self) {
+        lock(&self.hub.backlog).pins.retain(|p| p.0 != self.id);
+    }
 }
 
 /// Why frames could not be served from a position.
@@ -123,6 +163,9 @@ impl Hub {
                 first_offset: 0,
                 active: false,
                 previous: None,
+                pins: Vec::new(),
+                next_pin: 0,
+                pinned_max: PINNED_MAX.max(cap.min(usize::MAX as u64) as usize),
             }),
             grew: Condvar::new(),
             commits: Mutex::new(commits),
@@ -224,7 +267,13 @@ impl Hub {
             let end = b.offset;
             b.frames.push_back(Frame { seq, end, data });
             grew = true;
-            while b.bytes > b.cap && b.frames.len() > 1 {
+            // A sender's position holds what it has still to send, within `pinned_max`.
+            let held = b.pins.iter().map(|p| p.1).min();
+            while b.bytes > b.cap
+                && b.frames.len() > 1
+                && (b.bytes > b.pinned_max
+                    || held.is_none_or(|h| b.frames.front().is_some_and(|f| f.end <= h)))
+            {
                 if let Some(f) = b.frames.pop_front() {
                     b.bytes -= f.data.len();
                     b.first_seq = f.seq;
@@ -275,11 +324,41 @@ impl Hub {
         lock(&self.backlog).last_seq
     }
 
-    /// Bytes of the stream released past `offset`, and the backlog's size: how much of the
-    /// backlog a replica that continues from `offset` has used up while it takes its copy.
+    /// Bytes of the stream released past `offset`, and what the backlog keeps for a pinned
+    /// sender: how much of it a replica that continues from `offset` has used up while it
+    /// takes its copy.
     pub fn used_since(&self, offset: u64) -> (u64, u64) {
         let b = lock(&self.backlog);
-        (b.offset.saturating_sub(offset), b.cap as u64)
+        (b.offset.saturating_sub(offset), b.pinned_max as u64)
+    }
+
+    /// Pins the stream at `offset` for a sender (see `Pin`); None if the backlog no longer
+    /// holds that position (it is checked and pinned under one lock, so nothing goes between).
+    pub fn pin(&self, offset: u64) -> Option<Pin<'_>> {
+        let mut b = lock(&self.backlog);
+        if offset < b.first_offset || offset > b.offset {
+            return None;
+        }
+        let id = b.next_pin;
+        b.next_pin += 1;
+        b.pins.push((id, offset));
+        Some(Pin { hub: self, id })
+    }
+
+    /// Pins the oldest position the backlog holds (a full copy's sender, before it knows its
+    /// snapshot's position: `Pin::advance` moves it there).
+    pub fn pin_oldest(&self) -> Pin<'_> {
+        let mut b = lock(&self.backlog);
+        let id = b.next_pin;
+        b.next_pin += 1;
+        let at = b.first_offset;
+        b.pins.push((id, at));
+        Pin { hub: self, id }
+    }
+
+    #[cfg(test)]
+    fn set_pinned_max(&self, n: usize) {
+        lock(&self.backlog).pinned_max = n;
     }
 
     /// (first offset held, bytes held), for INFO.
@@ -509,6 +588,54 @@ mod tests {
         assert_eq!(hub.offset_of_seq(8), Err(Gone::NotHeld));
         let f = hub.frames_after(30, 1 << 20, Duration::ZERO).expect("held");
         assert_eq!(f.iter().map(|f| f.seq).collect::<Vec<_>>(), vec![10, 11]);
+    }
+
+    #[test]
+    fn a_pinned_position_keeps_its_frames_past_the_cap_up_to_the_pinned_limit() {
+        let hub = Hub::new("a".repeat(40), 40, 0, 1);
+        hub.set_pinned_max(100);
+        hub.activate();
+        hub.release(&mut vec![tap(1, 1, 10)]);
+        // A full copy's snapshot ends after batch 1 (offset 15).
+        let pin = hub.pin(15).expect("held");
+        assert!(hub.pin(16).is_none(), "past the end");
+        for seq in 2..=5 {
+            hub.release(&mut vec![tap(seq, seq as u8, 10)]);
+        }
+        // 75 bytes > the 40-byte cap, but the copy's sender still needs batches 2..5.
+        let f = hub
+            .frames_after(15, 1 << 20, Duration::ZERO)
+            .expect("pinned");
+        assert_eq!(
+            f.iter().map(|f| f.seq).collect::<Vec<_>>(),
+            vec![2, 3, 4, 5]
+        );
+        // What is before the pin goes as usual.
+        assert_eq!(hub.offset_of_seq(0), Err(Gone::NotHeld));
+        // The sender moves on: what it sent may go.
+        pin.advance(45);
+        hub.release(&mut vec![tap(6, 6, 10)]);
+        assert_eq!(
+            hub.frames_after(15, 1 << 20, Duration::ZERO).err(),
+            Some(Gone::NotHeld)
+        );
+        let f = hub
+            .frames_after(45, 1 << 20, Duration::ZERO)
+            .expect("pinned");
+        assert_eq!(f.iter().map(|f| f.seq).collect::<Vec<_>>(), vec![4, 5, 6]);
+        // Past the pinned limit the oldest go even so: the sender loses its place.
+        for seq in 7..=14 {
+            hub.release(&mut vec![tap(seq, seq as u8, 10)]);
+        }
+        assert_eq!(
+            hub.frames_after(45, 1 << 20, Duration::ZERO).err(),
+            Some(Gone::NotHeld)
+        );
+        // Unpinned, the backlog is back to its cap.
+        drop(pin);
+        hub.release(&mut vec![tap(15, 15, 10)]);
+        let (first, held) = hub.backlog_span();
+        assert!(held <= 40, "{held} bytes held from {first}");
     }
 
     #[test]

@@ -16,10 +16,15 @@
 //! after each applied group and each heartbeat.
 //!
 //! Memory: a sender holds the frames it is writing (shared with the backlog) and one chunk of
-//! the full copy; a replica too slow for the backlog loses its place and takes a full copy. A
-//! replica hands a full copy's chunks to its writer as they arrive, over a channel of
-//! `COPY_QUEUE` chunks, which writes them into one transaction (`engine::writer::replica`);
-//! it applies at most `APPLY_MAX` bytes of batches per write.
+//! the full copy. Its position pins the backlog (`engine::repl::Pin`): the frames it has still
+//! to send, from its copy's snapshot on, stay past the backlog's size up to `PINNED_MAX`
+//! bytes in all (Redis's replica output buffer limit), so a copy that outlasts the backlog
+//! is not taken again; a replica further behind than that loses its place and takes a full
+//! copy. A replica that hangs up releases its pin at once (its acknowledgements' reader sees
+//! the end). A replica hands a full copy's chunks to
+//! its writer as they arrive, over a channel of `COPY_QUEUE` chunks, which writes them into
+//! one transaction (`engine::writer::replica`); it applies at most `APPLY_MAX` bytes of
+//! batches per write.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
@@ -33,7 +38,7 @@ use mio::{Events, Poll, Token, Waker};
 use super::Shared;
 use super::worker::{Reply, Tag};
 use crate::command::{CopyChunk, CopySource, Outcome, ReplInstall, Replicated, WriteOp};
-use crate::engine::repl::{FRAME_HEADER, Gone, Hub, stored_position};
+use crate::engine::repl::{FRAME_HEADER, Gone, Hub, Pin, stored_position};
 use crate::engine::writer::{Gate, Mailbox, Submission, WriteRequest};
 use crate::storage::wal::LogBuf;
 
@@ -63,6 +68,9 @@ pub struct Peer {
     pub state: Mutex<&'static str>,
     pub ack: AtomicU64,
     pub ack_at: Mutex<Instant>,
+    /// The replica's side of the connection ended (its acknowledgements' reader saw it): the
+    /// sender stops, and its pin on the backlog goes with it.
+    pub gone: std::sync::atomic::AtomicBool,
 }
 
 /// A replica's link to its primary.
@@ -424,6 +432,7 @@ pub fn serve_replica(
                 state: Mutex::new("wait_bgsave"),
                 ack: AtomicU64::new(0),
                 ack_at: Mutex::new(Instant::now()),
+                gone: std::sync::atomic::AtomicBool::new(false),
             });
             lock(&shared.repl.peers).push(peer.clone());
             match send(&shared, stream, &replid, offset, &peer) {
@@ -475,8 +484,11 @@ fn stream_to(
 ) -> io::Result<()> {
     hub.activate();
     let mut out = io::BufWriter::with_capacity(64 << 10, stream);
-    let from = if offset > 0 && hub.can_continue(replid, offset as u64 - 1) && !hub.is_replica() {
-        let from = offset as u64 - 1;
+    let continued = (offset > 0 && !hub.is_replica())
+        .then(|| offset as u64 - 1)
+        .filter(|&from| hub.can_continue(replid, from))
+        .and_then(|from| hub.pin(from).map(|pin| (from, pin)));
+    let (from, pin) = if let Some((from, pin)) = continued {
         let (id, _) = hub.position();
         write!(out, "+CONTINUE {id}\r\n")?;
         shared.repl.sync_partial_ok.fetch_add(1, Ordering::Relaxed);
@@ -484,7 +496,7 @@ fn stream_to(
             "replica {}:{} continues from offset {from}",
             peer.ip, peer.port
         );
-        from
+        (from, pin)
     } else {
         if hub.is_replica() {
             return Err(io::Error::other("this server is a replica itself"));
@@ -500,6 +512,9 @@ fn stream_to(
         if shared.shutdown.load(Ordering::Acquire) || hub.is_replica() {
             return Ok(());
         }
+        if peer.gone.load(Ordering::Acquire) {
+            return Err(io::Error::other("the replica closed the connection"));
+        }
         let frames = hub
             .frames_after(at, APPLY_MAX, Duration::from_millis(200))
             .map_err(|Gone::NotHeld| io::Error::other("fell behind the backlog"))?;
@@ -509,6 +524,7 @@ fn stream_to(
         }
         if !frames.is_empty() {
             out.flush()?;
+            pin.advance(at);
             last_sent = Instant::now();
         } else if last_sent.elapsed() >= HEARTBEAT {
             out.write_all(&[b'P', 0, 0, 0, 0])?;
@@ -526,7 +542,10 @@ fn read_acks(stream: TcpStream, peer: &Peer) {
     loop {
         line.clear();
         match r.read_line(&mut line) {
-            Ok(0) | Err(_) => return,
+            Ok(0) | Err(_) => {
+                peer.gone.store(true, Ordering::Release);
+                return;
+            }
             Ok(_) => {}
         }
         let t = line.trim_end();
@@ -542,9 +561,9 @@ fn read_acks(stream: TcpStream, peer: &Peer) {
 /// it takes at most a third of the time of the CPU and the disk it uses, on both ends (the
 /// replica writes as it receives), so a primary sharing them with the copy's work, or with
 /// its replica, keeps more of its throughput. Never so long that the copy goes slower than
-/// `COPY_FLOOR`, and not once a quarter of the backlog is used up since the snapshot (the
-/// replica continues from the snapshot's position: a copy outlasting the backlog is taken
-/// again from the start).
+/// `COPY_FLOOR`, and not once a quarter of what the backlog keeps for a pinned sender is used
+/// up since the snapshot (the replica continues from the snapshot's position: a copy that
+/// outlasts that is taken again from the start).
 const COPY_YIELD: u32 = 2;
 /// Bytes a second of records under which a copy does not pause: 1 GB in about 16 s.
 const COPY_FLOOR: u64 = 64 << 20;
@@ -599,17 +618,22 @@ impl Pace {
     }
 }
 
-/// Sends `+FULLRESYNC` and a consistent copy of the store; returns the offset it is at.
-fn full_copy(
+/// Sends `+FULLRESYNC` and a consistent copy of the store; returns the offset it is at, pinned
+/// from the moment the snapshot was taken (the stream goes on from there however long the
+/// copy takes, within `PINNED_MAX`).
+fn full_copy<'h>(
     shared: &Arc<Shared>,
-    hub: &Hub,
+    hub: &'h Hub,
     out: &mut impl Write,
     peer: &Peer,
-) -> io::Result<u64> {
+) -> io::Result<(u64, Pin<'h>)> {
     let store = shared.store.clone();
     let started = Instant::now();
     let give_up = started + Duration::from_secs(30);
     // A snapshot whose last batch is known and whose position the backlog still has.
+    // Held from the oldest frame the backlog has now, so the snapshot's position, a little
+    // older than the log's end (LMDB commits lag it), stays in it however fast writes come.
+    let pin = hub.pin_oldest();
     let (txn, offset) = loop {
         if Instant::now() > give_up {
             return Err(io::Error::other("no snapshot with a known position"));
@@ -632,6 +656,7 @@ fn full_copy(
             }
         }
     };
+    pin.advance(offset);
     let (replid, _) = hub.position();
     write!(out, "+FULLRESYNC {replid} {offset}\r\n")?;
     *lock(&peer.state) = "send_bulk";
@@ -675,7 +700,7 @@ fn full_copy(
         peer.port,
         started.elapsed().as_millis()
     );
-    Ok(offset)
+    Ok((offset, pin))
 }
 
 // ---------------------------------------------------------------------------------------
