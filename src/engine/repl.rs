@@ -110,12 +110,46 @@ impl Pin<'_> {
         if let Some(p) = b.pins.iter_mut().find(|p| p.0 == self.id) {
             p.1 = p.1.max(offset);
         }
+        b.trim();
+    }
+
+    /// Whether the backlog has dropped frames this pin still needed (past `pinned_max`): the
+    /// sender can no longer continue from its place, and its replica must take a full copy.
+    pub fn lost(&self) -> bool {
+        let b = lock(&self.hub.backlog);
+        b.pins
+            .iter()
+            .find(|p| p.0 == self.id)
+            .is_none_or(|p| p.1 < b.first_offset)
     }
 }
 
 impl Drop for Pin<'_> {
     fn drop(&mut self) {
-        lock(&self.hub.backlog).pins.retain(|p| p.0 != self.id);
+        let mut b = lock(&self.hub.backlog);
+        b.pins.retain(|p| p.0 != self.id);
+        b.trim();
+    }
+}
+
+impl Backlog {
+    /// Drops the oldest frames past `cap` that no sender still needs, and past `pinned_max`
+    /// any (the newest frame always stays). A pin the backlog has already passed holds
+    /// nothing: its sender cannot continue anyway (`Pin::lost`).
+    fn trim(&mut self) {
+        let first = self.first_offset;
+        let held = self.pins.iter().map(|p| p.1).filter(|&o| o >= first).min();
+        while self.bytes > self.cap
+            && self.frames.len() > 1
+            && (self.bytes > self.pinned_max
+                || held.is_none_or(|h| self.frames.front().is_some_and(|f| f.end <= h)))
+        {
+            if let Some(f) = self.frames.pop_front() {
+                self.bytes -= f.data.len();
+                self.first_seq = f.seq;
+                self.first_offset = f.end;
+            }
+        }
     }
 }
 
@@ -267,19 +301,7 @@ impl Hub {
             let end = b.offset;
             b.frames.push_back(Frame { seq, end, data });
             grew = true;
-            // A sender's position holds what it has still to send, within `pinned_max`.
-            let held = b.pins.iter().map(|p| p.1).min();
-            while b.bytes > b.cap
-                && b.frames.len() > 1
-                && (b.bytes > b.pinned_max
-                    || held.is_none_or(|h| b.frames.front().is_some_and(|f| f.end <= h)))
-            {
-                if let Some(f) = b.frames.pop_front() {
-                    b.bytes -= f.data.len();
-                    b.first_seq = f.seq;
-                    b.first_offset = f.end;
-                }
-            }
+            b.trim();
         }
         drop(b);
         // Only senders wait, and only for frames (a system call saved per batch otherwise).
@@ -612,6 +634,7 @@ mod tests {
         );
         // What is before the pin goes as usual.
         assert_eq!(hub.offset_of_seq(0), Err(Gone::NotHeld));
+        assert!(!pin.lost());
         // The sender moves on: what it sent may go.
         pin.advance(45);
         hub.release(&mut vec![tap(6, 6, 10)]);
@@ -631,11 +654,24 @@ mod tests {
             hub.frames_after(45, 1 << 20, Duration::ZERO).err(),
             Some(Gone::NotHeld)
         );
-        // Unpinned, the backlog is back to its cap.
-        drop(pin);
+        assert!(pin.lost());
+        // A pin the backlog has passed holds nothing: the backlog is back to its cap while
+        // that sender still lives.
         hub.release(&mut vec![tap(15, 15, 10)]);
         let (first, held) = hub.backlog_span();
         assert!(held <= 40, "{held} bytes held from {first}");
+        drop(pin);
+        // A sender that goes releases what it held at once, without waiting for a write.
+        let (_, end) = hub.position();
+        let other = hub.pin(end).expect("held");
+        for seq in 16..=19 {
+            hub.release(&mut vec![tap(seq, seq as u8, 10)]);
+        }
+        assert!(!other.lost());
+        assert!(hub.backlog_span().1 > 40, "pinned frames kept past the cap");
+        drop(other);
+        let (first, held) = hub.backlog_span();
+        assert!(held <= 40, "{held} bytes held from {first} after the pin went");
     }
 
     #[test]

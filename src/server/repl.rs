@@ -687,6 +687,15 @@ fn full_copy<'h>(
             if buf.payload_len() >= CHUNK {
                 pace.sent(buf.payload_len());
                 flush(&mut buf, out)?;
+                if pin.lost() {
+                    // The writes since the snapshot passed what the backlog keeps: the
+                    // replica could not continue from it. Stop now rather than finish a copy
+                    // that must be taken again (Redis drops such a replica at its output
+                    // buffer's hard limit too).
+                    return Err(io::Error::other(
+                        "the backlog no longer holds the copy's position (too many writes during the copy)",
+                    ));
+                }
                 pace.maybe_pause(hub);
             }
         }
