@@ -671,7 +671,10 @@ mod tests {
         assert!(hub.backlog_span().1 > 40, "pinned frames kept past the cap");
         drop(other);
         let (first, held) = hub.backlog_span();
-        assert!(held <= 40, "{held} bytes held from {first} after the pin went");
+        assert!(
+            held <= 40,
+            "{held} bytes held from {first} after the pin went"
+        );
     }
 
     #[test]
