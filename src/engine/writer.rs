@@ -1866,18 +1866,19 @@ const LEAD_TRIES: usize = 8;
 const LEAD_SPIN: Duration = Duration::from_micros(30);
 
 /// Writes a leader leaves to the writer thread: they clear the store (readers may see that
-/// only once LMDB has it, and only the writer thread commits), block, or replicate, or are a
-/// transaction with such a step. Collection writes are led like string writes: readers see
-/// them through the overlay (`overlay.rs`). A script is led too; one that runs long or
-/// publishes fails its batch with `command::MOVED`, which comes back `Requeue` (see
-/// `scripting`), and is not led again. (A batch the overlay cannot take, near a full map,
-/// comes back `Held`: its replies wait for the writer thread's LMDB commit.)
+/// only once LMDB has it, and only the writer thread commits) or replicate, or are a
+/// transaction with such a step. A blocking pop is led like any write: whoever holds the
+/// writer's lock is "the writer" of `blocking.rs` (it pops, or queues the waiter, in its
+/// serialised pass; a push led later serves it); handing every BRPOP to the writer thread cost
+/// a queue consumer two thread hops per message (`--sync never`, one producer and one
+/// consumer: 9-12k messages/s led by the writer thread, 26-37k led). Collection writes are
+/// led like string writes: readers see them through the overlay (`overlay.rs`). A script is
+/// led too; one that runs long or publishes fails its batch with `command::MOVED`, which comes
+/// back `Requeue` (see `scripting`), and is not led again. (A batch the overlay cannot take,
+/// near a full map, comes back `Held`: its replies wait for the writer thread's LMDB commit.)
 fn for_writer_thread(op: &WriteOp) -> bool {
     match op {
-        WriteOp::FlushAll { .. }
-        | WriteOp::Block { .. }
-        | WriteOp::Replicate(_)
-        | WriteOp::ReplInstall(_) => true,
+        WriteOp::FlushAll { .. } | WriteOp::Replicate(_) | WriteOp::ReplInstall(_) => true,
         WriteOp::Script(x) => !x.run.leads(),
         WriteOp::Exec(x) => x.steps.iter().any(|s| match s {
             Step::Write(w) => for_writer_thread(w),
