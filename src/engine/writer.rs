@@ -1403,6 +1403,17 @@ impl<T: Send + Clone> Writer<T> {
                 }
             };
             let visible_now = changes.is_some();
+            if !visible_now && leader.is_some() && !waiters.journal.is_empty() {
+                // Held replies wait for the writer thread's LMDB commit, but a blocking pop
+                // this batch touched would be settled (and could be answered by a timeout)
+                // at once, ahead of its connection's earlier replies: the writer thread runs
+                // such a batch (it commits before it delivers). Nothing is logged yet.
+                self.poisoned = true;
+                log.reset();
+                self.log = Some(log);
+                waiters.rollback(&blocking);
+                return (Handled::Requeue, 0);
+            }
             if visible_now || leader.is_some() {
                 match self.wal.append(&mut log) {
                     Err(e) => {
@@ -1869,9 +1880,11 @@ const LEAD_SPIN: Duration = Duration::from_micros(30);
 /// only once LMDB has it, and only the writer thread commits) or replicate, or are a
 /// transaction with such a step. A blocking pop is led like any write: whoever holds the
 /// writer's lock is "the writer" of `blocking.rs` (it pops, or queues the waiter, in its
-/// serialised pass; a push led later serves it); handing every BRPOP to the writer thread cost
-/// a queue consumer two thread hops per message (`--sync never`, one producer and one
-/// consumer: 9-12k messages/s led by the writer thread, 26-37k led). Collection writes are
+/// serialised pass; while anyone waits, writes are not led, so the writer thread serves
+/// waiters); handing every BRPOP to the writer thread cost a queue consumer two thread hops
+/// per message (`--sync never`, one producer and one consumer: 9-12k messages/s led by the
+/// writer thread, 26-37k led). A led batch that touched a blocking pop and that the overlay
+/// cannot take goes back to the writer thread (`Writer::commit`). Collection writes are
 /// led like string writes: readers see them through the overlay (`overlay.rs`). A script is
 /// led too; one that runs long or publishes fails its batch with `command::MOVED`, which comes
 /// back `Requeue` (see `scripting`), and is not led again. (A batch the overlay cannot take,
