@@ -229,6 +229,9 @@ impl Hub {
         b.offset = offset;
         b.first_offset = offset;
         b.first_seq = b.last_seq;
+        // A sender still running (a full copy that began before this server was made a
+        // replica and promoted again) holds a place in the old stream: it has lost it.
+        b.pins.clear();
         drop(b);
         self.grew.notify_all();
     }
@@ -675,6 +678,12 @@ mod tests {
             held <= 40,
             "{held} bytes held from {first} after the pin went"
         );
+        // A new stream (a promotion) takes every sender's place in the old one.
+        let (_, end) = hub.position();
+        let old = hub.pin(end).expect("held");
+        assert!(!old.lost());
+        hub.restart_stream("b".repeat(40), end, None);
+        assert!(old.lost());
     }
 
     #[test]

@@ -515,6 +515,11 @@ fn stream_to(
         if peer.gone.load(Ordering::Acquire) {
             return Err(io::Error::other("the replica closed the connection"));
         }
+        if pin.lost() {
+            // The backlog dropped what this replica still needed, or a new stream began (this
+            // server was a replica in between): it must ask again.
+            return Err(io::Error::other("lost its place in the stream"));
+        }
         let frames = hub
             .frames_after(at, APPLY_MAX, Duration::from_millis(200))
             .map_err(|Gone::NotHeld| io::Error::other("fell behind the backlog"))?;
