@@ -279,9 +279,25 @@ fn values_evicted_from_memory_are_served_on_every_protocol() {
         waits > 0,
         "no read waited for a reader thread, so this test did not reach the path it tests"
     );
+    if io_uring_allowed() {
+        assert!(
+            stat(&s, "cold_reads_direct").expect("cold_reads_direct") > 0,
+            "no cold value was read bypassing the page cache (ext4 under /var/tmp takes O_DIRECT)"
+        );
+    }
     assert_eq!(stat(&s, "cold_read_errors"), Some(0));
     // Every value of the multi-get above counted once, however many rounds it took.
     assert_eq!(stat(&s, "get_hits"), Some(multi_hits + 20 + 20 + 20 + 80));
+}
+
+/// Whether the file system under the server's data dir takes `O_DIRECT` opens (tmpfs does not).
+fn direct_allowed(s: &Server) -> bool {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(s.data_dir().join("data.mdb"))
+        .is_ok()
 }
 
 /// Whether this kernel lets a process set up an io_uring (`server/uring.rs` falls back to the
@@ -300,6 +316,15 @@ fn pipelines_through_the_workers_rings_keep_request_order_and_see_their_own_writ
             stat(&s, "cold_reads_ring").expect("cold_reads_ring") > 0,
             "the workers' rings read none of the cold values"
         );
+        // The data dir is on a disk file system (ext4 under `target/` here): first reads of a
+        // record bypass the page cache, and the values above, read again and again, were
+        // also read through it; both kinds were checked byte for byte.
+        if direct_allowed(&s) {
+            assert!(
+                stat(&s, "cold_reads_direct").expect("cold_reads_direct") > 0,
+                "no cold read bypassed the page cache"
+            );
+        }
     }
 }
 

@@ -60,6 +60,8 @@ pub struct ColdStats {
     pub waits: AtomicU64,
     /// Of those, the ones whose records a worker's ring read (`uring.rs`).
     pub ring_waits: AtomicU64,
+    /// Of the records read on the rings, those read bypassing the page cache (`uring.rs`).
+    pub direct: AtomicU64,
     /// Records the readers read.
     pub records: AtomicU64,
     /// Bytes the readers read.
@@ -74,6 +76,8 @@ struct Inner {
     stop: AtomicBool,
     store: LmdbStore,
     file: File,
+    /// `file` opened with `O_DIRECT` (`open_direct`), for the rings.
+    direct: Option<File>,
     workers: Vec<Arc<WorkerHandle>>,
     stats: ColdStats,
     /// Bytes of records read and not yet answered (`Fetched` keeps this up to date).
@@ -93,10 +97,33 @@ impl ColdPool {
         File::open(data_dir.join("data.mdb"))
     }
 
+    /// The data file opened again with `O_DIRECT`, for the rings' first reads of a record
+    /// (`uring.rs`); None where the file system refuses it (tmpfs, some FUSE file systems) or
+    /// `MEMKEEP_COLD_DIRECT=0`: every read then goes through the page cache.
+    pub fn open_direct(data_dir: &Path) -> Option<File> {
+        use std::os::unix::fs::OpenOptionsExt;
+        if std::env::var_os("MEMKEEP_COLD_DIRECT").is_some_and(|v| v == "0") {
+            return None;
+        }
+        let path = data_dir.join("data.mdb");
+        match std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&path)
+        {
+            Ok(f) => Some(f),
+            Err(e) => {
+                debug!("{}: no O_DIRECT reads ({e})", path.display());
+                None
+            }
+        }
+    }
+
     /// Starts `threads` readers of `store`, whose data file is `file` (`open_file`).
     pub fn start(
         store: LmdbStore,
         file: File,
+        direct: Option<File>,
         threads: usize,
         workers: Vec<Arc<WorkerHandle>>,
     ) -> std::io::Result<ColdPool> {
@@ -113,6 +140,7 @@ impl ColdPool {
             stop: AtomicBool::new(false),
             store,
             file,
+            direct,
             workers,
             stats: ColdStats::default(),
             held: Arc::new(AtomicUsize::new(0)),
@@ -156,6 +184,11 @@ impl ColdPool {
     /// worker's ring.
     pub fn file(&self) -> std::io::Result<File> {
         self.inner.file.try_clone()
+    }
+
+    /// Another descriptor of the `O_DIRECT` data file, if there is one.
+    pub fn direct_file(&self) -> Option<File> {
+        self.inner.direct.as_ref().and_then(|f| f.try_clone().ok())
     }
 
     /// Stops the readers (queued jobs are dropped: their connections are closing too).

@@ -915,6 +915,7 @@ pub(super) fn stats(args: &[u8], out: &mut Vec<u8>, pass: &mut Pass<'_>) {
                 let c = pool.stats();
                 stat(out, "cold_reads", c.waits.load(Ordering::Relaxed));
                 stat(out, "cold_reads_ring", c.ring_waits.load(Ordering::Relaxed));
+                stat(out, "cold_reads_direct", c.direct.load(Ordering::Relaxed));
                 stat(out, "cold_read_bytes", c.bytes.load(Ordering::Relaxed));
                 stat(out, "cold_read_errors", c.errors.load(Ordering::Relaxed));
             }

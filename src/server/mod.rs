@@ -342,6 +342,10 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
             ))
         })?),
     };
+    let cold_direct = match cold_file {
+        Some(_) => cold::ColdPool::open_direct(&config.data_dir),
+        None => None,
+    };
     if let Some(user) = &config.user {
         drop_privileges(user)?;
     }
@@ -408,6 +412,7 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
             cold::ColdPool::start(
                 durable.store.clone(),
                 file,
+                cold_direct,
                 config.io_threads,
                 handles.clone(),
             )

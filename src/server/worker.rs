@@ -281,7 +281,7 @@ impl Worker {
         }
         let ring = pool
             .file()
-            .and_then(|f| ColdRing::new(f, pool.held()))
+            .and_then(|f| ColdRing::new(f, pool.direct_file(), pool.held()))
             .and_then(|r| {
                 self.poll.registry().register(
                     &mut mio::unix::SourceFd(&r.fd()),

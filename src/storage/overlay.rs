@@ -629,7 +629,7 @@ impl<'s> Snap<'s> {
             return Ok(Found::Missing);
         }
         if let Some(f) = self.fetched.iter().find(|f| *f.key == *key) {
-            return item::decode(&f.record).map(Found::Item);
+            return item::decode(f.record()).map(Found::Item);
         }
         let Some(bytes) = self.record(key)? else {
             return Ok(Found::Missing);

@@ -51,26 +51,59 @@ pub struct MapSpan {
 /// A record a reader thread read from `data.mdb` for a connection, held until the request
 /// that asked for it runs again (see `server/cold.rs`). What it holds counts against a shared
 /// budget (`held`) until it is dropped.
+///
+/// The record is `buf[start..start + len]`: a read that bypasses the page cache (`O_DIRECT`,
+/// `server/uring.rs`) reads whole blocks into an aligned span of `buf`, of which the record is
+/// a part.
 pub struct Fetched {
     pub key: Box<[u8]>,
-    pub record: Box<[u8]>,
+    buf: Box<[u8]>,
+    start: usize,
+    len: usize,
     held: Arc<AtomicUsize>,
 }
 
 impl Fetched {
+    /// `record` is the record, whole.
     pub fn new(key: &[u8], record: Box<[u8]>, held: Arc<AtomicUsize>) -> Fetched {
-        held.fetch_add(record.len(), Ordering::Relaxed);
+        let len = record.len();
+        Fetched::within(key, record, 0, len, held)
+    }
+
+    /// The record is `buf[start..start + len]` (clamped to `buf`).
+    pub fn within(
+        key: &[u8],
+        buf: Box<[u8]>,
+        start: usize,
+        len: usize,
+        held: Arc<AtomicUsize>,
+    ) -> Fetched {
+        held.fetch_add(buf.len(), Ordering::Relaxed);
+        let start = start.min(buf.len());
+        let len = len.min(buf.len() - start);
         Fetched {
             key: key.into(),
-            record,
+            buf,
+            start,
+            len,
             held,
         }
+    }
+
+    /// The record's bytes.
+    pub fn record(&self) -> &[u8] {
+        &self.buf[self.start..self.start + self.len]
+    }
+
+    /// The whole buffer, for the kernel to fill (the record is a span of it).
+    pub fn buf_mut(&mut self) -> &mut [u8] {
+        &mut self.buf
     }
 }
 
 impl Drop for Fetched {
     fn drop(&mut self) {
-        self.held.fetch_sub(self.record.len(), Ordering::Relaxed);
+        self.held.fetch_sub(self.buf.len(), Ordering::Relaxed);
     }
 }
 
