@@ -208,7 +208,7 @@ impl ColdRing {
                     let lead = (c.offset - from) as usize;
                     let span = (lead + c.len).div_ceil(ALIGN) * ALIGN;
                     let buf = vec![0u8; span + ALIGN].into_boxed_slice();
-                    let pad = buf.as_ptr().align_offset(ALIGN);
+                    let pad = (ALIGN - buf.as_ptr() as usize % ALIGN) % ALIGN;
                     let record = Fetched::within(&c.key, buf, pad + lead, c.len, self.held.clone());
                     (fd, record, from, lead + c.len, span, pad)
                 }
@@ -304,6 +304,12 @@ impl ColdRing {
                 // Failed or short (the record is inside the file, so short means the file
                 // changed under us): the request's own lookup reads it in time.
                 debug!("io_uring read of {want} bytes: result {res}");
+                if read.direct && res == -libc::EINVAL && self.direct.take().is_some() {
+                    // The file system or device wants another alignment: buffered reads only.
+                    warn!(
+                        "direct reads of data.mdb refused (EINVAL): reading through the page cache"
+                    );
+                }
                 stats.errors.fetch_add(1, Ordering::Relaxed);
                 None
             };
