@@ -46,6 +46,9 @@ pub struct Config {
     /// Reader threads that bring values not in memory in from disk, so event loops never
     /// wait on it; 0 reads them in the event loop.
     pub io_threads: usize,
+    /// Microseconds an idle worker keeps polling its sockets before it sleeps (in `never` and
+    /// `periodic`; one worker at a time); 0 never.
+    pub spin_us: u64,
     /// Largest value accepted, in bytes (suffixes k, m, g in the file and on the command line).
     #[serde(deserialize_with = "de_size")]
     pub max_item_size: u64,
@@ -157,6 +160,7 @@ impl Default for Config {
             max_connections: 1024,
             threads: 0,
             io_threads: 16,
+            spin_us: 50,
             max_item_size: 1024 * 1024,
             proto_max_bulk_len: 512 << 20,
             lua_time_limit: 5000,
@@ -222,6 +226,9 @@ pub struct Cli {
     /// Reader threads for values not in memory (0 = event loops read them) [default: 16]
     #[arg(long)]
     pub io_threads: Option<usize>,
+    /// Microseconds an idle worker polls before sleeping, in never/periodic (0 = off) [default: 50]
+    #[arg(long)]
+    pub spin_us: Option<u64>,
     /// Maximum item size, e.g. 1m, 512k [default: 1m]
     #[arg(short = 'I', long, value_parser = parse_size)]
     pub max_item_size: Option<u64>,
@@ -526,6 +533,7 @@ impl Config {
             max_connections,
             threads,
             io_threads,
+            spin_us,
             max_item_size,
             proto_max_bulk_len,
             lua_time_limit,
@@ -653,6 +661,9 @@ impl Config {
         if self.io_threads > 256 {
             return err("io_threads must be at most 256");
         }
+        if self.spin_us > 1000 {
+            return err("spin_us must be at most 1000");
+        }
         if self.max_disk != 0 && self.max_disk < 1 << 20 {
             return err("max_disk must be at least 1m (or 0 for no cap)");
         }
@@ -751,6 +762,7 @@ mod tests {
             "max_connections",
             "threads",
             "io_threads",
+            "spin_us",
             "max_item_size",
             "proto_max_bulk_len",
             "lua_time_limit",
@@ -839,5 +851,9 @@ mod tests {
         assert!(Config::from_cli(&cli).is_err());
         let cli = Cli::parse_from(["memkeep", "-p", "7000", "--resp-port", "7000"]);
         assert!(Config::from_cli(&cli).is_err());
+        let cli = Cli::parse_from(["memkeep", "--spin-us", "1001"]);
+        assert!(Config::from_cli(&cli).is_err());
+        let cli = Cli::parse_from(["memkeep", "--spin-us", "0"]);
+        assert_eq!(Config::from_cli(&cli).map(|c| c.spin_us).ok(), Some(0));
     }
 }
