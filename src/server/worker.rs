@@ -465,6 +465,8 @@ impl Worker {
                 self.kick_idle(idle);
             }
         }
+        // This worker spins no more: it no longer counts as awake (`spin_poll`).
+        AWAKE.fetch_sub(1, Ordering::Relaxed);
         for conn in self.conns.drain() {
             if let Some(info) = &conn.resp.info {
                 self.shared.clients.remove(info.id);
