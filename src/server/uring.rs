@@ -106,6 +106,9 @@ pub struct ColdRing {
     /// The same file opened with `O_DIRECT`, where the file system allows it: first reads of
     /// a record go to the disk without passing through the page cache (`Seen`).
     direct: Option<File>,
+    /// Direct reads were refused (EINVAL): every read is buffered from then on. `direct` stays
+    /// open: reads queued on it may still be in the ring, and its number must not be reused.
+    direct_off: bool,
     seen: Seen,
     reads: Slab<Read>,
     /// Distinct transactions the reads in flight keep open.
@@ -145,6 +148,7 @@ impl ColdRing {
             ring,
             file,
             direct,
+            direct_off: false,
             seen: Seen::new(),
             reads: Slab::with_capacity(ENTRIES as usize),
             txns: Vec::new(),
@@ -198,7 +202,7 @@ impl ColdRing {
             }
             // A record read from the disk for the first time (lately) bypasses the page cache.
             let direct = match &self.direct {
-                Some(f) if !self.seen.again(c.offset) => Some(f.as_raw_fd()),
+                Some(f) if !self.direct_off && !self.seen.again(c.offset) => Some(f.as_raw_fd()),
                 _ => None,
             };
             let (fd, mut record, at, need, span, pad) = match direct {
@@ -304,7 +308,8 @@ impl ColdRing {
                 // Failed or short (the record is inside the file, so short means the file
                 // changed under us): the request's own lookup reads it in time.
                 debug!("io_uring read of {want} bytes: result {res}");
-                if read.direct && res == -libc::EINVAL && self.direct.take().is_some() {
+                if read.direct && res == -libc::EINVAL && !self.direct_off {
+                    self.direct_off = true;
                     // The file system or device wants another alignment: buffered reads only.
                     warn!(
                         "direct reads of data.mdb refused (EINVAL): reading through the page cache"
