@@ -682,7 +682,18 @@ impl State {
         if rc != 0 {
             return Err(errno(io::Error::last_os_error()));
         }
-        let moved = |p: &Path, a: &Path, b: &Path| p.strip_prefix(a).ok().map(|rest| b.join(rest));
+        // The renamed entry itself, or something below it. (`b.join("")` would be `b/`, which
+        // names no file: every later call on the renamed file failed with ENOTDIR, so memkeep
+        // on cutfs could never reuse a spare log segment.)
+        let moved = |p: &Path, a: &Path, b: &Path| {
+            p.strip_prefix(a).ok().map(|rest| {
+                if rest.as_os_str().is_empty() {
+                    b.to_path_buf()
+                } else {
+                    b.join(rest)
+                }
+            })
+        };
         for p in self.paths.values_mut() {
             if let Some(n) = moved(p, &from, &to) {
                 *p = n;
