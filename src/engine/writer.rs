@@ -742,10 +742,14 @@ impl<T: Send + Clone> Writer<T> {
         let Durable {
             store,
             persisted,
-            wal,
+            mut wal,
             checkpointer,
             ..
         } = durable;
+        // Outside `always`, appends are copies into a mapping of the segment (`wal::Mapping`);
+        // `MEMKEEP_LOG_MAP=0` turns that off, for A/B runs.
+        let map_off = std::env::var_os("MEMKEEP_LOG_MAP").is_some_and(|v| v == "0");
+        wal.set_mapped(cfg.sync != SyncMode::Always && !map_off);
         flush_at.store(persisted.flush_at.unwrap_or(0), Ordering::Release);
         let checkpoint_pgno = store.env().info().last_page_number as u64;
         let page_size = store.env().stat().page_size as u64;

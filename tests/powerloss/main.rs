@@ -357,6 +357,18 @@ struct Outcome {
     /// An in-fsync cut that found no fsync and cut as random-subset instead.
     fell_back: bool,
     early_refusals: Vec<String>,
+    /// memkeep had its log segment mapped at the cut (`never` and `periodic` append through
+    /// a shared mapping of a recycled segment: `wal::Mapping`).
+    log_mapped: bool,
+}
+
+/// Whether process `pid` has a log segment mapped (in `/proc/PID/maps`).
+fn log_mapped(pid: Option<u32>) -> bool {
+    pid.and_then(|p| std::fs::read_to_string(format!("/proc/{p}/maps")).ok())
+        .is_some_and(|m| {
+            m.lines()
+                .any(|l| l.contains("/wal-") && l.ends_with(".log"))
+        })
 }
 
 /// Judges the reads of every key through both protocols.
@@ -402,7 +414,13 @@ fn judge_all(
     wrong
 }
 
-fn run_cut(mode: Mode, kind: Kind, seed: u64, label: &str) -> Outcome {
+/// How long a cut that waits for the log to be mapped waits at most (the first recycled
+/// segment comes at the third checkpoint or so, one a second).
+const MAPPED_WAIT: Duration = Duration::from_secs(8);
+
+/// `wait_mapped`: the cut's random delay starts only once memkeep appends through a mapped
+/// segment (or `MAPPED_WAIT` passed), so that path meets cuts too.
+fn run_cut(mode: Mode, kind: Kind, seed: u64, label: &str, wait_mapped: bool) -> Outcome {
     let mut rng = Rng(seed);
     let mut rig = Rig::new();
     rig.mount();
@@ -423,10 +441,17 @@ fn run_cut(mode: Mode, kind: Kind, seed: u64, label: &str) -> Outcome {
     let started = Instant::now();
     let mut cut_at = None;
     let mut fired = true;
+    let mut mapped = false;
     let clock = rig.mounted().cut_clock();
     let mnt = rig.mnt.clone();
     let (histories, early) = load_until(addr, resp_addr, &mnt, &mut rng, clock, || {
+        let pid = rig.server.as_ref().and_then(|s| s.pid());
+        let deadline = Instant::now() + MAPPED_WAIT;
+        while wait_mapped && !log_mapped(pid) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
         std::thread::sleep(cut_after);
+        mapped = log_mapped(pid);
         let (at, f) = rig.cut(kind, cut_seed);
         (cut_at, fired) = (Some(at), f);
         if let Some(s) = rig.server.as_mut() {
@@ -440,6 +465,7 @@ fn run_cut(mode: Mode, kind: Kind, seed: u64, label: &str) -> Outcome {
     let mut out = Outcome {
         fell_back: !fired,
         early_refusals: early,
+        log_mapped: mapped,
         ..Outcome::default()
     };
     let server = rig.server.as_mut().expect("server");
@@ -521,6 +547,8 @@ struct Row {
     wrong_values: usize,
     oldest_lost: Option<Duration>,
     fell_back: usize,
+    /// Cuts made while the log was appended through a mapping.
+    log_mapped: usize,
 }
 
 fn notes(r: &Row) -> String {
@@ -544,13 +572,13 @@ fn notes(r: &Row) -> String {
 
 fn table(rows: &BTreeMap<(Mode, Kind), Row>) -> String {
     let mut t = format!(
-        "{:<9} {:<14} {:>5} {:>9} {:>7} {:>8} {:>15}  notes\n",
-        "mode", "cut", "cuts", "acked", "lost", "damaged", "oldest lost ms"
+        "{:<9} {:<14} {:>5} {:>9} {:>7} {:>8} {:>15} {:>10}  notes\n",
+        "mode", "cut", "cuts", "acked", "lost", "damaged", "oldest lost ms", "log mapped"
     );
     for ((mode, kind), r) in rows {
         let _ = writeln!(
             t,
-            "{:<9} {:<14} {:>5} {:>9} {:>7} {:>8} {:>15}  {}",
+            "{:<9} {:<14} {:>5} {:>9} {:>7} {:>8} {:>15} {:>10}  {}",
             mode.name(),
             kind.name(),
             r.cuts,
@@ -559,6 +587,7 @@ fn table(rows: &BTreeMap<(Mode, Kind), Row>) -> String {
             r.damaged,
             r.oldest_lost
                 .map_or("-".to_string(), |a| a.as_millis().to_string()),
+            r.log_mapped,
             notes(r)
         );
     }
@@ -590,12 +619,15 @@ fn power_cuts_never_damage_a_store_and_always_mode_loses_nothing_acknowledged() 
                 kind.name(),
                 i / Kind::ALL.len() + 1
             );
-            let out = run_cut(mode, kind, seeds.next(), &label);
+            // Every second cut in `never` and `periodic` comes while the log is mapped.
+            let wait_mapped = mode != Mode::Always && (i / Kind::ALL.len()) % 2 == 1;
+            let out = run_cut(mode, kind, seeds.next(), &label, wait_mapped);
             let row = rows.entry((mode, kind)).or_default();
             row.cuts += 1;
             row.acked += out.acked;
             row.lost += out.lost;
             row.fell_back += out.fell_back as usize;
+            row.log_mapped += out.log_mapped as usize;
             if let Some(age) = out.oldest_lost {
                 row.oldest_lost = Some(row.oldest_lost.map_or(age, |a| a.max(age)));
             }
@@ -627,6 +659,19 @@ fn power_cuts_never_damage_a_store_and_always_mode_loses_nothing_acknowledged() 
                     window.as_millis()
                 ));
             }
+        }
+    }
+    for &mode in &modes {
+        let mapped: usize = rows
+            .iter()
+            .filter(|((m, _), _)| *m == mode)
+            .map(|(_, r)| r.log_mapped)
+            .sum();
+        if mode != Mode::Always && cuts > Kind::ALL.len() && mapped == 0 {
+            failures.push(format!(
+                "{}: no cut came while the log was mapped, so appends through a mapped segment went untested",
+                mode.name()
+            ));
         }
     }
     println!(
@@ -908,6 +953,28 @@ fn cutfs_size_changes_follow_the_sync_model() {
     let mut want = vec![b'c'; 8192];
     want.resize(12_288, 0);
     assert_eq!(std::fs::read(&h).expect("read h"), want);
+}
+
+/// cutfs itself: a renamed file can still be opened, stat'ed, written and synced by its new
+/// name (memkeep renames spare log segments into place and writes them at once).
+#[test]
+fn cutfs_files_stay_usable_after_a_rename() {
+    let Some(mut rig) = cutfs_rig("cutfs_files_stay_usable_after_a_rename") else {
+        return;
+    };
+    let (a, b) = (rig.mnt.join("a"), rig.mnt.join("b"));
+    std::fs::write(&a, b"before").expect("write a");
+    std::fs::rename(&a, &b).expect("rename a to b");
+    let file = open_rw(&b, 0);
+    use std::os::unix::fs::FileExt;
+    file.write_all_at(b"after!", 0).expect("write b");
+    file.sync_data().expect("fdatasync b");
+    file.set_len(6).expect("ftruncate b");
+    assert_eq!(std::fs::metadata(&b).expect("stat b").len(), 6);
+    drop(file);
+    rig.mounted().cut(Cut::DropAll);
+    reboot(&mut rig);
+    assert_eq!(std::fs::read(&b).expect("read b"), b"after!");
 }
 
 /// A shared mapping, unmapped on drop (before the mount goes, even when a check fails).
