@@ -46,7 +46,7 @@ use crate::storage::cache::{Cache, CacheStats};
 use crate::storage::durable::{Checkpointer, Durable};
 use crate::storage::lmdb::{LmdbStore, LmdbWrite, LogTxn, OpenTxn};
 use crate::storage::overlay::{self, Dirty, Map};
-use crate::storage::wal::{LogBuf, Wal};
+use crate::storage::wal::{EndSync, LogBuf, Wal};
 use crate::storage::watch::{Touched, Watches};
 use crate::types::CollOp;
 use crate::types::set::SetOp;
@@ -750,6 +750,15 @@ impl<T: Send + Clone> Writer<T> {
         // `MEMKEEP_LOG_MAP=0` turns that off, for A/B runs.
         let map_off = std::env::var_os("MEMKEEP_LOG_MAP").is_some_and(|v| v == "0");
         wal.set_mapped(cfg.sync != SyncMode::Always && !map_off);
+        // What ending a segment at a checkpoint syncs (`wal::EndSync`);
+        // `MEMKEEP_LOG_END_SYNC=now` makes every mode sync it at once, for A/B runs.
+        let end_now = std::env::var_os("MEMKEEP_LOG_END_SYNC").is_some_and(|v| v == "now");
+        wal.set_end_sync(match cfg.sync {
+            _ if end_now => EndSync::Now,
+            SyncMode::Always => EndSync::Now,
+            SyncMode::Periodic => EndSync::Later,
+            SyncMode::Never => EndSync::Never,
+        });
         flush_at.store(persisted.flush_at.unwrap_or(0), Ordering::Release);
         let checkpoint_pgno = store.env().info().last_page_number as u64;
         let page_size = store.env().stat().page_size as u64;
