@@ -962,6 +962,12 @@ impl<T: Send + Clone> Writer<T> {
         self.last_checkpoint = Instant::now();
         self.checkpoint_pgno = pgno;
         debug!("checkpoint begins at batch {}", self.wal.last_seq());
+        self.wal.drop_covered(
+            self.checkpointer
+                .stats
+                .first_segment
+                .load(Ordering::Acquire),
+        );
         if let Err(e) = self.checkpointer.begin(&self.store, &mut self.wal) {
             error!("cannot start a checkpoint: {e}");
         }
@@ -991,6 +997,12 @@ impl<T: Send + Clone> Writer<T> {
         if self.broken.is_some() {
             return false;
         }
+        self.wal.drop_covered(
+            self.checkpointer
+                .stats
+                .first_segment
+                .load(Ordering::Acquire),
+        );
         match self.wal.sync() {
             Ok(()) => true,
             Err(e) => {

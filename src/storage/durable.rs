@@ -436,6 +436,9 @@ pub struct CheckpointStats {
     pub failures: AtomicU64,
     pub last_micros: AtomicU64,
     pub last_seq: AtomicU64,
+    /// The first log segment the last completed checkpoint replays from: the ones before it
+    /// are covered by its snapshot.
+    pub first_segment: AtomicU64,
     /// Times the checkpointer has finished making sure a spare is ready (tests wait on it).
     pub spare_rounds: AtomicU64,
 }
@@ -601,6 +604,9 @@ fn run(
                     .last_micros
                     .store(started.elapsed().as_micros() as u64, Ordering::Relaxed);
                 stats.last_seq.store(job.record.seq, Ordering::Relaxed);
+                stats
+                    .first_segment
+                    .store(job.record.segment, Ordering::Release);
             }
             Err(e) => {
                 // The old checkpoint and its pinned snapshot stay the recovery point.

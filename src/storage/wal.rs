@@ -917,12 +917,17 @@ pub struct Wal {
     map: Option<Mapping>,
     /// What `rotate` does with the segment it ends (`set_end_sync`).
     end_sync: EndSync,
-    /// Segments `rotate` ended with appends not yet synced (`EndSync::Later`): `sync` syncs
-    /// them first.
-    behind: Vec<File>,
+    /// Segments `rotate` ended with appends not yet synced (`EndSync::Later`), by number:
+    /// `sync` syncs them first, unless a checkpoint has covered them since (`drop_covered`).
+    behind: Vec<(u64, File)>,
     /// A segment took its name since the directory was last synced (outside `EndSync::Now`).
     dir_unsynced: bool,
 }
+
+/// Most ended segments `EndSync::Later` keeps for the timer's sync. Each checkpoint that
+/// completes forgets the ones it covers (`Wal::drop_covered`), so this is reached only while
+/// checkpoints fail.
+const BEHIND_MAX: usize = 16;
 
 /// What ending a segment (`Wal::rotate`, once per checkpoint) syncs. In `always` every batch
 /// is synced before its reply, so the ended segment has nothing left to sync; outside it, a
@@ -1203,7 +1208,7 @@ impl Wal {
     /// Makes every append so far durable, in segments `rotate` ended unsynced too, and the
     /// current segment's name.
     pub fn sync(&mut self) -> io::Result<()> {
-        for f in self.behind.drain(..) {
+        for (_, f) in self.behind.drain(..) {
             fdatasync(&f)?;
         }
         if self.unsynced {
@@ -1219,6 +1224,13 @@ impl Wal {
 
     pub fn unsynced(&self) -> bool {
         self.unsynced || !self.behind.is_empty() || self.dir_unsynced
+    }
+
+    /// Forgets the ended segments before `first_needed`, the first segment the last completed
+    /// checkpoint replays from: their batches are in its snapshot, synced with the data file,
+    /// so they need no sync of their own.
+    pub fn drop_covered(&mut self, first_needed: u64) {
+        self.behind.retain(|(n, _)| *n >= first_needed);
     }
 
     /// Ends the current segment and starts the next, in a spare when one is left; returns the
@@ -1241,7 +1253,13 @@ impl Wal {
         if self.end_sync != EndSync::Now {
             self.dir_unsynced = true;
             if self.unsynced && self.end_sync == EndSync::Later {
-                self.behind.push(ended);
+                self.behind.push((self.segment, ended));
+                if self.behind.len() > BEHIND_MAX {
+                    // Checkpoints are not completing: sync here rather than hold more files.
+                    for (_, f) in self.behind.drain(..) {
+                        fdatasync(&f)?;
+                    }
+                }
             }
             self.unsynced = false;
         }
@@ -1830,6 +1848,15 @@ mod tests {
             w.sync().expect("sync");
             assert!(!w.unsynced(), "{end:?}");
             assert!(w.behind.is_empty() && !w.dir_unsynced, "{end:?}");
+            if end == EndSync::Later {
+                // A checkpoint from segment 3 on covers segment 2: it needs no sync of its own.
+                w.append(&mut put_batch(b"d")).expect("append");
+                assert_eq!(w.rotate().expect("rotate"), 3);
+                w.drop_covered(2);
+                assert_eq!(w.behind.iter().map(|b| b.0).collect::<Vec<_>>(), vec![2]);
+                w.drop_covered(3);
+                assert!(w.behind.is_empty());
+            }
         }
     }
 
