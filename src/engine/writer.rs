@@ -46,7 +46,7 @@ use crate::storage::cache::{Cache, CacheStats};
 use crate::storage::durable::{Checkpointer, Durable};
 use crate::storage::lmdb::{LmdbStore, LmdbWrite, LogTxn, OpenTxn};
 use crate::storage::overlay::{self, Dirty, Map};
-use crate::storage::wal::{EndSync, LogBuf, Wal};
+use crate::storage::wal::{EndSync, HEADER, LogBuf, Wal};
 use crate::storage::watch::{Touched, Watches};
 use crate::types::CollOp;
 use crate::types::set::SetOp;
@@ -588,9 +588,12 @@ pub struct Writer<T> {
     retired: Vec<Map>,
     /// The collections whose elements the open transaction changed, as last published.
     dirty: Dirty,
-    /// The log payloads of every batch in the open transaction, in order: replayed into a
-    /// fresh transaction when this one must be aborted (a write failed half-way).
-    uncommitted: Vec<u8>,
+    /// Every batch in the open transaction, in order, as appended (`LogBuf::share`; the
+    /// overlay's versions share the same buffers): their records are replayed into a fresh
+    /// transaction when this one must be aborted (a write failed half-way).
+    uncommitted: Vec<Arc<Vec<u8>>>,
+    /// Bytes of records in `uncommitted`.
+    uncommitted_bytes: usize,
     /// Bytes of new pages LMDB took for the `PATCH` records in `uncommitted`
     /// (`LogBuf::patched_dirty`): it holds that much dirty though the records are small, so
     /// it counts toward the commit. A value patched again in the same transaction counts only
@@ -793,6 +796,7 @@ impl<T: Send + Clone> Writer<T> {
             retired: Vec::new(),
             dirty: Dirty::new_sync(),
             uncommitted: Vec::new(),
+            uncommitted_bytes: 0,
             uncommitted_patched: 0,
             since: None,
             poisoned: false,
@@ -1065,7 +1069,7 @@ impl<T: Send + Clone> Writer<T> {
         }
         !self.held.is_empty()
             || (!self.uncommitted.is_empty()
-                && (self.uncommitted.len() as u64 + self.uncommitted_patched
+                && (self.uncommitted_bytes as u64 + self.uncommitted_patched
                     >= COMMIT_BYTES as u64
                     || self.map.superseded() >= SUPERSEDED_MAX
                     || self.since.is_some_and(|t| t.elapsed() >= COMMIT_EVERY)
@@ -1121,10 +1125,8 @@ impl<T: Send + Clone> Writer<T> {
                 }
                 self.publish_empty(id);
                 self.uncommitted.clear();
+                self.uncommitted_bytes = 0;
                 self.uncommitted_patched = 0;
-                if self.uncommitted.capacity() > 2 * COMMIT_BYTES {
-                    self.uncommitted.shrink_to(COMMIT_BYTES);
-                }
                 self.since = None;
                 self.full_until = None;
                 Ok(())
@@ -1173,9 +1175,9 @@ impl<T: Send + Clone> Writer<T> {
             return Err(StoreError::Backend(why));
         }
         self.count_log_bytes(log);
-        let before = (self.uncommitted.len(), self.uncommitted_patched);
-        self.uncommitted.extend_from_slice(log.payload());
+        let before = (self.uncommitted_bytes, self.uncommitted_patched);
         self.uncommitted_patched += log.patched_dirty();
+        self.keep_uncommitted(log.share());
         self.since.get_or_insert_with(Instant::now);
         match self.commit_lmdb() {
             Ok(()) => Ok(()),
@@ -1186,7 +1188,8 @@ impl<T: Send + Clone> Writer<T> {
                             "cannot take back a log batch whose commit failed: {u}"
                         ));
                     }
-                    self.uncommitted.truncate(before.0);
+                    self.uncommitted.pop();
+                    self.uncommitted_bytes = before.0;
                     self.uncommitted_patched = before.1;
                     self.poisoned = true;
                     self.rebuild();
@@ -1194,6 +1197,12 @@ impl<T: Send + Clone> Writer<T> {
                 Err(e)
             }
         }
+    }
+
+    /// Keeps a batch just appended (`LogBuf::share`) for a rebuild of the open transaction.
+    fn keep_uncommitted(&mut self, batch: Arc<Vec<u8>>) {
+        self.uncommitted_bytes += batch.len().saturating_sub(HEADER);
+        self.uncommitted.push(batch);
     }
 
     /// Whether the map is close enough to full that every batch must commit LMDB before it
@@ -1204,7 +1213,7 @@ impl<T: Send + Clone> Writer<T> {
     /// into the transaction (pages, branch pages, the free list's own pages), and a margin.
     fn near_full(&self, extra: usize) -> bool {
         let used = (self.store.env().info().last_page_number as u64 + 1) * self.page_size;
-        let pending = 2 * (self.uncommitted.len() as u64 + self.uncommitted_patched + extra as u64);
+        let pending = 2 * (self.uncommitted_bytes as u64 + self.uncommitted_patched + extra as u64);
         let margin = (4 * COMMIT_BYTES as u64).min(self.map_size / 4);
         used + pending + margin > self.map_size
     }
@@ -1221,7 +1230,9 @@ impl<T: Send + Clone> Writer<T> {
         let r = OpenTxn::begin(&store)
             .map_err(|e| e.to_string())
             .and_then(|mut open| {
-                open.replay(&store, &self.uncommitted)?;
+                for batch in &self.uncommitted {
+                    open.replay(&store, batch.get(HEADER..).unwrap_or_default())?;
+                }
                 Ok(open)
             });
         match r {
@@ -1448,10 +1459,12 @@ impl<T: Send + Clone> Writer<T> {
                     }
                     Ok(_) => {
                         self.count_log_bytes(&log);
-                        self.uncommitted.extend_from_slice(log.payload());
                         self.uncommitted_patched += log.patched_dirty();
+                        let shared = log.share();
+                        self.keep_uncommitted(shared.clone());
                         self.since.get_or_insert_with(Instant::now);
-                        if let Some(changes) = changes {
+                        if let Some(absorbed) = changes {
+                            let changes = absorbed.changes(&shared, HEADER);
                             let base = self.open.as_ref().map_or(0, |o| o.id().saturating_sub(1));
                             let map = self.map.with(changes);
                             self.store

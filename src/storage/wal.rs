@@ -156,6 +156,8 @@ impl Patch<'_> {
 
 /// Keep at most this much buffer between batches (a batch of large values can grow it far).
 const KEEP_CAPACITY: usize = 4 << 20;
+/// The least capacity `LogBuf::share` starts a buffer with.
+const SHARE_MIN: usize = 256;
 
 /// The most payload one batch record carries (its length is a u32). A group-commit batch of
 /// large values can pass it (RESP values reach `proto_max_bulk_len`, up to 1 GiB): the writer
@@ -212,6 +214,15 @@ impl LogBuf {
     /// Payload bytes recorded so far.
     pub fn payload_len(&self) -> usize {
         self.buf.len() - HEADER
+    }
+
+    /// Hands the batch's buffer (header, then the records from `HEADER` on, as appended)
+    /// over to be shared by the overlay's versions and the writer's copy for a rebuild, and
+    /// starts an empty one, sized for a batch like this one.
+    pub fn share(&mut self) -> std::sync::Arc<Vec<u8>> {
+        let mut next = Vec::with_capacity(self.buf.len().clamp(SHARE_MIN, KEEP_CAPACITY));
+        next.resize(HEADER, 0);
+        std::sync::Arc::new(std::mem::replace(&mut self.buf, next))
     }
 
     /// The records (what `ops` reads back).
