@@ -222,6 +222,18 @@ pub fn resident(at: usize, len: usize, page: usize) -> Option<bool> {
     Some(true)
 }
 
+/// Asks the kernel to start reading the page holding address `at` (`MADV_WILLNEED`), without
+/// waiting for it. Advice only: where nothing is mapped it fails, harmlessly.
+pub fn will_need(at: usize, page: usize) {
+    let start = at & !(page - 1);
+    // SAFETY: madvise with MADV_WILLNEED changes no memory: it schedules a read of the file
+    // pages behind [start, start + page) into the page cache, or fails with ENOMEM where
+    // nothing is mapped; its result does not matter.
+    unsafe {
+        libc::madvise(start as *mut libc::c_void, page, libc::MADV_WILLNEED);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -289,5 +301,22 @@ mod tests {
         })
         .join()
         .expect("test thread");
+    }
+
+    /// `will_need` starts the read of a page evicted from the page cache without touching it:
+    /// the page becomes resident by itself (bounded wait; the read is the kernel's).
+    #[test]
+    fn will_need_brings_an_evicted_page_in() {
+        let (f, addr, span) = mapped(8);
+        evict(&f);
+        let at = addr as usize + 3 * span.page + 10;
+        assert_eq!(resident(at, 1, span.page), Some(false));
+        will_need(at, span.page);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while resident(at, 1, span.page) != Some(true) {
+            assert!(std::time::Instant::now() < deadline, "still not resident");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        drop(f);
     }
 }
