@@ -966,12 +966,7 @@ impl<T: Send + Clone> Writer<T> {
         self.last_checkpoint = Instant::now();
         self.checkpoint_pgno = pgno;
         debug!("checkpoint begins at batch {}", self.wal.last_seq());
-        self.wal.drop_covered(
-            self.checkpointer
-                .stats
-                .first_segment
-                .load(Ordering::Acquire),
-        );
+        self.forget_covered();
         if let Err(e) = self.checkpointer.begin(&self.store, &mut self.wal) {
             error!("cannot start a checkpoint: {e}");
         }
@@ -996,17 +991,23 @@ impl<T: Send + Clone> Writer<T> {
         at != 0 && at <= self.clock.now_ms()
     }
 
+    /// Lets the log forget the ended segments the last completed checkpoint covers
+    /// (`Wal::drop_covered`): they need no sync of their own.
+    fn forget_covered(&mut self) {
+        let first = self
+            .checkpointer
+            .stats
+            .first_segment
+            .load(Ordering::Acquire);
+        self.wal.drop_covered(first);
+    }
+
     /// Makes the log durable; a failure breaks the writer (see `broken`).
     fn sync_log(&mut self) -> bool {
         if self.broken.is_some() {
             return false;
         }
-        self.wal.drop_covered(
-            self.checkpointer
-                .stats
-                .first_segment
-                .load(Ordering::Acquire),
-        );
+        self.forget_covered();
         match self.wal.sync() {
             Ok(()) => true,
             Err(e) => {

@@ -83,12 +83,6 @@ impl From<Arc<[u8]>> for Rec {
     }
 }
 
-impl PartialEq for Rec {
-    fn eq(&self, other: &Rec) -> bool {
-        **self == **other
-    }
-}
-
 /// A batch's changes of item records, in write order, with each record as a span of the
 /// batch's records (`absorb`); `changes` makes them `Changes` once the batch's buffer is
 /// shared (`LogBuf::share`).
@@ -122,6 +116,7 @@ impl Absorbed {
             .collect()
     }
 }
+
 /// A batch's changes of item records, in write order.
 pub type Changes = Vec<(Box<[u8]>, Val)>;
 /// Ids of the collections whose elements changed after `base` (rank-directory bit cleared).
@@ -486,7 +481,7 @@ pub fn absorb(
                 // `value` is a slice of `payload`: where it lies in it.
                 let start = (value.as_ptr() as usize).wrapping_sub(base);
                 let end = start.wrapping_add(value.len());
-                if start > payload.len() || end > payload.len() || end < start {
+                if end < start || end > payload.len() {
                     return Err("a record's value outside its batch".into());
                 }
                 changes.push((key.into(), Some(Place::At(start, end))));
