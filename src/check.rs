@@ -262,7 +262,8 @@ fn check_log(
         let name = wal::segment_name(*n);
         if *n < c.segment {
             ck.note(format!(
-                "{name} is covered by the checkpoint (recovery makes it a spare)"
+                "{name} is covered by the checkpoint (recovery makes it a spare, or keeps it \
+                 if the store's values may live in it: value_log_min)"
             ));
             continue;
         }
@@ -436,7 +437,14 @@ fn copy_store(
     };
     copy(&from.join(wal::CHECKPOINT_FILE), wal::CHECKPOINT_FILE)?;
     for (n, path) in segments {
-        if *n < c.segment || cut.is_some_and(|(s, _)| *n > s) {
+        if *n < c.segment {
+            // Read only where values may live in it (`vlog.rs`): linked, not copied.
+            std::os::unix::fs::symlink(path, to.join(wal::segment_name(*n))).map_err(|e| {
+                format!("cannot link {} into {}: {e}", path.display(), to.display())
+            })?;
+            continue;
+        }
+        if cut.is_some_and(|(s, _)| *n > s) {
             continue;
         }
         let name = wal::segment_name(*n);
@@ -459,6 +467,8 @@ fn copy_store(
 struct Summary {
     items: u64,
     strings: u64,
+    /// Strings whose value lives in the log (`vlog.rs`).
+    separated: u64,
     lists: u64,
     hashes: u64,
     sets: u64,
@@ -476,11 +486,13 @@ impl Summary {
     fn write(&self, out: &mut dyn Write, dir: &Path, problems: u64) {
         let _ = writeln!(
             out,
-            "summary: {} items ({} strings, {} collections: {} lists, {} hashes, {} sets, {} sorted sets), \
+            "summary: {} items ({} strings, {} of them with their value in the log, {} collections: \
+             {} lists, {} hashes, {} sets, {} sorted sets), \
              {} elements, {} expiry entries ({} stale), {} deleted collections awaiting reclaim ({} elements), \
              {} log batches to replay ({} bytes)",
             self.items,
             self.strings,
+            self.separated,
             self.lists + self.hashes + self.sets + self.zsets,
             self.lists,
             self.hashes,
@@ -595,6 +607,18 @@ fn walk(store: &LmdbStore, ck: &mut Checker<'_>, sum: &mut Summary) {
                 match kind {
                     Kind::String => {
                         sum.strings += 1;
+                        if let Some((_, p)) = item::pointer_of(bytes) {
+                            sum.separated += 1;
+                            if crc32fast::hash(it.value) != p.crc {
+                                ck.problem(format!(
+                                    "item {}: its value in log segment {} (bytes {}..{}) does not match its checksum",
+                                    show(key),
+                                    wal::segment_name(p.segment),
+                                    p.offset,
+                                    p.offset + u64::from(p.len)
+                                ));
+                            }
+                        }
                         continue;
                     }
                     Kind::List => sum.lists += 1,

@@ -75,6 +75,10 @@ pub struct Config {
     /// past which memkeep evicts instead of refusing writes; 0 keeps it a store (no eviction).
     #[serde(deserialize_with = "de_size")]
     pub max_disk: u64,
+    /// String values of at least this many bytes are stored only in the write-ahead log, with
+    /// a pointer in LMDB (`storage/vlog.rs`); 0 (the default) stores every value in LMDB.
+    #[serde(deserialize_with = "de_size")]
+    pub value_log_min: u64,
     /// Password RESP clients must give (AUTH / HELLO AUTH); empty means none.
     pub requirepass: String,
     /// Start as a replica of this primary (`HOST:PORT`, its RESP port); empty: a primary.
@@ -170,6 +174,7 @@ impl Default for Config {
             map_size: 64 << 30,
             max_batch: 1024,
             max_disk: 0,
+            value_log_min: 0,
             requirepass: String::new(),
             replica_of: String::new(),
             repl_backlog_size: 16 << 20,
@@ -261,6 +266,12 @@ pub struct Cli {
     /// least recently used items instead of refusing writes [default: 0 = off, never evict]
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub max_disk: Option<u64>,
+    /// Store string values of at least SIZE bytes only in the write-ahead log, with a pointer
+    /// in LMDB, so each is written to disk once (e.g. 8k); a store that used it cannot be
+    /// opened by a memkeep older than it. Segments holding values are kept until a later
+    /// release collects them [default: 0 = off]
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    pub value_log_min: Option<u64>,
     /// Password RESP clients must send with AUTH before anything else
     #[arg(long)]
     pub requirepass: Option<String>,
@@ -543,6 +554,7 @@ impl Config {
             map_size,
             max_batch,
             max_disk,
+            value_log_min,
             requirepass,
             replica_of,
             repl_backlog_size,
@@ -667,6 +679,13 @@ impl Config {
         if self.max_disk != 0 && self.max_disk < 1 << 20 {
             return err("max_disk must be at least 1m (or 0 for no cap)");
         }
+        if self.value_log_min != 0 && !(256..=(1 << 30)).contains(&self.value_log_min) {
+            return err("value_log_min must be 0 (off) or 256 bytes to 1g");
+        }
+        if self.value_log_min != 0 && self.max_disk != 0 {
+            // The cap counts LMDB's pages; values in the log would pass it unseen.
+            return err("value_log_min cannot be combined with max_disk yet");
+        }
         if self.max_disk > self.map_size {
             return err("max_disk must not exceed map_size (the map is the store's hard limit)");
         }
@@ -772,6 +791,7 @@ mod tests {
             "map_size",
             "max_batch",
             "max_disk",
+            "value_log_min",
             "requirepass",
             "replica_of",
             "repl_backlog_size",

@@ -1319,6 +1319,10 @@ impl<T: Send + Clone> Writer<T> {
         let mut cache = if evict { self.cache.take() } else { None };
         let mut evicted = None;
         let spare = self.log.take().unwrap_or_default();
+        // Where this batch will be appended (nothing else is, before it, under the lock).
+        let sink = self
+            .store
+            .sink(self.wal.segment(), self.wal.position(), || self.wal.file());
         let applied_log: Result<LogBuf, StoreError> = match (&self.broken, open.as_mut()) {
             (Some(_), _) => Err(StoreError::Backend("the write-ahead log is broken".into())),
             (None, None) => Err(StoreError::Backend("no write transaction".into())),
@@ -1327,6 +1331,7 @@ impl<T: Send + Clone> Writer<T> {
                 let due = leader.is_none() && self.flush_due();
                 (|| -> Result<LogBuf, StoreError> {
                     let txn = open.txn()?;
+                    txn.set_sink(sink);
                     if due {
                         ran_due = store.run_due_flush(txn, ctx.now_ms)?;
                         if ran_due && watches.active() {
@@ -1375,6 +1380,11 @@ impl<T: Send + Clone> Writer<T> {
                 })()
             }
         };
+        // A batch that failed half-way did not take its log (nor its sink, whose position
+        // holds only for this batch).
+        if let Some(Ok(t)) = open.as_mut().map(OpenTxn::txn) {
+            t.set_sink(None);
+        }
         self.open = open;
         if let Some(c) = cache {
             self.cache = Some(c);
@@ -1659,11 +1669,15 @@ impl<T: Send + Clone> Writer<T> {
         let blocking = self.blocking.clone();
         let mut mine = Waiters::default();
         let mut open = self.open.take();
+        let sink = self
+            .store
+            .sink(self.wal.segment(), self.wal.position(), || self.wal.file());
         let result = (|| -> Result<(Outcome, LogBuf), StoreError> {
             let open = open
                 .as_mut()
                 .ok_or_else(|| StoreError::Backend("no write transaction".into()))?;
             let txn = open.txn()?;
+            txn.set_sink(sink);
             let mut w = store.writer(txn, &mut cas);
             let outcome = apply_req(
                 &mut w,
@@ -1677,6 +1691,9 @@ impl<T: Send + Clone> Writer<T> {
             store.put_cas(txn, cas)?;
             Ok((outcome, txn.take_log(LogBuf::default())))
         })();
+        if let Some(Ok(t)) = open.as_mut().map(OpenTxn::txn) {
+            t.set_sink(None);
+        }
         self.open = open;
         // CAS uniques handed out by an aborted write are skipped, never reused.
         self.cas = cas;

@@ -293,6 +293,11 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
         .set_hits(Some(Arc::new(crate::storage::hits::Hits::new(
             clock.clone(),
         ))));
+    // Before any clone of the store is made: the writer's and the readers' clones carry it.
+    durable
+        .store
+        .enable_separation(usize::try_from(config.value_log_min).unwrap_or(usize::MAX))
+        .map_err(|e| ServerError(format!("cannot turn value_log_min on: {e}")))?;
     if config.max_disk > 0 {
         // Before any clone of the store is made: every reader notes its hits here.
         durable

@@ -269,6 +269,11 @@ fn replay(
     };
     for (n, path) in &segs {
         if *n < c.segment {
+            if let Some(v) = store.vlog() {
+                // The store may hold values in it (`vlog.rs`): kept.
+                v.note_held(*n);
+                continue;
+            }
             // Covered by the checkpoint: its retirement was interrupted.
             if let Err(e) = wal::retire(dir, *n, path) {
                 warn!("cannot retire {}: {e}", path.display());
@@ -421,6 +426,9 @@ pub fn cover(data: &File, need: u64) -> std::io::Result<()> {
 
 /// A checkpoint the writer has prepared: the snapshot to pin and the record to write.
 struct Job {
+    /// The store's separated values: the segments holding them are synced before the record
+    /// and never retired (`vlog.rs`).
+    vlog: Option<Arc<crate::storage::vlog::ValueLog>>,
     pin: Pin,
     record: Checkpoint,
     /// Bytes the segment the writer has just ended held (sizes the next spare).
@@ -506,6 +514,7 @@ impl Checkpointer {
             .map_err(|e| format!("cannot read the meta page: {e}"))?;
         self.busy.store(true, Ordering::Release);
         let job = Job {
+            vlog: store.vlog().cloned(),
             pin,
             record: Checkpoint {
                 txnid,
@@ -573,6 +582,13 @@ fn run(
         let result = cover(&data, wal::meta_needs(&job.record.page))
             .and_then(|()| data.sync_data())
             .map_err(|e| format!("cannot sync the data file: {e}"))
+            .and_then(|()| match &job.vlog {
+                // The snapshot's pointers name only segments before the record's first.
+                Some(v) => v
+                    .sync_held(job.record.segment)
+                    .map_err(|e| format!("cannot sync a log segment holding values: {e}")),
+                None => Ok(()),
+            })
             .and_then(|()| {
                 job.record.roots = wal::root_digest(&data, &job.record.page)
                     .map_err(|e| format!("cannot read the snapshot's roots: {e}"))?;
@@ -587,6 +603,7 @@ fn run(
                 if let Ok(segs) = wal::segments(&dir) {
                     for (n, path) in segs {
                         if n < job.record.segment
+                            && !job.vlog.as_ref().is_some_and(|v| v.holds(n))
                             && let Err(e) = wal::retire(&dir, n, &path)
                         {
                             warn!("cannot retire {}: {e}", path.display());

@@ -2,12 +2,17 @@
 //!
 //! ```text
 //! byte 0      format version (1)
-//! byte 1      kind (low nibble) | HAS_FLAGS 0x10 | HAS_EXPIRY 0x20 | STALE 0x40 | WIN_SENT 0x80
+//! byte 1      kind (low 3 bits) | SEPARATED 0x08 | HAS_FLAGS 0x10 | HAS_EXPIRY 0x20
+//!             | STALE 0x40 | WIN_SENT 0x80
 //! bytes 2..10 cas, u64 little-endian
 //! [u32 LE]    client flags, only when HAS_FLAGS
 //! [u64 LE]    expire_at in unix ms, only when HAS_EXPIRY
-//! rest        the value
+//! rest        the value; when SEPARATED, a pointer to it in the log (`vlog::Pointer`)
 //! ```
+//! A SEPARATED item's value is resolved by `decode` itself (from a mapping of its log
+//! segment, `vlog.rs`), so every reader sees the value whichever way it is stored. Only
+//! strings are separated. Stores that may hold such items say so in `meta` (format 2), so an
+//! older memkeep refuses them instead of reading pointers as values.
 //! Flags and expiry are usually 0, so the common header is 10 bytes: on-disk size matters
 //! for small values.
 
@@ -21,7 +26,9 @@ const STALE: u8 = 0x40;
 /// Meta protocol: a client was already told it won the right to recache (`W`); later fetches
 /// see `Z`.
 const WIN_SENT: u8 = 0x80;
-const KIND_MASK: u8 = 0x0f;
+/// The value lives in the log; the record holds a pointer to it (`vlog.rs`).
+const SEPARATED: u8 = 0x08;
+const KIND_MASK: u8 = 0x07;
 const BASE_LEN: usize = 10;
 /// Longest possible header.
 pub const MAX_HEADER: usize = BASE_LEN + 4 + 8;
@@ -154,6 +161,9 @@ pub fn decode(bytes: &[u8]) -> Result<ItemRef<'_>, StoreError> {
     }
     let tag = bytes[1];
     let kind = Kind::from_u8(tag & KIND_MASK).ok_or_else(|| corrupt("unknown item kind"))?;
+    if tag & SEPARATED != 0 && kind != Kind::String {
+        return Err(corrupt("a collection's record holds a value pointer"));
+    }
     let mut at = 2;
     let mut take = |n: usize| -> Result<&[u8], StoreError> {
         let s = bytes
@@ -173,6 +183,13 @@ pub fn decode(bytes: &[u8]) -> Result<ItemRef<'_>, StoreError> {
     } else {
         0
     };
+    let value = if tag & SEPARATED != 0 {
+        let p = super::vlog::Pointer::decode(&bytes[at..])
+            .ok_or_else(|| corrupt("value pointer of the wrong length"))?;
+        super::vlog::resolve(&p)?
+    } else {
+        &bytes[at..]
+    };
     Ok(ItemRef {
         meta: ItemMeta {
             kind,
@@ -182,8 +199,71 @@ pub fn decode(bytes: &[u8]) -> Result<ItemRef<'_>, StoreError> {
             stale: tag & STALE != 0,
             win_sent: tag & WIN_SENT != 0,
         },
-        value: &bytes[at..],
+        value,
     })
+}
+
+/// The length of the header that starts `bytes` (its first two bytes are enough).
+fn header_len_of(bytes: &[u8]) -> Option<usize> {
+    let tag = *bytes.get(1)?;
+    Some(
+        BASE_LEN
+            + if tag & HAS_FLAGS != 0 { 4 } else { 0 }
+            + if tag & HAS_EXPIRY != 0 { 8 } else { 0 },
+    )
+}
+
+/// If `header` (the start of an item record being stored, as `ItemMeta::header` makes it) is
+/// a string's, not already separated, the length of its header: such a value may be stored
+/// in the log (`vlog.rs`).
+pub fn separable(header: &[u8]) -> Option<usize> {
+    let tag = *header.get(1)?;
+    (header.first() == Some(&FORMAT_VERSION)
+        && tag & SEPARATED == 0
+        && tag & KIND_MASK == Kind::String as u8)
+        .then(|| header_len_of(header))
+        .flatten()
+}
+
+/// The record of a separated item: `header` (a string's, as `separable` accepted it) marked
+/// SEPARATED, then `p`.
+pub fn pointer_record(
+    header: &[u8],
+    p: &super::vlog::Pointer,
+) -> ([u8; MAX_HEADER + super::vlog::POINTER_LEN], usize) {
+    let mut out = [0u8; MAX_HEADER + super::vlog::POINTER_LEN];
+    let n = header.len().min(MAX_HEADER);
+    out[..n].copy_from_slice(&header[..n]);
+    if n > 1 {
+        out[1] |= SEPARATED;
+    }
+    out[n..n + super::vlog::POINTER_LEN].copy_from_slice(&p.encode());
+    (out, n + super::vlog::POINTER_LEN)
+}
+
+/// If `bytes` is a separated item's record: its header's length and the pointer (nothing is
+/// resolved).
+pub fn pointer_of(bytes: &[u8]) -> Option<(usize, super::vlog::Pointer)> {
+    if bytes.len() < BASE_LEN || bytes[0] != FORMAT_VERSION || bytes[1] & SEPARATED == 0 {
+        return None;
+    }
+    let n = header_len_of(bytes)?;
+    Some((n, super::vlog::Pointer::decode(bytes.get(n..)?)?))
+}
+
+/// The record as it would be stored inline: a separated item's header (unmarked) and its
+/// value; any other record as it is. For copies that leave the store (a replica's full copy,
+/// a backup), which have no log segments of their own to point into.
+pub fn inline(bytes: &[u8]) -> Result<std::borrow::Cow<'_, [u8]>, StoreError> {
+    let Some((n, _)) = pointer_of(bytes) else {
+        return Ok(std::borrow::Cow::Borrowed(bytes));
+    };
+    let item = decode(bytes)?;
+    let mut out = Vec::with_capacity(n + item.value.len());
+    out.extend_from_slice(&bytes[..n]);
+    out[1] &= !SEPARATED;
+    out.extend_from_slice(item.value);
+    Ok(std::borrow::Cow::Owned(out))
 }
 
 #[cfg(test)]

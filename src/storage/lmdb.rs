@@ -47,6 +47,11 @@ pub(crate) const META_FLUSH_AT: &[u8] = b"flush_at";
 pub(crate) const META_COLLS: &[u8] = b"colls";
 /// The number of items with an expiry (see the module doc).
 pub(crate) const META_EXPIRES: &[u8] = b"expires";
+/// The store's value-log id (u64 LE), present once value separation was ever on (`vlog.rs`).
+pub(crate) const META_VLOG: &[u8] = b"vlog";
+/// `META_FORMAT` of a store that may hold separated values (items whose value is a pointer
+/// into the log): memkeep before value separation reads format 1 only, and refuses this.
+pub(crate) const STORE_FORMAT_SEPARATED: u8 = 2;
 /// The longest key an `expiry` entry (8 bytes of time, then the key) holds in full.
 pub(crate) const INDEX_KEY_MAX: usize = super::MAX_KEY - 8;
 
@@ -91,6 +96,11 @@ impl Table {
         parts: &[&[u8]],
     ) -> Result<(), heed::Error> {
         let len = parts.iter().map(|p| p.len()).sum::<usize>();
+        if let Some((record, n)) = self.separate(txn, key, parts, len)? {
+            self.db.put(&mut txn.txn, key, &record[..n])?;
+            txn.log.put(self.id, key, parts);
+            return Ok(());
+        }
         self.db.put_reserved(&mut txn.txn, key, len, |space| {
             for p in parts {
                 space.write_all(p)?;
@@ -114,14 +124,19 @@ impl Table {
         seen: impl FnOnce(&[u8]) -> T,
     ) -> Result<Option<T>, heed::Error> {
         let len = parts.iter().map(|p| p.len()).sum::<usize>();
-        let there = self
-            .db
-            .get_or_put_reserved(&mut txn.txn, key, len, |space| {
-                for p in parts {
-                    space.write_all(p)?;
-                }
-                Ok(())
-            })?;
+        let there = match self.separate(txn, key, parts, len)? {
+            Some((record, n)) => self
+                .db
+                .get_or_put_reserved(&mut txn.txn, key, n, |space| space.write_all(&record[..n]))?,
+            None => self
+                .db
+                .get_or_put_reserved(&mut txn.txn, key, len, |space| {
+                    for p in parts {
+                        space.write_all(p)?;
+                    }
+                    Ok(())
+                })?,
+        };
         match there {
             Some(old) => Ok(Some(seen(old))),
             None => {
@@ -175,6 +190,39 @@ impl Table {
         Ok(())
     }
 
+    /// When `parts` (an item record of `len` bytes) is to be stored in `items` with its value
+    /// in the log (the transaction has a sink, the value is a string's of at least the sink's
+    /// `min` bytes): writes the value where the batch will put it (`vlog::Sink::write`) and
+    /// returns the pointer record to store instead. The log record stays the whole item.
+    #[allow(clippy::type_complexity)]
+    fn separate(
+        &self,
+        txn: &LogTxn,
+        key: &[u8],
+        parts: &[&[u8]],
+        len: usize,
+    ) -> Result<Option<([u8; item::MAX_HEADER + super::vlog::POINTER_LEN], usize)>, heed::Error>
+    {
+        let Some(sink) = txn.sink.as_ref().filter(|_| self.id == DB_ITEMS) else {
+            return Ok(None);
+        };
+        let Some(first) = parts.first() else {
+            return Ok(None);
+        };
+        let Some(n) = item::separable(first).filter(|n| *n <= first.len()) else {
+            return Ok(None);
+        };
+        if len - n < sink.min || u32::try_from(len - n).is_err() {
+            return Ok(None);
+        }
+        let mut value: Vec<&[u8]> = Vec::with_capacity(parts.len());
+        value.push(&first[n..]);
+        value.extend_from_slice(&parts[1..]);
+        let at = txn.log.put_value_at(key.len()) + n;
+        let p = sink.write(at, &value).map_err(heed::Error::Io)?;
+        Ok(Some(item::pointer_record(&first[..n], &p)))
+    }
+
     /// Stores `value` only if `key` is absent; true if it did.
     pub fn put_new(&self, txn: &mut LogTxn, key: &[u8], value: &[u8]) -> Result<bool, heed::Error> {
         match self
@@ -213,6 +261,9 @@ pub struct LogTxn<'e> {
     /// The string items this transaction stored through `Table::patch`, by database number
     /// and key, with the number of pages their last version took (`patch_charge`).
     patched: std::collections::HashMap<Box<[u8]>, usize>,
+    /// Where the batch being applied will be appended, when its large string values are to
+    /// live in the log (`vlog.rs`): set by the writer for each batch, taken with its records.
+    sink: Option<super::vlog::Sink>,
 }
 
 impl<'e> std::ops::Deref for LogTxn<'e> {
@@ -250,8 +301,16 @@ impl<'e> LogTxn<'e> {
         }
     }
 
+    /// Separates the large string values of the batch about to be applied into the log at
+    /// the place `sink` says the batch will go (None: stores them inline). Cleared by
+    /// `take_log`, so a sink never outlives the batch whose position it knows.
+    pub fn set_sink(&mut self, sink: Option<super::vlog::Sink>) {
+        self.sink = sink;
+    }
+
     /// The records written since the last call, leaving `spare` (emptied) to collect the next.
     pub fn take_log(&mut self, mut spare: LogBuf) -> LogBuf {
+        self.sink = None;
         spare.reset();
         std::mem::replace(&mut self.log, spare)
     }
@@ -305,6 +364,10 @@ pub struct LmdbStore {
     /// Where fetches and writes are noted for memcached's `h`/`l` (`hits.rs`); set by the
     /// server before it makes any clone.
     hits: Option<Arc<super::hits::Hits>>,
+    /// The store's separated values, once separation was ever on (`vlog.rs`).
+    vlog: Option<Arc<super::vlog::ValueLog>>,
+    /// String values of at least this many bytes go to the log (0: none; `value_log_min`).
+    vlog_min: usize,
 }
 
 /// The writer's write transaction, kept open across batches (see `overlay.rs` for why).
@@ -337,6 +400,7 @@ impl OpenTxn {
                 txn,
                 log: LogBuf::default(),
                 patched: Default::default(),
+                sink: None,
             }),
             owner: std::thread::current().id(),
             _env: env,
@@ -476,7 +540,10 @@ impl LmdbStore {
                     .flatten()?;
                 t.push(Table { db, id });
             }
-            let ok = t[2].get(&rtxn, META_FORMAT).ok().flatten() == Some(&[FORMAT_VERSION][..]);
+            let ok = matches!(
+                t[2].get(&rtxn, META_FORMAT).ok().flatten(),
+                Some([v]) if *v == FORMAT_VERSION || *v == STORE_FORMAT_SEPARATED
+            );
             rtxn.commit().ok()?;
             if ok { t.try_into().ok() } else { None }
         })();
@@ -509,10 +576,10 @@ impl LmdbStore {
                                 .map_err(|e| at("cannot write to", &e))?;
                         }
                     }
-                    Some([v]) if *v == FORMAT_VERSION => {}
+                    Some([v]) if *v == FORMAT_VERSION || *v == STORE_FORMAT_SEPARATED => {}
                     Some(other) => {
                         return Err(OpenError(format!(
-                            "{} holds data in format {:?}, this memkeep reads format {FORMAT_VERSION}",
+                            "{} holds data in format {:?}, this memkeep reads formats {FORMAT_VERSION} and {STORE_FORMAT_SEPARATED}",
                             dir.display(),
                             other
                         )));
@@ -543,6 +610,8 @@ impl LmdbStore {
             .get(&rtxn, META_COLLS)
             .map_err(|e| at("cannot read", &e))?
             .is_some();
+        let vlog = read_u64(META_VLOG)?
+            .map(|id| super::vlog::ValueLog::register(dir, id, Default::default()));
         // Any record LMDB returns points into its map: the format marker finds the mapping.
         let map = match meta.get(&rtxn, META_FORMAT) {
             Ok(Some(b)) => MapSpan::find(&data_file, b.as_ptr()),
@@ -570,6 +639,8 @@ impl LmdbStore {
                 map,
                 access: None,
                 hits: None,
+                vlog,
+                vlog_min: 0,
             },
             Persisted { cas, flush_at },
         ))
@@ -599,6 +670,57 @@ impl LmdbStore {
 
     pub fn env(&self) -> &Env<WithoutTls> {
         &self.env
+    }
+
+    /// Stores string values of at least `min` bytes in the log from now on (0: none), for
+    /// every clone made after this. The first time, marks the store as one that may hold
+    /// separated values (`STORE_FORMAT_SEPARATED`) and gives it a value-log id, in a plain
+    /// commit: made durable by the next checkpoint, which comes before any checkpoint whose
+    /// snapshot holds a pointer (a store that loses it to a power cut loses those pointers
+    /// with it: the log replays their values inline).
+    pub fn enable_separation(&mut self, min: usize) -> Result<(), StoreError> {
+        self.vlog_min = min;
+        if min == 0 || self.vlog.is_some() {
+            return Ok(());
+        }
+        let id = getrandom::u64()
+            .map_err(|e| StoreError::Backend(format!("cannot read the OS's random source: {e}")))?;
+        let mut txn = self.env.write_txn()?;
+        self.meta
+            .db
+            .put(&mut txn, META_FORMAT, &[STORE_FORMAT_SEPARATED])?;
+        self.meta.db.put(&mut txn, META_VLOG, &id.to_le_bytes())?;
+        txn.commit()?;
+        let dir = self.env.path().to_path_buf();
+        self.vlog = Some(super::vlog::ValueLog::register(
+            &dir,
+            id,
+            Default::default(),
+        ));
+        Ok(())
+    }
+
+    /// The store's value log, if separation was ever on.
+    pub fn vlog(&self) -> Option<&Arc<super::vlog::ValueLog>> {
+        self.vlog.as_ref()
+    }
+
+    /// The sink for a batch to be appended at `base` in segment `segment` (`file`), when
+    /// separation is on.
+    pub fn sink(
+        &self,
+        segment: u64,
+        base: u64,
+        file: impl FnOnce() -> Arc<std::fs::File>,
+    ) -> Option<super::vlog::Sink> {
+        let vlog = self.vlog.as_ref().filter(|_| self.vlog_min > 0)?;
+        Some(super::vlog::Sink {
+            vlog: vlog.clone(),
+            min: self.vlog_min,
+            segment,
+            base,
+            file: file(),
+        })
     }
 
     pub fn overlay(&self) -> &Overlay {
@@ -678,6 +800,7 @@ impl LmdbStore {
             txn: self.env.write_txn()?,
             log,
             patched: Default::default(),
+            sink: None,
         })
     }
 

@@ -13,6 +13,7 @@ pub mod lmdb;
 pub mod model;
 pub mod overlay;
 pub mod resident;
+pub mod vlog;
 pub mod wal;
 pub mod watch;
 

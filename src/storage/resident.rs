@@ -172,27 +172,31 @@ impl MapSpan {
         if self.all_cold {
             return true;
         }
-        // Past SAMPLE_AFTER the run counts round SAMPLE_AFTER..SAMPLE_AFTER + SAMPLE_EVERY,
-        // checking when it comes back to the start.
-        let run = HOT_RUN.get();
-        let next = if run >= SAMPLE_AFTER {
-            SAMPLE_AFTER + (run - SAMPLE_AFTER + 1) % SAMPLE_EVERY
-        } else {
-            run + 1
-        };
-        if run >= SAMPLE_AFTER && next != SAMPLE_AFTER {
-            HOT_RUN.set(next);
-            return false;
-        }
-        let cold = self.mincore_cold(at, record.len());
-        HOT_RUN.set(if cold { 0 } else { next });
-        cold
+        sampled_cold(at, record.len(), self.page)
     }
+}
 
-    fn mincore_cold(&self, at: usize, len: usize) -> bool {
-        // Cannot tell: read it as before.
-        resident(at, len, self.page).is_some_and(|all| !all)
+/// Whether some page (of `page` bytes) of the mapped range [at, at + len) is not resident, by
+/// `mincore`, sampled once everything has been resident for long (see `SAMPLE_AFTER`); false
+/// when the kernel cannot tell. The run of hot checks is the thread's, whichever file the
+/// range maps (`data.mdb` here, log segments in `vlog.rs`).
+pub fn sampled_cold(at: usize, len: usize, page: usize) -> bool {
+    // Past SAMPLE_AFTER the run counts round SAMPLE_AFTER..SAMPLE_AFTER + SAMPLE_EVERY,
+    // checking when it comes back to the start.
+    let run = HOT_RUN.get();
+    let next = if run >= SAMPLE_AFTER {
+        SAMPLE_AFTER + (run - SAMPLE_AFTER + 1) % SAMPLE_EVERY
+    } else {
+        run + 1
+    };
+    if run >= SAMPLE_AFTER && next != SAMPLE_AFTER {
+        HOT_RUN.set(next);
+        return false;
     }
+    // Cannot tell: read it as before.
+    let cold = resident(at, len, page).is_some_and(|all| !all);
+    HOT_RUN.set(if cold { 0 } else { next });
+    cold
 }
 
 /// Whether every page (of `page` bytes) holding [at, at + len) is resident in memory, by

@@ -244,6 +244,12 @@ impl LogBuf {
         }
     }
 
+    /// Where, in the buffer (header included: the offset from the batch's first byte in its
+    /// segment), the value of a `put` of a key of `key_len` bytes made next would start.
+    pub fn put_value_at(&self, key_len: usize) -> usize {
+        self.buf.len() + 8 + key_len
+    }
+
     pub fn del(&mut self, db: u8, key: &[u8]) {
         self.buf.push(OP_DEL);
         self.buf.push(db);
@@ -902,7 +908,8 @@ pub fn prepare_spare(dir: &Path, target: u64) -> io::Result<()> {
 /// The log as the writer appends to it.
 pub struct Wal {
     dir: PathBuf,
-    file: File,
+    /// Shared with the writer's `vlog::Sink`, which writes separated values into it.
+    file: Arc<File>,
     segment: u64,
     salt: u64,
     len: u64,
@@ -930,7 +937,7 @@ pub struct Wal {
     end_sync: EndSync,
     /// Segments `rotate` ended with appends not yet synced (`EndSync::Later`), by number:
     /// `sync` syncs them first, unless a checkpoint has covered them since (`drop_covered`).
-    behind: Vec<(u64, File)>,
+    behind: Vec<(u64, Arc<File>)>,
     /// A segment took its name since the directory was last synced (outside `EndSync::Now`).
     dir_unsynced: bool,
 }
@@ -1089,7 +1096,7 @@ impl Wal {
         };
         let mut w = Wal {
             dir: dir.to_path_buf(),
-            file,
+            file: Arc::new(file),
             segment,
             salt,
             len,
@@ -1124,6 +1131,11 @@ impl Wal {
     /// Where the next batch will start (to undo an append whose commit then failed).
     pub fn position(&self) -> u64 {
         self.len
+    }
+
+    /// The current segment's file (separated values are written into it: `vlog::Sink`).
+    pub fn file(&self) -> Arc<File> {
+        self.file.clone()
     }
 
     /// Appends `batch` (page cache only; see `sync`) and returns its sequence number.
@@ -1260,7 +1272,7 @@ impl Wal {
         if self.mapped {
             self.map = Mapping::new(&file, file.metadata()?.len());
         }
-        let ended = std::mem::replace(&mut self.file, file);
+        let ended = std::mem::replace(&mut self.file, Arc::new(file));
         if self.end_sync != EndSync::Now {
             self.dir_unsynced = true;
             if self.unsynced && self.end_sync == EndSync::Later {

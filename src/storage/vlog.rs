@@ -1,0 +1,450 @@
+//! Value separation: large string values live only in the write-ahead log, and `items` holds
+//! a pointer to them (`docs/value-separation.md`).
+//!
+//! Why: every large value was written twice, once in its log batch (sequential, what makes it
+//! durable) and once into LMDB's overflow pages (copied at the put, written at the LMDB commit,
+//! written back and synced by the checkpoint). With `value_log_min` set, a string value of at
+//! least that many bytes is written only once: the writer puts it at the place its batch will
+//! have in the current segment, and `items` gets the item's header and a `Pointer`.
+//!
+//! Invariants:
+//! - a pointer's bytes are in its segment file before the pointer is in any transaction: the
+//!   writer writes the value at its future place in the segment while it applies the batch
+//!   (`Sink::write`), then appends the whole batch over it (the same bytes). A batch that is
+//!   then not appended leaves only bytes past the log's end, which recovery never reads as a
+//!   batch (no header under the segment's salt), and its pointers go with its transaction;
+//! - a segment that may hold a value some pointer names is never retired (renamed to a spare
+//!   and rewritten, or deleted): `ValueLog::holds` lists them, and the checkpointer keeps them.
+//!   This first step never frees them (the footprint grows with overwrites; collection is
+//!   the next step of the plan);
+//! - a checkpoint's snapshot names only segments that are on disk: the checkpointer
+//!   fdatasyncs every segment in `holds` before it writes its record (`sync_held`);
+//! - recovery and the rebuild of an aborted transaction replay values inline (they are whole
+//!   in the log records): correct, and only a cost of space until the value is written again;
+//! - pointers carry the store's value-log id (`meta` `vlog`, random, made when separation is
+//!   first turned on), so that `item::decode`, which knows no store, finds the segments of
+//!   the right store in this process (`resolve`; tests open many stores in one process).
+//!
+//! Reads: a pointer resolves to a slice of a read-only shared mapping of its segment, kept for
+//! the life of the process (segments are never retired, so the mapping never shows other
+//! bytes). An event loop asks `cold` first (`mincore`, as `resident.rs` does for `data.mdb`)
+//! and hands a value not in memory to a reader thread, which `pread`s it (`read_value`).
+
+use std::collections::{BTreeSet, HashMap};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use super::StoreError;
+
+/// Bytes of a pointer after the item's header: value-log id, segment, offset, length, CRC-32.
+pub const POINTER_LEN: usize = 32;
+
+/// Where a separated value lies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pointer {
+    /// The store's value-log id (`ValueLog::id`).
+    pub id: u64,
+    pub segment: u64,
+    /// The value's first byte in the segment file.
+    pub offset: u64,
+    pub len: u32,
+    /// CRC-32 of the value (`memkeep check` verifies it).
+    pub crc: u32,
+}
+
+impl Pointer {
+    pub fn encode(&self) -> [u8; POINTER_LEN] {
+        let mut b = [0u8; POINTER_LEN];
+        b[0..8].copy_from_slice(&self.id.to_le_bytes());
+        b[8..16].copy_from_slice(&self.segment.to_le_bytes());
+        b[16..24].copy_from_slice(&self.offset.to_le_bytes());
+        b[24..28].copy_from_slice(&self.len.to_le_bytes());
+        b[28..32].copy_from_slice(&self.crc.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Option<Pointer> {
+        let b: &[u8; POINTER_LEN] = b.try_into().ok()?;
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or_default());
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap_or_default());
+        Some(Pointer {
+            id: u64_at(0),
+            segment: u64_at(8),
+            offset: u64_at(16),
+            len: u32_at(24),
+            crc: u32_at(28),
+        })
+    }
+
+    fn end(&self) -> u64 {
+        self.offset.saturating_add(u64::from(self.len))
+    }
+}
+
+/// Mappings are made this much at a time past what a pointer needs, so that a segment being
+/// appended to is mapped again only every so often (only bytes inside the file are touched).
+const MAP_STEP: u64 = 64 << 20;
+
+/// One segment file as readers see it.
+struct Seg {
+    file: File,
+    /// Every mapping made of it, newest last, as (address, length): older ones stay mapped
+    /// (slices handed out may still be in use) until the process ends.
+    maps: Mutex<Vec<(usize, usize)>>,
+    /// The newest mapping's address and length, for the lock-free path.
+    base: AtomicUsize,
+    mapped: AtomicUsize,
+    /// Bytes the file was known to hold (a pointer inside them may be touched).
+    known: AtomicUsize,
+}
+
+// The mapping addresses are plain numbers; the pages are read-only and shared.
+unsafe impl Send for Seg {}
+unsafe impl Sync for Seg {}
+
+/// A store's separated values: its data directory's segments, as readers map them, and the
+/// segments that hold values.
+pub struct ValueLog {
+    id: u64,
+    dir: PathBuf,
+    segs: RwLock<HashMap<u64, Arc<Seg>>>,
+    /// Segments that may hold a value some pointer names (see the module doc).
+    holds: Mutex<BTreeSet<u64>>,
+    /// Segments in `holds` fdatasynced since their last value was written.
+    synced: Mutex<BTreeSet<u64>>,
+    page: usize,
+    all_cold: bool,
+}
+
+/// The value logs open in this process, by id.
+static REGISTRY: RwLock<Vec<Arc<ValueLog>>> = RwLock::new(Vec::new());
+
+impl ValueLog {
+    /// The value log of the store in `dir` with id `id`, registered for `resolve` (an id
+    /// already registered keeps its first directory: a backup's copy, opened beside the live
+    /// store, must resolve the live store's pointers). `holds` is what the directory holds that
+    /// pointers may name (every segment older than the checkpoint's first).
+    pub fn register(dir: &Path, id: u64, holds: BTreeSet<u64>) -> Arc<ValueLog> {
+        let mut reg = REGISTRY.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(v) = reg.iter().find(|v| v.id == id) {
+            if v.dir == dir {
+                lock(&v.holds).extend(holds);
+            }
+            return v.clone();
+        }
+        // SAFETY: sysconf has no preconditions.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+        let v = Arc::new(ValueLog {
+            id,
+            dir: dir.to_path_buf(),
+            segs: RwLock::new(HashMap::new()),
+            holds: Mutex::new(holds),
+            synced: Mutex::new(BTreeSet::new()),
+            page: page.max(1),
+            all_cold: std::env::var_os("MEMKEEP_TEST_ALL_COLD").is_some_and(|v| v == "1"),
+        });
+        reg.push(v.clone());
+        v
+    }
+
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Notes that segment `n` holds a value (the writer, at each separated put).
+    /// (Only the current segment is written to, and `sync_held` syncs only ended ones, so a
+    /// segment once synced there gets no later value.)
+    pub fn note_held(&self, n: u64) {
+        lock(&self.holds).insert(n);
+    }
+
+    /// Whether segment `n` must be kept.
+    pub fn holds(&self, n: u64) -> bool {
+        lock(&self.holds).contains(&n)
+    }
+
+    /// The segments kept for their values.
+    pub fn held(&self) -> Vec<u64> {
+        lock(&self.holds).iter().copied().collect()
+    }
+
+    /// Makes every segment before `before` that holds values durable (the checkpointer, before
+    /// it writes a record whose snapshot may point into them).
+    pub fn sync_held(&self, before: u64) -> std::io::Result<()> {
+        let todo: Vec<u64> = {
+            let h = lock(&self.holds);
+            let s = lock(&self.synced);
+            h.range(..before)
+                .filter(|n| !s.contains(n))
+                .copied()
+                .collect()
+        };
+        for n in todo {
+            let path = self.dir.join(super::wal::segment_name(n));
+            match File::open(&path) {
+                Ok(f) => f.sync_data()?,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            }
+            lock(&self.synced).insert(n);
+        }
+        Ok(())
+    }
+
+    fn seg(&self, n: u64) -> Result<Arc<Seg>, StoreError> {
+        if let Some(s) = self.segs.read().unwrap_or_else(|p| p.into_inner()).get(&n) {
+            return Ok(s.clone());
+        }
+        let mut segs = self.segs.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = segs.get(&n) {
+            return Ok(s.clone());
+        }
+        let path = self.dir.join(super::wal::segment_name(n));
+        let file = File::open(&path).map_err(|e| {
+            StoreError::damaged(format!(
+                "a value's log segment {} cannot be opened: {e}",
+                path.display()
+            ))
+        })?;
+        let s = Arc::new(Seg {
+            file,
+            maps: Mutex::new(Vec::new()),
+            base: AtomicUsize::new(0),
+            mapped: AtomicUsize::new(0),
+            known: AtomicUsize::new(0),
+        });
+        segs.insert(n, s.clone());
+        Ok(s)
+    }
+
+    /// The value `p` names, borrowed from a mapping that lives as long as the process.
+    fn slice(&self, p: &Pointer) -> Result<&'static [u8], StoreError> {
+        let seg = self.seg(p.segment)?;
+        let end = usize::try_from(p.end()).map_err(|_| bad(p, "past the address space"))?;
+        let at = usize::try_from(p.offset).map_err(|_| bad(p, "past the address space"))?;
+        if end > seg.known.load(Ordering::Acquire) {
+            let len = seg
+                .file
+                .metadata()
+                .map_err(|e| StoreError::Backend(format!("cannot stat a log segment: {e}")))?
+                .len();
+            if p.end() > len {
+                return Err(bad(
+                    p,
+                    &format!("past the end of its segment ({len} bytes)"),
+                ));
+            }
+            seg.known
+                .fetch_max(usize::try_from(len).unwrap_or(usize::MAX), Ordering::AcqRel);
+        }
+        if end > seg.mapped.load(Ordering::Acquire) {
+            let mut maps = lock(&seg.maps);
+            if end > seg.mapped.load(Ordering::Acquire) {
+                let len = (p.end().div_ceil(MAP_STEP) + 1) * MAP_STEP;
+                let len = usize::try_from(len).map_err(|_| bad(p, "past the address space"))?;
+                use std::os::fd::AsRawFd;
+                // SAFETY: a new read-only shared mapping of a file this process keeps open; only
+                // bytes inside the file (checked above against its length) are ever touched.
+                let addr = unsafe {
+                    libc::mmap(
+                        std::ptr::null_mut(),
+                        len,
+                        libc::PROT_READ,
+                        libc::MAP_SHARED,
+                        seg.file.as_raw_fd(),
+                        0,
+                    )
+                };
+                if addr == libc::MAP_FAILED {
+                    return Err(StoreError::Backend(format!(
+                        "cannot map a log segment: {}",
+                        std::io::Error::last_os_error()
+                    )));
+                }
+                // SAFETY: advice only, on the mapping just made. Values are read whole and at
+                // random: readahead around them would evict what other reads need.
+                unsafe { libc::madvise(addr, len, libc::MADV_RANDOM) };
+                maps.push((addr as usize, len));
+                seg.base.store(addr as usize, Ordering::Release);
+                seg.mapped.store(len, Ordering::Release);
+            }
+        }
+        let base = seg.base.load(Ordering::Acquire);
+        // SAFETY: `at..end` lies inside the newest mapping (its length is at least `end`, set
+        // after its address), which is never unmapped while the process runs, and inside the
+        // file (checked above), so touching it cannot fault past the end of the file.
+        Ok(unsafe { std::slice::from_raw_parts((base + at) as *const u8, end - at) })
+    }
+
+    /// Reads the value `p` names into `buf` (of `p.len` bytes) with `pread` (reader threads).
+    pub fn read_value(&self, p: &Pointer, buf: &mut [u8]) -> std::io::Result<()> {
+        let seg = self.seg(p.segment).map_err(std::io::Error::other)?;
+        seg.file.read_exact_at(buf, p.offset)
+    }
+}
+
+fn bad(p: &Pointer, why: &str) -> StoreError {
+    StoreError::damaged(format!(
+        "a value pointer into log segment {} (bytes {}..{}) is {why}",
+        p.segment,
+        p.offset,
+        p.end()
+    ))
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The value log registered under `id`.
+pub fn find(id: u64) -> Option<Arc<ValueLog>> {
+    REGISTRY
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .find(|v| v.id == id)
+        .cloned()
+}
+
+/// `find`, through a one-entry cache per thread (a thread serves one store).
+fn cached(id: u64) -> Option<Arc<ValueLog>> {
+    thread_local! {
+        static LAST: std::cell::RefCell<Option<Arc<ValueLog>>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    LAST.with(|l| {
+        let mut l = l.borrow_mut();
+        match &*l {
+            Some(v) if v.id == id => Some(v.clone()),
+            _ => {
+                *l = find(id);
+                l.clone()
+            }
+        }
+    })
+}
+
+/// The bytes `p` names (see `ValueLog::slice`).
+pub fn resolve(p: &Pointer) -> Result<&'static [u8], StoreError> {
+    let v = cached(p.id).ok_or_else(|| {
+        StoreError::damaged(format!(
+            "a value pointer names value log {:016x}, which is not this store's",
+            p.id
+        ))
+    })?;
+    v.slice(p)
+}
+
+/// Whether some page of `value` (a slice `resolve` returned) is not in memory.
+pub fn cold(value: &[u8], id: u64) -> bool {
+    let Some(v) = cached(id) else {
+        return false;
+    };
+    if v.all_cold {
+        return true;
+    }
+    super::resident::sampled_cold(value.as_ptr() as usize, value.len(), v.page)
+}
+
+/// What the writer needs to separate values into the batch it is applying: where the batch
+/// will be appended (`Wal::position` in segment `segment`), and that segment's file.
+pub struct Sink {
+    pub vlog: Arc<ValueLog>,
+    pub min: usize,
+    pub segment: u64,
+    /// The file offset of the batch buffer's first byte (its header's).
+    pub base: u64,
+    pub file: Arc<File>,
+}
+
+impl Sink {
+    /// Writes `parts` (the value) at `at` in the batch buffer, where the append will put them
+    /// again, and returns the pointer to them.
+    pub fn write(&self, at: usize, parts: &[&[u8]]) -> std::io::Result<Pointer> {
+        let offset = self.base + at as u64;
+        let mut o = offset;
+        let mut h = crc32fast::Hasher::new();
+        let mut len = 0usize;
+        for p in parts {
+            self.file.write_all_at(p, o)?;
+            h.update(p);
+            o += p.len() as u64;
+            len += p.len();
+        }
+        self.vlog.note_held(self.segment);
+        Ok(Pointer {
+            id: self.vlog.id,
+            segment: self.segment,
+            offset,
+            len: u32::try_from(len).map_err(|_| std::io::Error::other("value too long"))?,
+            crc: h.finalize(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pointers_round_trip_and_refuse_other_lengths() {
+        let p = Pointer {
+            id: 7,
+            segment: 3,
+            offset: 1 << 33,
+            len: 20_000,
+            crc: 0xdead_beef,
+        };
+        assert_eq!(Pointer::decode(&p.encode()), Some(p));
+        assert_eq!(Pointer::decode(&p.encode()[..31]), None);
+    }
+
+    #[test]
+    fn a_value_written_by_a_sink_resolves_and_reads_back() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join(super::super::wal::segment_name(5));
+        let file = Arc::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(true)
+                .read(true)
+                .write(true)
+                .open(&path)
+                .expect("segment"),
+        );
+        let id = getrandom::u64().expect("random");
+        let vlog = ValueLog::register(dir.path(), id, BTreeSet::new());
+        let sink = Sink {
+            vlog: vlog.clone(),
+            min: 1,
+            segment: 5,
+            base: 4096,
+            file,
+        };
+        let p = sink.write(100, &[b"hello ", b"world"]).expect("write");
+        assert_eq!(p.offset, 4196);
+        assert_eq!(p.crc, crc32fast::hash(b"hello world"));
+        assert!(vlog.holds(5));
+        assert_eq!(resolve(&p).expect("resolves"), b"hello world");
+        let mut buf = vec![0u8; 11];
+        vlog.read_value(&p, &mut buf).expect("pread");
+        assert_eq!(buf, b"hello world");
+        // A pointer past the file's end is damage, never a fault.
+        let past = Pointer {
+            offset: 1 << 20,
+            ..p
+        };
+        assert!(resolve(&past).is_err_and(|e| e.is_damage()));
+        // A pointer of another store's log is damage too.
+        let other = Pointer { id: id ^ 1, ..p };
+        assert!(resolve(&other).is_err_and(|e| e.is_damage()));
+        vlog.sync_held(6).expect("sync");
+    }
+}
