@@ -84,16 +84,66 @@ pub fn backup(store: &LmdbStore, dest: &Path, replace: bool) -> Result<u64, Stri
     {
         return Err("the writer did not commit to LMDB within 10 s; backup not taken".into());
     }
-    let f = store
-        .env()
-        .copy_to_path(&tmp, CompactionOption::Enabled)
-        .map_err(|e| format!("backup to {} failed: {e}", tmp.display()))?;
+    let f = match store.vlog() {
+        None => store
+            .env()
+            .copy_to_path(&tmp, CompactionOption::Enabled)
+            .map_err(|e| format!("backup to {} failed: {e}", tmp.display()))?,
+        Some(_) => copy_inline(store, &tmp)?,
+    };
     f.sync_all()
         .map_err(|e| format!("cannot sync {}: {e}", tmp.display()))?;
     let size = f.metadata().map(|m| m.len()).unwrap_or(0);
     drop(f);
     std::fs::rename(&tmp, &file).map_err(|e| format!("cannot rename {}: {e}", tmp.display()))?;
     Ok(size)
+}
+
+/// Writes to `tmp` a copy of one snapshot of `store` (which may hold values in its log,
+/// `storage/vlog.rs`) with every value inline, as a store that never separated values: a
+/// backup is one file, with no log beside it. Record by record (LMDB's own copy would keep the
+/// pointers), each database in key order, so every page is filled whole as in a compacting
+/// copy.
+fn copy_inline(store: &LmdbStore, tmp: &Path) -> Result<std::fs::File, String> {
+    use crate::storage::lmdb::{DB_ITEMS, DB_META, DB_NAMES, META_FORMAT, META_VLOG};
+    use heed::types::Bytes;
+    let work = tmp.with_extension("d");
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).map_err(|e| format!("cannot create {}: {e}", work.display()))?;
+    let fail = |e: &dyn std::fmt::Display| format!("backup to {} failed: {e}", work.display());
+    {
+        let mut opts = heed::EnvOpenOptions::new().read_txn_without_tls();
+        opts.map_size(store.env().info().map_size).max_dbs(8);
+        // Safety: a new environment in a directory of our own, opened once.
+        let env = unsafe { opts.open(&work) }.map_err(|e| fail(&e))?;
+        let rtxn = store.read_txn().map_err(|e| fail(&e))?;
+        let mut w = env.write_txn().map_err(|e| fail(&e))?;
+        for (name, id) in DB_NAMES {
+            let db = env
+                .create_database::<Bytes, Bytes>(&mut w, Some(name))
+                .map_err(|e| fail(&e))?;
+            let Some(table) = store.table(id) else {
+                continue;
+            };
+            for kv in table.iter(&rtxn).map_err(|e| fail(&e))? {
+                let (k, v) = kv.map_err(|e| fail(&e))?;
+                let v = match (id, k) {
+                    (DB_META, META_VLOG) => continue,
+                    (DB_META, META_FORMAT) => {
+                        std::borrow::Cow::Borrowed(&[crate::storage::item::FORMAT_VERSION][..])
+                    }
+                    (DB_ITEMS, _) => crate::storage::item::inline(v).map_err(|e| fail(&e))?,
+                    _ => std::borrow::Cow::Borrowed(v),
+                };
+                db.put_with_flags(&mut w, heed::PutFlags::APPEND, k, &v)
+                    .map_err(|e| fail(&e))?;
+            }
+        }
+        w.commit().map_err(|e| fail(&e))?;
+    }
+    std::fs::rename(work.join("data.mdb"), tmp).map_err(|e| fail(&e))?;
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::File::open(tmp).map_err(|e| format!("cannot open {}: {e}", tmp.display()))
 }
 
 /// A consistent copy of a store a running server holds, in the new directory `tmp`, with

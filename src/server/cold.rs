@@ -257,6 +257,10 @@ impl Inner {
                 // Gone since, or unreadable: the request's own lookup will say so.
                 _ => continue,
             };
+            if let Some((header, p)) = crate::storage::item::inline_header(record) {
+                self.fetch_from_log(key, header, &p, buf, &mut job_bytes, &mut out);
+                continue;
+            }
             // A record in the overlay (on the heap) needs no reading.
             let Some(offset) = self.store.file_offset(record) else {
                 continue;
@@ -283,6 +287,62 @@ impl Inner {
             }
         }
         out
+    }
+
+    /// `fetch` for a value in the log (`storage/vlog.rs`): the item rebuilt inline (`header`
+    /// and the value read from its segment) into `out` while the budget allows, else the
+    /// value only read into the page cache.
+    fn fetch_from_log(
+        &self,
+        key: &[u8],
+        header: Vec<u8>,
+        p: &crate::storage::vlog::Pointer,
+        buf: &mut [u8],
+        job_bytes: &mut usize,
+        out: &mut Vec<Fetched>,
+    ) {
+        let Some(vlog) = self.store.vlog() else {
+            return;
+        };
+        let len = header.len() + p.len as usize;
+        let room = self.held.load(Ordering::Relaxed) + len <= HELD_MAX
+            && (out.is_empty() || *job_bytes + len <= JOB_MAX);
+        let counted = |r: std::io::Result<()>, n: usize| match r {
+            Ok(()) => {
+                self.stats.records.fetch_add(1, Ordering::Relaxed);
+                self.stats.bytes.fetch_add(n as u64, Ordering::Relaxed);
+                true
+            }
+            Err(e) => {
+                debug!("reading a value of {} bytes in the log: {e}", p.len);
+                self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                false
+            }
+        };
+        if room {
+            let mut data = header;
+            let n = data.len();
+            data.resize(len, 0);
+            if counted(vlog.read_value(p, &mut data[n..]), p.len as usize) {
+                *job_bytes += len;
+                out.push(Fetched::new(key, data.into_boxed_slice(), self.held.clone()));
+            }
+        } else {
+            // Over the budget: warm the page cache only.
+            let mut done = 0u32;
+            while done < p.len {
+                let n = ((p.len - done) as usize).min(buf.len());
+                let part = crate::storage::vlog::Pointer {
+                    offset: p.offset + u64::from(done),
+                    len: n as u32,
+                    ..*p
+                };
+                if !counted(vlog.read_value(&part, &mut buf[..n]), n) {
+                    break;
+                }
+                done += n as u32;
+            }
+        }
     }
 
     /// Fills `data` from the file at `offset`; false (counted) if it cannot.

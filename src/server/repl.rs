@@ -687,7 +687,17 @@ fn full_copy<'h>(
             .map_err(|e| io::Error::other(e.to_string()))?;
         for kv in iter {
             let (k, v) = kv.map_err(|e| io::Error::other(e.to_string()))?;
-            buf.put(db, k, &[v]);
+            if db == crate::storage::lmdb::DB_META && k == crate::storage::lmdb::META_VLOG {
+                // This store's own: the replica's pointers name its own value log.
+                continue;
+            }
+            // A value that lives in this store's log goes whole: the replica has no such log.
+            let v = if db == crate::storage::lmdb::DB_ITEMS {
+                crate::storage::item::inline(v).map_err(|e| io::Error::other(e.to_string()))?
+            } else {
+                std::borrow::Cow::Borrowed(v)
+            };
+            buf.put(db, k, &[&v]);
             records += 1;
             if buf.payload_len() >= CHUNK {
                 pace.sent(buf.payload_len());

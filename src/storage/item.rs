@@ -251,6 +251,15 @@ pub fn pointer_of(bytes: &[u8]) -> Option<(usize, super::vlog::Pointer)> {
     Some((n, super::vlog::Pointer::decode(bytes.get(n..)?)?))
 }
 
+/// A separated item's header as it would be stored inline (the SEPARATED mark cleared), and
+/// its pointer: a reader thread puts the value it reads after it.
+pub fn inline_header(bytes: &[u8]) -> Option<(Vec<u8>, super::vlog::Pointer)> {
+    let (n, p) = pointer_of(bytes)?;
+    let mut h = bytes.get(..n)?.to_vec();
+    h[1] &= !SEPARATED;
+    Some((h, p))
+}
+
 /// The record as it would be stored inline: a separated item's header (unmarked) and its
 /// value; any other record as it is. For copies that leave the store (a replica's full copy,
 /// a backup), which have no log segments of their own to point into.

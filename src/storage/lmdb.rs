@@ -340,6 +340,16 @@ pub const DB_ELEMS: u8 = 3;
 pub const DB_ZSCORE: u8 = 4;
 pub const DB_GC: u8 = 5;
 
+/// The named databases and their log numbers.
+pub const DB_NAMES: [(&str, u8); 6] = [
+    ("items", DB_ITEMS),
+    ("expiry", DB_EXPIRY),
+    ("meta", DB_META),
+    ("elems", DB_ELEMS),
+    ("zscore", DB_ZSCORE),
+    ("gc", DB_GC),
+];
+
 /// Set in the id of a sorted set's rank-directory records in `zscore` (`types::zrank`).
 pub const ZRANK_DIR: u64 = 1 << 63;
 
@@ -519,14 +529,7 @@ impl LmdbStore {
         if has_data && let Some(e) = truncated(&env) {
             return Err(e);
         }
-        const NAMES: [(&str, u8); 6] = [
-            ("items", DB_ITEMS),
-            ("expiry", DB_EXPIRY),
-            ("meta", DB_META),
-            ("elems", DB_ELEMS),
-            ("zscore", DB_ZSCORE),
-            ("gc", DB_GC),
-        ];
+        const NAMES: [(&str, u8); 6] = DB_NAMES;
         // A store that has every database and our format opens with a read transaction only:
         // a write transaction would wait for a running server's writer, which keeps one open
         // (`memkeep backup` and `export` read a live store beside it).

@@ -547,6 +547,9 @@ pub struct ColdKey {
     pub key: Box<[u8]>,
     pub offset: u64,
     pub len: usize,
+    /// The value lives in a log segment (`vlog.rs`), not in `data.mdb`: `offset` is not a
+    /// file offset, and a reader thread reads it (rings read `data.mdb` only).
+    pub in_log: bool,
 }
 
 /// A read transaction kept open past its pass, so that the pages of the records it found stay
@@ -662,8 +665,35 @@ impl<'s> Snap<'s> {
                 key: key.into(),
                 offset,
                 len: bytes.len(),
+                in_log: false,
             });
         }
+    }
+
+    /// Whether `bytes`, a record of this store, is not in memory: the record itself in
+    /// `data.mdb`, or the value it points to in the log (`vlog.rs`). Noted for reading if so.
+    fn check_cold(&self, key: &[u8], bytes: &[u8]) -> bool {
+        if self.store.cold(bytes) {
+            self.push_cold(key, bytes);
+            return true;
+        }
+        let Some((n, p)) = item::pointer_of(bytes) else {
+            return false;
+        };
+        // Unresolvable: the lookup's own decode says why.
+        let Ok(value) = super::vlog::resolve(&p) else {
+            return false;
+        };
+        if value.len() < super::resident::CHECK_FROM || !super::vlog::cold(value, p.id) {
+            return false;
+        }
+        self.cold.borrow_mut().push(ColdKey {
+            key: key.into(),
+            offset: p.offset,
+            len: n + value.len(),
+            in_log: true,
+        });
+        true
     }
 
     /// Records read for the connection about to run (replacing any earlier ones).
@@ -711,8 +741,7 @@ impl<'s> Snap<'s> {
         let Some(bytes) = self.record(key)? else {
             return Ok(Found::Missing);
         };
-        if self.cold_checks.get() && self.store.cold(bytes) {
-            self.push_cold(key, bytes);
+        if self.cold_checks.get() && self.check_cold(key, bytes) {
             return Ok(Found::Cold);
         }
         item::decode(bytes).map(Found::Item)
@@ -729,10 +758,7 @@ impl<'s> Snap<'s> {
             return false;
         }
         match self.record(key) {
-            Ok(Some(bytes)) if self.store.cold(bytes) => {
-                self.push_cold(key, bytes);
-                true
-            }
+            Ok(Some(bytes)) => self.check_cold(key, bytes),
             _ => false,
         }
     }

@@ -32,7 +32,9 @@ use super::{Submission, Writer};
 use crate::command::{CopyChunk, Outcome, ReplInstall, WriteOp};
 use crate::config::SyncMode;
 use crate::engine::repl::{Hub, REPL_KEY, encode_position};
-use crate::storage::lmdb::{DB_META, LmdbStore, Replay};
+use crate::storage::lmdb::{
+    DB_META, LmdbStore, META_FORMAT, META_VLOG, Replay, STORE_FORMAT_SEPARATED,
+};
 use crate::storage::wal::{Op, ops};
 
 /// Databases a full copy replaces (every one a log record can name).
@@ -218,6 +220,24 @@ fn write_copy(
             }
             Ok(CopyChunk::End) => break,
             Err(_) => return Err("the copy was cut short".into()),
+        }
+    }
+    if let Some(v) = store.vlog() {
+        // Cleared with `meta`: this store's own value log, which its earlier log segments
+        // (kept) and its later pointers name, and the format that says it may have some.
+        for (key, value) in [
+            (META_VLOG, &v.id().to_le_bytes()[..]),
+            (META_FORMAT, &[STORE_FORMAT_SEPARATED][..]),
+        ] {
+            store.replay(
+                &mut rw,
+                Op::Put {
+                    db: DB_META,
+                    key,
+                    value,
+                },
+                Replay::Exact,
+            )?;
         }
     }
     let pos = encode_position(&x.replid, x.offset);
