@@ -325,7 +325,11 @@ impl Inner {
             data.resize(len, 0);
             if counted(vlog.read_value(p, &mut data[n..]), p.len as usize) {
                 *job_bytes += len;
-                out.push(Fetched::new(key, data.into_boxed_slice(), self.held.clone()));
+                out.push(Fetched::new(
+                    key,
+                    data.into_boxed_slice(),
+                    self.held.clone(),
+                ));
             }
         } else {
             // Over the budget: warm the page cache only.

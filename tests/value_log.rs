@@ -1,0 +1,504 @@
+//! Value separation (`value_log_min`, `src/storage/vlog.rs`): string values of at least that
+//! many bytes live only in the write-ahead log, with a pointer in LMDB. Every way of reading a
+//! value sees the same bytes whichever way it is stored: through the overlay before LMDB has
+//! the batch, through the pointer after a clean restart, inline again after a crash's replay,
+//! cold through the reader threads, in a backup, and on a replica.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::resp::{Reply, Resp};
+use common::{Options, Rng, Server};
+
+const BIN: &str = env!("CARGO_BIN_EXE_memkeep");
+/// Value sizes around the threshold (4 KiB) and well past it.
+const SIZES: [usize; 8] = [10, 300, 4095, 4096, 4097, 20_000, 70_000, 300_000];
+
+fn start(args: &[&str], env: &[(&str, &str)]) -> Server {
+    Server::start_with(
+        BIN,
+        Options {
+            args: args.iter().map(|s| s.to_string()).collect(),
+            resp: true,
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..Options::default()
+        },
+    )
+}
+
+struct Mc {
+    r: BufReader<TcpStream>,
+    w: TcpStream,
+}
+
+impl Mc {
+    fn open(s: &Server) -> Mc {
+        let c = s.connect();
+        c.set_read_timeout(Some(Duration::from_secs(30)))
+            .expect("timeout");
+        Mc {
+            r: BufReader::new(c.try_clone().expect("clone")),
+            w: c,
+        }
+    }
+
+    fn line(&mut self) -> String {
+        let mut l = String::new();
+        self.r.read_line(&mut l).expect("reply line");
+        assert!(l.ends_with("\r\n"), "truncated reply line {l:?}");
+        l.truncate(l.len() - 2);
+        l
+    }
+
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        let mut v = vec![0u8; n + 2];
+        self.r.read_exact(&mut v).expect("value bytes");
+        assert_eq!(&v[n..], b"\r\n");
+        v.truncate(n);
+        v
+    }
+
+    fn store(&mut self, verb: &str, key: &str, flags: u32, v: &[u8]) -> String {
+        let mut req = format!("{verb} {key} {flags} 0 {}\r\n", v.len()).into_bytes();
+        req.extend_from_slice(v);
+        req.extend_from_slice(b"\r\n");
+        self.w.write_all(&req).expect("send");
+        self.line()
+    }
+
+    /// `get key`: (flags, value), or None on a miss.
+    fn get(&mut self, key: &str) -> Option<(u32, Vec<u8>)> {
+        self.w
+            .write_all(format!("get {key}\r\n").as_bytes())
+            .expect("send");
+        let l = self.line();
+        if l == "END" {
+            return None;
+        }
+        let parts: Vec<&str> = l.split(' ').collect();
+        assert_eq!(parts[0], "VALUE", "{l}");
+        let flags = parts[2].parse().expect("flags");
+        let v = self.bytes(parts[3].parse().expect("length"));
+        assert_eq!(self.line(), "END");
+        Some((flags, v))
+    }
+
+    /// `mg key s v`: the size the meta protocol reports and the value.
+    fn mg(&mut self, key: &str) -> Option<(usize, Vec<u8>)> {
+        self.w
+            .write_all(format!("mg {key} s v\r\n").as_bytes())
+            .expect("send");
+        let l = self.line();
+        if l == "EN" {
+            return None;
+        }
+        let parts: Vec<&str> = l.split(' ').collect();
+        assert_eq!(parts[0], "VA", "{l}");
+        let n: usize = parts[1].parse().expect("length");
+        let s = parts
+            .iter()
+            .find_map(|p| p.strip_prefix('s'))
+            .and_then(|s| s.parse().ok())
+            .expect("s flag");
+        Some((s, self.bytes(n)))
+    }
+
+    /// Asks for `n` checkpoints, one after the other, each seen to start (a new log segment).
+    fn checkpoints(&mut self, dir: &std::path::Path, n: usize) {
+        let newest = || {
+            std::fs::read_dir(dir)
+                .expect("data dir")
+                .filter_map(|e| {
+                    let name = e.ok()?.file_name().into_string().ok()?;
+                    let hex = name.strip_prefix("wal-")?.strip_suffix(".log")?;
+                    u64::from_str_radix(hex, 16).ok()
+                })
+                .max()
+                .unwrap_or(0)
+        };
+        for _ in 0..n {
+            let before = newest();
+            self.w.write_all(b"db_checkpoint\r\n").expect("send");
+            assert_eq!(self.line(), "OK");
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while newest() == before {
+                assert!(Instant::now() < deadline, "no checkpoint began");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    }
+
+    fn stat(&mut self, name: &str) -> Option<u64> {
+        self.w.write_all(b"stats\r\n").expect("send");
+        let mut found = None;
+        loop {
+            let l = self.line();
+            if l == "END" {
+                return found;
+            }
+            if let Some(v) = l.strip_prefix(&format!("STAT {name} ")) {
+                found = v.parse().ok();
+            }
+        }
+    }
+}
+
+/// A value that names its key and version, `n` bytes long.
+fn value(key: &str, version: u64, n: usize) -> Vec<u8> {
+    format!("{key}/{version};")
+        .bytes()
+        .cycle()
+        .take(n)
+        .collect()
+}
+
+/// One round of writes through both protocols: sets of every size, appends and prepends to
+/// large values, SETRANGE inside them, overwrites with small values and deletes.
+fn write_round(
+    s: &Server,
+    model: &mut BTreeMap<String, (u32, Vec<u8>)>,
+    rng: &mut Rng,
+    round: u64,
+) {
+    let mut mc = Mc::open(s);
+    let mut r = Resp::connect(s.resp_addr().expect("resp"));
+    for i in 0..48 {
+        let key = format!("k{i}");
+        let n = SIZES[rng.below(SIZES.len() as u64) as usize];
+        let v = value(&key, round * 100 + i, n);
+        if i % 2 == 0 {
+            let flags = (round * 7 + i) as u32;
+            assert_eq!(mc.store("set", &key, flags, &v), "STORED");
+            model.insert(key, (flags, v));
+        } else {
+            assert_eq!(
+                r.call(&[b"SET", key.as_bytes(), &v]),
+                Reply::Simple("OK".into())
+            );
+            model.insert(key, (0, v));
+        }
+    }
+    for i in (0..48).step_by(5) {
+        let key = format!("k{i}");
+        let Some((flags, v)) = model.get_mut(&key) else {
+            continue;
+        };
+        match i % 4 {
+            0 => {
+                assert_eq!(mc.store("append", &key, 0, b"-tail"), "STORED");
+                v.extend_from_slice(b"-tail");
+            }
+            1 => {
+                let n = r.call(&[b"APPEND", key.as_bytes(), b"+more"]);
+                v.extend_from_slice(b"+more");
+                assert_eq!(n, Reply::Int(v.len() as i64));
+            }
+            2 => {
+                assert_eq!(mc.store("prepend", &key, 0, b"head-"), "STORED");
+                v.splice(0..0, b"head-".iter().copied());
+            }
+            _ => {
+                let at = v.len() / 2;
+                let n = r.call(&[
+                    b"SETRANGE",
+                    key.as_bytes(),
+                    at.to_string().as_bytes(),
+                    b"XYZ",
+                ]);
+                let end = (at + 3).max(v.len());
+                v.resize(end, 0);
+                v[at..at + 3].copy_from_slice(b"XYZ");
+                assert_eq!(n, Reply::Int(v.len() as i64));
+            }
+        }
+        let _ = flags;
+    }
+    for i in (3..48).step_by(11) {
+        let key = format!("k{i}");
+        assert_eq!(r.call(&[b"DEL", key.as_bytes()]), Reply::Int(1));
+        model.remove(&key);
+    }
+    // A large value overwritten by a small one, and a small one by a large one.
+    for (key, n) in [("k1", 50), ("k2", 90_000)] {
+        let v = value(key, round * 1000, n);
+        assert_eq!(mc.store("set", key, 3, &v), "STORED");
+        model.insert(key.to_string(), (3, v));
+    }
+}
+
+/// Every key reads back as the model has it, through memcached's get and mg and RESP's GET,
+/// STRLEN and GETRANGE.
+fn verify(s: &Server, model: &BTreeMap<String, (u32, Vec<u8>)>, when: &str) {
+    let mut mc = Mc::open(s);
+    let mut r = Resp::connect(s.resp_addr().expect("resp"));
+    for i in 0..48 {
+        let key = format!("k{i}");
+        let want = model.get(&key);
+        let got = mc.get(&key);
+        assert_eq!(
+            got.as_ref().map(|(f, v)| (*f, v.len())),
+            want.map(|(f, v)| (*f, v.len())),
+            "{key} {when}: flags and length"
+        );
+        assert!(
+            got.as_ref().map(|g| &g.1) == want.map(|w| &w.1),
+            "{key} {when}: bytes"
+        );
+        match want {
+            None => {
+                assert_eq!(mc.mg(&key), None, "{key} {when}");
+                assert_eq!(r.call(&[b"GET", key.as_bytes()]), Reply::Bulk(None));
+            }
+            Some((_, v)) => {
+                assert_eq!(mc.mg(&key), Some((v.len(), v.clone())), "{key} {when}: mg");
+                assert_eq!(
+                    r.call(&[b"GET", key.as_bytes()]),
+                    Reply::Bulk(Some(v.clone())),
+                    "{key} {when}: GET"
+                );
+                assert_eq!(
+                    r.call(&[b"STRLEN", key.as_bytes()]),
+                    Reply::Int(v.len() as i64)
+                );
+                let (a, b) = (v.len() / 3, v.len() / 3 + 100);
+                let want_range = v[a.min(v.len())..(b + 1).min(v.len())].to_vec();
+                assert_eq!(
+                    r.call(&[
+                        b"GETRANGE",
+                        key.as_bytes(),
+                        a.to_string().as_bytes(),
+                        b.to_string().as_bytes()
+                    ]),
+                    Reply::Bulk(Some(want_range)),
+                    "{key} {when}: GETRANGE"
+                );
+            }
+        }
+    }
+}
+
+/// How many strings `memkeep check` finds with their value in the log; asserts it finds no
+/// problem.
+fn checked_in_log(dir: &std::path::Path) -> u64 {
+    let out = Command::new(BIN)
+        .arg("check")
+        .arg(dir)
+        .output()
+        .expect("memkeep check");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "memkeep check: {stdout}");
+    let summary = stdout
+        .lines()
+        .find(|l| l.starts_with("summary: "))
+        .unwrap_or_else(|| panic!("no summary in {stdout}"));
+    summary
+        .split(" of them with their value in the log")
+        .next()
+        .and_then(|s| s.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count in {summary}"))
+}
+
+fn every_read_path(env: &[(&str, &str)]) -> (Server, BTreeMap<String, (u32, Vec<u8>)>) {
+    let mut s = start(&["--value-log-min", "4k", "--sync", "always"], env);
+    let mut model = BTreeMap::new();
+    let mut rng = Rng(0x5eed_0f_u64 ^ env.len() as u64);
+    write_round(&s, &mut model, &mut rng, 1);
+    verify(&s, &model, "as written");
+    // A clean stop commits and checkpoints: the values are read through their pointers.
+    s.restart();
+    verify(&s, &model, "after a clean restart");
+    write_round(&s, &mut model, &mut rng, 2);
+    verify(&s, &model, "after a second round");
+    // A crash: the checkpoint's pointers, and the log's batches since replayed inline.
+    s.kill9();
+    s.relaunch();
+    verify(&s, &model, "after kill -9");
+    write_round(&s, &mut model, &mut rng, 3);
+    s.restart();
+    verify(&s, &model, "after the last restart");
+    s.stop();
+    assert!(
+        checked_in_log(s.data_dir()) > 0,
+        "memkeep check found no value in the log"
+    );
+    s.relaunch();
+    (s, model)
+}
+
+#[test]
+fn every_read_path_sees_the_values_that_live_in_the_log() {
+    let (s, model) = every_read_path(&[]);
+    verify(&s, &model, "after check");
+}
+
+#[test]
+fn values_in_the_log_not_in_memory_are_read_by_the_reader_threads() {
+    let (s, model) = every_read_path(&[("MEMKEEP_TEST_ALL_COLD", "1")]);
+    verify(&s, &model, "after check");
+    let reads = Mc::open(&s).stat("cold_reads").expect("cold_reads");
+    assert!(reads > 0, "no value went through the reader threads");
+}
+
+#[test]
+fn turning_value_log_min_off_keeps_the_values_already_in_the_log() {
+    let mut s = start(&["--value-log-min", "1k"], &[]);
+    let mut mc = Mc::open(&s);
+    for i in 0..100 {
+        assert_eq!(
+            mc.store("set", &format!("v{i}"), 1, &value("v", i, 9000)),
+            "STORED"
+        );
+        if i % 30 == 0 {
+            // Values spread over several segments, each checkpointed.
+            mc.checkpoints(s.data_dir(), 1);
+        }
+    }
+    s.stop();
+    let before = checked_in_log(s.data_dir());
+    assert_eq!(before, 100);
+    // Relaunched without the option (the harness's own flags only), and checkpointed many
+    // times over: the segments holding the values stay.
+    let dir = s.data_dir().to_path_buf();
+    let plain = Server::start_with(
+        BIN,
+        Options {
+            data_dir: Some(dir.clone()),
+            ..Options::default()
+        },
+    );
+    let mut mc = Mc::open(&plain);
+    for round in 0..3 {
+        for i in 0..100 {
+            assert_eq!(
+                mc.store("set", &format!("x{i}"), 0, &value("x", round, 9000)),
+                "STORED"
+            );
+        }
+        mc.checkpoints(&dir, 1);
+    }
+    let read_all = |mc: &mut Mc| {
+        for i in 0..100 {
+            assert_eq!(
+                mc.get(&format!("v{i}")),
+                Some((1, value("v", i, 9000))),
+                "v{i}"
+            );
+        }
+    };
+    read_all(&mut mc);
+    drop(mc);
+    let mut plain = plain;
+    plain.restart();
+    read_all(&mut Mc::open(&plain));
+    plain.stop();
+    assert_eq!(checked_in_log(&dir), 100, "new values stay inline");
+}
+
+#[test]
+fn a_backup_of_a_store_with_values_in_the_log_holds_them_inline() {
+    let mut s = start(&["--value-log-min", "4k"], &[]);
+    let mut model = BTreeMap::new();
+    let mut rng = Rng(7);
+    write_round(&s, &mut model, &mut rng, 1);
+    // Into LMDB as pointers, then more writes the backup takes from the running server's log.
+    s.restart();
+    write_round(&s, &mut model, &mut rng, 2);
+    let dest = tempfile::tempdir().expect("tempdir");
+    let out = Command::new(BIN)
+        .arg("-H")
+        .arg(s.data_dir())
+        .arg("backup")
+        .arg(dest.path())
+        .output()
+        .expect("run memkeep backup");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The backup is one data.mdb: restored into a fresh directory, alone.
+    let restored_dir = tempfile::tempdir().expect("tempdir");
+    std::fs::copy(
+        dest.path().join("data.mdb"),
+        restored_dir.path().join("data.mdb"),
+    )
+    .expect("copy");
+    let restored = Server::start_with(
+        BIN,
+        Options {
+            resp: true,
+            data_dir: Some(restored_dir.path().to_path_buf()),
+            ..Options::default()
+        },
+    );
+    verify(&restored, &model, "in the backup");
+    let mut restored = restored;
+    restored.stop();
+    assert_eq!(checked_in_log(restored_dir.path()), 0);
+}
+
+fn info(s: &Server, field: &str) -> String {
+    let mut r = Resp::connect(s.resp_addr().expect("resp"));
+    let Reply::Bulk(Some(text)) = r.cmd("INFO replication") else {
+        panic!("INFO");
+    };
+    String::from_utf8_lossy(&text)
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")).map(str::to_string))
+        .unwrap_or_default()
+}
+
+fn converge(p: &Server, r: &Server) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let po = info(p, "master_repl_offset");
+        if info(r, "master_link_status") == "up" && info(r, "slave_repl_offset") == po {
+            return;
+        }
+        assert!(Instant::now() < deadline, "replica did not converge");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_replica_gets_the_values_whole_and_keeps_its_own_in_its_log() {
+    let mut p = start(&["--value-log-min", "4k"], &[]);
+    let mut model = BTreeMap::new();
+    let mut rng = Rng(11);
+    write_round(&p, &mut model, &mut rng, 1);
+    // Pointers in the primary's LMDB when the full copy is taken.
+    p.restart();
+    let port = p.resp_addr().expect("resp").port().to_string();
+    let mut r = start(
+        &[
+            "--value-log-min",
+            "4k",
+            "--replica-of",
+            &format!("127.0.0.1:{port}"),
+        ],
+        &[],
+    );
+    converge(&p, &r);
+    verify(&r, &model, "on the replica after its full copy");
+    // Streamed writes go into the replica's own log.
+    write_round(&p, &mut model, &mut rng, 2);
+    converge(&p, &r);
+    verify(&r, &model, "on the replica, streamed");
+    r.restart();
+    converge(&p, &r);
+    verify(&r, &model, "on the replica after its restart");
+    r.stop();
+    assert!(
+        checked_in_log(r.data_dir()) > 0,
+        "the replica keeps values in its log"
+    );
+}
