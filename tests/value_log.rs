@@ -310,7 +310,7 @@ fn checked_in_log(dir: &std::path::Path) -> u64 {
 fn every_read_path(env: &[(&str, &str)]) -> (Server, BTreeMap<String, (u32, Vec<u8>)>) {
     let mut s = start(&["--value-log-min", "4k", "--sync", "always"], env);
     let mut model = BTreeMap::new();
-    let mut rng = Rng(0x5eed_0f_u64 ^ env.len() as u64);
+    let mut rng = Rng(0x005e_ed0f_u64 ^ env.len() as u64);
     write_round(&s, &mut model, &mut rng, 1);
     verify(&s, &model, "as written");
     // A clean stop commits and checkpoints: the values are read through their pointers.
