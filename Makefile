@@ -117,7 +117,8 @@ failover: deps
 
 # Power loss, long form: 50 cuts per sync mode on cutfs (tests/powerloss/: a FUSE file system
 # that forgets unsynced writes), each store read back through both protocols; prints the table.
-# MEMKEEP_POWERLOSS_MODES=always,periodic,never picks modes, MEMKEEP_POWERLOSS_SEED replays.
+# Each mode also runs with --value-log-min 4k (always+vlog, ...); MEMKEEP_POWERLOSS_MODES=always,never+vlog
+# picks modes, MEMKEEP_POWERLOSS_SEED replays.
 # Needs /dev/fuse and fusermount3 (`make deps` installs fuse3).
 POWERLOSS_CUTS ?= 50
 .PHONY: powerloss

@@ -19,9 +19,13 @@
 //! The test fails if any store is damaged, if `always` loses anything acknowledged, or if
 //! `periodic` loses more than its window. It prints a table per mode and cut kind.
 //!
+//! Each sync mode runs twice: as it is, and with `--value-log-min 4k` (`+vlog`: values of
+//! 4 KiB and more live only in the log, with a pointer in LMDB, `src/storage/vlog.rs`), under
+//! the same rules.
+//!
 //! Environment: `MEMKEEP_POWERLOSS_CUTS` cuts per mode (default 6, spread over the three cut
 //! kinds; `make powerloss` runs 50), `MEMKEEP_POWERLOSS_MODES` (default
-//! `always,periodic,never`), `MEMKEEP_POWERLOSS_SEED` to replay the random choices (the cut
+//! `always,periodic,never,always+vlog,periodic+vlog,never+vlog`), `MEMKEEP_POWERLOSS_SEED` to replay the random choices (the cut
 //! moments still depend on timing). Without /dev/fuse or fusermount3 the tests print SKIPPED
 //! and why.
 
@@ -62,25 +66,46 @@ const FSYNC_WAIT: Duration = Duration::from_secs(1);
 const DEFAULT_CUTS: usize = 6;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Mode {
+enum Sync {
     Always,
     Periodic,
     Never,
 }
 
+/// A sync mode, and whether large values live in the log (`--value-log-min`, `vlog.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Mode {
+    sync: Sync,
+    value_log: bool,
+}
+
+/// `--value-log-min` in the `+vlog` modes: about a sixth of the load's values are larger.
+const VALUE_LOG_MIN: &str = "4k";
+
 impl Mode {
     fn name(self) -> &'static str {
-        match self {
-            Mode::Always => "always",
-            Mode::Periodic => "periodic",
-            Mode::Never => "never",
+        match (self.sync, self.value_log) {
+            (Sync::Always, false) => "always",
+            (Sync::Periodic, false) => "periodic",
+            (Sync::Never, false) => "never",
+            (Sync::Always, true) => "always+vlog",
+            (Sync::Periodic, true) => "periodic+vlog",
+            (Sync::Never, true) => "never+vlog",
         }
     }
 
     fn args(self) -> Vec<String> {
-        let mut a = vec!["--sync".to_string(), self.name().to_string()];
-        if self == Mode::Periodic {
+        let sync = match self.sync {
+            Sync::Always => "always",
+            Sync::Periodic => "periodic",
+            Sync::Never => "never",
+        };
+        let mut a = vec!["--sync".to_string(), sync.to_string()];
+        if self.sync == Sync::Periodic {
             a.extend(["--sync-interval-ms".into(), SYNC_INTERVAL_MS.to_string()]);
+        }
+        if self.value_log {
+            a.extend(["--value-log-min".into(), VALUE_LOG_MIN.into()]);
         }
         a.extend(["--map-size".into(), "1g".into()]);
         a
@@ -117,18 +142,25 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 }
 
 fn modes() -> Vec<Mode> {
-    let spec =
-        std::env::var("MEMKEEP_POWERLOSS_MODES").unwrap_or_else(|_| "always,periodic,never".into());
+    let spec = std::env::var("MEMKEEP_POWERLOSS_MODES")
+        .unwrap_or_else(|_| "always,periodic,never,always+vlog,periodic+vlog,never+vlog".into());
     spec.split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
-        .map(|s| match s {
-            "always" => Mode::Always,
-            "periodic" => Mode::Periodic,
-            "never" => Mode::Never,
-            other => {
-                panic!("MEMKEEP_POWERLOSS_MODES: unknown mode {other:?} (always, periodic, never)")
-            }
+        .map(|s| {
+            let (sync, value_log) = match s.strip_suffix("+vlog") {
+                Some(base) => (base, true),
+                None => (s, false),
+            };
+            let sync = match sync {
+                "always" => Sync::Always,
+                "periodic" => Sync::Periodic,
+                "never" => Sync::Never,
+                other => panic!(
+                    "MEMKEEP_POWERLOSS_MODES: unknown mode {other:?} (always, periodic, never, each with or without +vlog)"
+                ),
+            };
+            Mode { sync, value_log }
         })
         .collect()
 }
@@ -572,13 +604,13 @@ fn notes(r: &Row) -> String {
 
 fn table(rows: &BTreeMap<(Mode, Kind), Row>) -> String {
     let mut t = format!(
-        "{:<9} {:<14} {:>5} {:>9} {:>7} {:>8} {:>15} {:>10}  notes\n",
+        "{:<13} {:<14} {:>5} {:>9} {:>7} {:>8} {:>15} {:>10}  notes\n",
         "mode", "cut", "cuts", "acked", "lost", "damaged", "oldest lost ms", "log mapped"
     );
     for ((mode, kind), r) in rows {
         let _ = writeln!(
             t,
-            "{:<9} {:<14} {:>5} {:>9} {:>7} {:>8} {:>15} {:>10}  {}",
+            "{:<13} {:<14} {:>5} {:>9} {:>7} {:>8} {:>15} {:>10}  {}",
             mode.name(),
             kind.name(),
             r.cuts,
@@ -620,7 +652,7 @@ fn power_cuts_never_damage_a_store_and_always_mode_loses_nothing_acknowledged() 
                 i / Kind::ALL.len() + 1
             );
             // Every second cut in `never` and `periodic` comes while the log is mapped.
-            let wait_mapped = mode != Mode::Always && (i / Kind::ALL.len()) % 2 == 1;
+            let wait_mapped = mode.sync != Sync::Always && (i / Kind::ALL.len()) % 2 == 1;
             let out = run_cut(mode, kind, seeds.next(), &label, wait_mapped);
             let row = rows.entry((mode, kind)).or_default();
             row.cuts += 1;
@@ -643,14 +675,14 @@ fn power_cuts_never_damage_a_store_and_always_mode_loses_nothing_acknowledged() 
                     out.early_refusals
                 ));
             }
-            if mode == Mode::Always && out.lost > 0 {
+            if mode.sync == Sync::Always && out.lost > 0 {
                 failures.push(format!(
                     "[{label}] sync always lost {} acknowledged writes",
                     out.lost
                 ));
             }
             let window = Duration::from_millis(SYNC_INTERVAL_MS) + PERIODIC_SLACK;
-            if mode == Mode::Periodic
+            if mode.sync == Sync::Periodic
                 && let Some(age) = out.oldest_lost.filter(|a| *a > window)
             {
                 failures.push(format!(
@@ -667,7 +699,7 @@ fn power_cuts_never_damage_a_store_and_always_mode_loses_nothing_acknowledged() 
             .filter(|((m, _), _)| *m == mode)
             .map(|(_, r)| r.log_mapped)
             .sum();
-        if mode != Mode::Always && cuts > Kind::ALL.len() && mapped == 0 {
+        if mode.sync != Sync::Always && cuts > Kind::ALL.len() && mapped == 0 {
             failures.push(format!(
                 "{}: no cut came while the log was mapped, so appends through a mapped segment went untested",
                 mode.name()
