@@ -86,6 +86,8 @@ struct Read {
     slot: u32,
     epoch: u32,
     record: Fetched,
+    /// For a value in the log: the item's header, which goes in front of the value read.
+    prefix: Option<Vec<u8>>,
     /// Bytes the read must return: the record's end within the buffer read into.
     need: usize,
     /// Whether it bypasses the page cache.
@@ -201,8 +203,26 @@ impl ColdRing {
                 continue;
             }
             // A record read from the disk for the first time (lately) bypasses the page cache.
-            let direct = match &self.direct {
-                Some(f) if !self.direct_off && !self.seen.again(c.offset) => Some(f.as_raw_fd()),
+            // A value in the log (`vlog.rs`) is read from its segment, into a record of its own
+            // that the item's header is put in front of when the read is done (`prefix`).
+            let (direct_fd, buffered_fd, len, prefix) = match &c.in_log {
+                Some(l) => (
+                    l.direct,
+                    l.fd,
+                    c.len.saturating_sub(l.header.len()),
+                    Some(l.header.clone()),
+                ),
+                None => (
+                    self.direct.as_ref().map(|f| f.as_raw_fd()),
+                    self.file.as_raw_fd(),
+                    c.len,
+                    None,
+                ),
+            };
+            let direct = match direct_fd {
+                // (Values in the log and records of data.mdb share `seen`: a collision only
+                // changes how one read is made.)
+                Some(fd) if !self.direct_off && !self.seen.again(c.offset) => Some(fd),
                 _ => None,
             };
             let (fd, mut record, at, need, span, pad) = match direct {
@@ -210,19 +230,16 @@ impl ColdRing {
                     // Whole blocks around the record, into an aligned span of the buffer.
                     let from = c.offset & !(ALIGN as u64 - 1);
                     let lead = (c.offset - from) as usize;
-                    let span = (lead + c.len).div_ceil(ALIGN) * ALIGN;
+                    let span = (lead + len).div_ceil(ALIGN) * ALIGN;
                     let buf = vec![0u8; span + ALIGN].into_boxed_slice();
                     let pad = (ALIGN - buf.as_ptr() as usize % ALIGN) % ALIGN;
-                    let record = Fetched::within(&c.key, buf, pad + lead, c.len, self.held.clone());
-                    (fd, record, from, lead + c.len, span, pad)
+                    let record = Fetched::within(&c.key, buf, pad + lead, len, self.held.clone());
+                    (fd, record, from, lead + len, span, pad)
                 }
                 None => {
-                    let record = Fetched::new(
-                        &c.key,
-                        vec![0u8; c.len].into_boxed_slice(),
-                        self.held.clone(),
-                    );
-                    (self.file.as_raw_fd(), record, c.offset, c.len, c.len, 0)
+                    let record =
+                        Fetched::new(&c.key, vec![0u8; len].into_boxed_slice(), self.held.clone());
+                    (buffered_fd, record, c.offset, len, len, 0)
                 }
             };
             let Ok(span32) = u32::try_from(span) else {
@@ -245,6 +262,7 @@ impl ColdRing {
                 slot,
                 epoch,
                 record,
+                prefix,
                 need,
                 direct: direct.is_some(),
                 txn: txn.clone(),
@@ -303,7 +321,19 @@ impl ColdRing {
                 if read.direct {
                     stats.direct.fetch_add(1, Ordering::Relaxed);
                 }
-                Some(read.record)
+                match read.prefix {
+                    None => Some(read.record),
+                    Some(mut item) => {
+                        item.extend_from_slice(read.record.record());
+                        let key = read.record.key.clone();
+                        drop(read.record);
+                        Some(Fetched::new(
+                            &key,
+                            item.into_boxed_slice(),
+                            self.held.clone(),
+                        ))
+                    }
+                }
             } else {
                 // Failed or short (the record is inside the file, so short means the file
                 // changed under us): the request's own lookup reads it in time.
@@ -311,9 +341,7 @@ impl ColdRing {
                 if read.direct && res == -libc::EINVAL && !self.direct_off {
                     self.direct_off = true;
                     // The file system or device wants another alignment: buffered reads only.
-                    warn!(
-                        "direct reads of data.mdb refused (EINVAL): reading through the page cache"
-                    );
+                    warn!("direct reads refused (EINVAL): reading through the page cache");
                 }
                 stats.errors.fetch_add(1, Ordering::Relaxed);
                 None

@@ -832,10 +832,8 @@ impl Worker {
                 match cold {
                     Some(pool) if !found.is_empty() => {
                         // On the worker's ring when it can take them, else by a reader thread.
-                        // (Values in the log are read by the threads: rings read data.mdb.)
-                        let in_log = found.iter().any(|c| c.in_log);
                         let found = match (ring.as_mut(), txn) {
-                            (Some(ring), Some(txn)) if !in_log => {
+                            (Some(ring), Some(txn)) => {
                                 match ring.queue(key as u32, conn.epoch, found, txn) {
                                     Ok(n) => {
                                         pool.stats().waits.fetch_add(1, Ordering::Relaxed);

@@ -633,6 +633,21 @@ fn run(
             }
         }
         busy.store(false, Ordering::Release);
+        // A segment that took separated values is kept (`vlog.rs`), so no spare comes back from
+        // it, and one made from nothing in zeros is that many bytes written twice for each
+        // segment of values (measured: 8% of the server's samples for 20 KiB SETs).
+        let values_in_log = job
+            .vlog
+            .as_ref()
+            .is_some_and(|v| v.holds(job.record.segment.saturating_sub(1)));
+        if values_in_log {
+            let target = wal::spare_target(job.ended);
+            if let Err(e) = wal::prepare_spare_unwritten(&dir, target) {
+                log::debug!("no spare log segment made in {}: {e}", dir.display());
+            }
+            stats.spare_rounds.fetch_add(1, Ordering::Release);
+            continue;
+        }
         // After `busy`: the writer may rotate meanwhile (it does not wait for zeros to be
         // written); `wal::prepare_spare` keeps the file it extends out of its reach.
         prepare_spare(&dir, wal::spare_target(job.ended), &stats);

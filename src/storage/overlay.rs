@@ -547,9 +547,17 @@ pub struct ColdKey {
     pub key: Box<[u8]>,
     pub offset: u64,
     pub len: usize,
-    /// The value lives in a log segment (`vlog.rs`), not in `data.mdb`: `offset` is not a
-    /// file offset, and a reader thread reads it (rings read `data.mdb` only).
-    pub in_log: bool,
+    /// The value lives in a log segment (`vlog.rs`), not in `data.mdb`: where `offset` is
+    /// (the value's first byte), and `len` is the header's and the value's.
+    pub in_log: Option<InLog>,
+}
+
+/// A cold value in the log: the item's header as stored inline, and its segment's
+/// descriptors, buffered and `O_DIRECT` (open for the life of the process).
+pub struct InLog {
+    pub header: Vec<u8>,
+    pub fd: std::os::fd::RawFd,
+    pub direct: Option<std::os::fd::RawFd>,
 }
 
 /// A read transaction kept open past its pass, so that the pages of the records it found stay
@@ -665,7 +673,7 @@ impl<'s> Snap<'s> {
                 key: key.into(),
                 offset,
                 len: bytes.len(),
-                in_log: false,
+                in_log: None,
             });
         }
     }
@@ -677,11 +685,12 @@ impl<'s> Snap<'s> {
             self.push_cold(key, bytes);
             return true;
         }
-        let Some((n, p)) = item::pointer_of(bytes) else {
+        let Some((header, p)) = item::inline_header(bytes) else {
             return false;
         };
         // Unresolvable: the lookup's own decode says why.
-        let Ok(value) = super::vlog::resolve(&p) else {
+        let (Ok(value), Some((fd, direct))) = (super::vlog::resolve(&p), super::vlog::raw_fds(&p))
+        else {
             return false;
         };
         if value.len() < super::resident::CHECK_FROM || !super::vlog::cold(value, p.id) {
@@ -690,8 +699,8 @@ impl<'s> Snap<'s> {
         self.cold.borrow_mut().push(ColdKey {
             key: key.into(),
             offset: p.offset,
-            len: n + value.len(),
-            in_log: true,
+            len: header.len() + value.len(),
+            in_log: Some(InLog { header, fd, direct }),
         });
         true
     }

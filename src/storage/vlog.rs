@@ -91,6 +91,10 @@ const MAP_STEP: u64 = 64 << 20;
 /// One segment file as readers see it.
 struct Seg {
     file: File,
+    /// The file opened with `O_DIRECT` (where allowed, and not turned off by
+    /// `MEMKEEP_COLD_DIRECT=0`), for a worker's ring to read cold values without passing
+    /// them through the page cache (`server/uring.rs` says why).
+    direct: std::sync::OnceLock<Option<File>>,
     /// Every mapping made of it, newest last, as (address, length): older ones stay mapped
     /// (slices handed out may still be in use) until the process ends.
     maps: Mutex<Vec<(usize, usize)>>,
@@ -215,6 +219,7 @@ impl ValueLog {
         })?;
         let s = Arc::new(Seg {
             file,
+            direct: std::sync::OnceLock::new(),
             maps: Mutex::new(Vec::new()),
             base: AtomicUsize::new(0),
             mapped: AtomicUsize::new(0),
@@ -340,6 +345,29 @@ pub fn resolve(p: &Pointer) -> Result<&'static [u8], StoreError> {
         ))
     })?;
     v.slice(p)
+}
+
+/// The descriptors of the segment `p` names, buffered and (where allowed) `O_DIRECT`, open
+/// until the process ends (for a worker's ring to read the value from).
+pub fn raw_fds(p: &Pointer) -> Option<(std::os::fd::RawFd, Option<std::os::fd::RawFd>)> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let v = cached(p.id)?;
+    let seg = v.seg(p.segment).ok()?;
+    let direct = seg.direct.get_or_init(|| {
+        if std::env::var_os("MEMKEEP_COLD_DIRECT").is_some_and(|v| v == "0") {
+            return None;
+        }
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(v.dir.join(super::wal::segment_name(p.segment)))
+            .ok()
+    });
+    Some((
+        seg.file.as_raw_fd(),
+        direct.as_ref().map(AsRawFd::as_raw_fd),
+    ))
 }
 
 /// Whether some page of `value` (a slice `resolve` returned) is not in memory.

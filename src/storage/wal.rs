@@ -905,6 +905,36 @@ pub fn prepare_spare(dir: &Path, target: u64) -> io::Result<()> {
     fs::rename(&prep, dir.join(spare_name(name)))
 }
 
+/// Makes a spare of `target` bytes out of nothing, with `fallocate` (unwritten extents: no
+/// zeros written) when no spare exists, for a log whose segments are kept for the values in
+/// them (`vlog.rs`): none ever comes back as a spare, and writing each new one's length in
+/// zeros first would write the log twice. Appends into it are copies into its mapping
+/// (`Mapping`) in `never` and `periodic`, as into a recycled spare; the extents are converted
+/// as they are written back. Where `fallocate` is refused, nothing is made (the log grows its
+/// file as it is written).
+pub fn prepare_spare_unwritten(dir: &Path, target: u64) -> io::Result<()> {
+    if !spares(dir)?.is_empty() {
+        return prepare_spare(dir, target);
+    }
+    use std::os::fd::AsRawFd;
+    let prep = dir.join(SPARE_PREP);
+    let file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&prep)?;
+    let len = libc::off_t::try_from(target).map_err(io::Error::other)?;
+    // SAFETY: a plain system call on a descriptor this function owns.
+    if unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len) } != 0 {
+        let e = io::Error::last_os_error();
+        drop(file);
+        let _ = fs::remove_file(&prep);
+        return Err(e);
+    }
+    fdatasync(&file)?;
+    fs::rename(&prep, dir.join(spare_name(0)))
+}
+
 /// The log as the writer appends to it.
 pub struct Wal {
     dir: PathBuf,
