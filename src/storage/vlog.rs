@@ -212,10 +212,13 @@ impl ValueLog {
         }
         let path = self.dir.join(super::wal::segment_name(n));
         let file = File::open(&path).map_err(|e| {
-            StoreError::damaged(format!(
-                "a value's log segment {} cannot be opened: {e}",
-                path.display()
-            ))
+            let what = format!("a value's log segment {} cannot be opened: {e}", path.display());
+            if e.kind() == std::io::ErrorKind::NotFound {
+                StoreError::damaged(what)
+            } else {
+                // Out of descriptors, say: not the store's fault, and tried again next time.
+                StoreError::Backend(what)
+            }
         })?;
         let s = Arc::new(Seg {
             file,
