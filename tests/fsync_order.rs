@@ -79,9 +79,16 @@ fn parse(log: &str) -> Vec<Call> {
 /// here start servers at once, and a port handed out twice once sent this test's SETs to the
 /// other test's server, which was being stopped (a reset, in CI).
 fn trace(sync: &str, n: usize) -> Vec<Call> {
+    trace_with(sync, n, &[], 1)
+}
+
+/// `trace` with more server flags, and values of `len` bytes.
+fn trace_with(sync: &str, n: usize, extra: &[&str], len: usize) -> Vec<Call> {
     let dir = tempfile::tempdir().expect("tempdir");
     let log = dir.path().join("strace.log");
-    let mut server = Server::start(BIN, &["--sync", sync]);
+    let mut args = vec!["--sync", sync];
+    args.extend_from_slice(extra);
+    let mut server = Server::start(BIN, &args);
     let conn = server.connect();
     // Attach to every thread and wait until strace says it has.
     let pid = server.pid().expect("memkeep runs");
@@ -127,7 +134,10 @@ fn trace(sync: &str, n: usize) -> Vec<Call> {
     let mut w = conn.try_clone().expect("clone");
     let mut r = BufReader::new(conn);
     for i in 0..n {
-        w.write_all(format!("set k{i} 0 0 1\r\nx\r\n").as_bytes())
+        let mut req = format!("set k{i} 0 0 {len}\r\n").into_bytes();
+        req.extend(std::iter::repeat_n(b'x', len));
+        req.extend_from_slice(b"\r\n");
+        w.write_all(&req)
             .unwrap_or_else(|e| panic!("send: {e}\n{}", server.stderr_tail(2000)));
         let mut reply = String::new();
         r.read_line(&mut reply).expect("reply");
@@ -162,6 +172,17 @@ fn each_reply_follows_an_fsync(calls: &[Call]) -> Result<usize, String> {
 #[test]
 fn sync_always_fsyncs_before_every_reply() {
     let calls = trace("always", 40);
+    match each_reply_follows_an_fsync(&calls) {
+        Ok(n) => assert_eq!(n, 40, "every STORED reply was traced"),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// With large values in the log (`--value-log-min`), each value is written into its segment
+/// before the batch is appended; the reply still waits for the segment's fdatasync.
+#[test]
+fn sync_always_fsyncs_before_every_reply_with_values_in_the_log() {
+    let calls = trace_with("always", 40, &["--value-log-min", "1k"], 5000);
     match each_reply_follows_an_fsync(&calls) {
         Ok(n) => assert_eq!(n, 40, "every STORED reply was traced"),
         Err(e) => panic!("{e}"),

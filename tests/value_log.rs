@@ -188,7 +188,7 @@ fn write_round(
     }
     for i in (0..48).step_by(5) {
         let key = format!("k{i}");
-        let Some((flags, v)) = model.get_mut(&key) else {
+        let Some((_, v)) = model.get_mut(&key) else {
             continue;
         };
         match i % 4 {
@@ -219,7 +219,6 @@ fn write_round(
                 assert_eq!(n, Reply::Int(v.len() as i64));
             }
         }
-        let _ = flags;
     }
     for i in (3..48).step_by(11) {
         let key = format!("k{i}");

@@ -320,4 +320,60 @@ mod tests {
         assert!(decode(&[1, 0x0f, 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
         assert!(decode(&[1, 0x05, 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
     }
+
+    /// A separated record keeps its header (marked), carries its pointer, decodes to the
+    /// value in the log, and goes back inline whole; collections and short or foreign
+    /// pointers are damage.
+    #[test]
+    fn separated_records_resolve_and_go_back_inline() {
+        use crate::storage::vlog::{Pointer, Sink, ValueLog};
+        let dir = tempfile::tempdir().expect("dir");
+        let file = std::sync::Arc::new(
+            std::fs::File::create(dir.path().join(crate::storage::wal::segment_name(1)))
+                .expect("segment"),
+        );
+        let id = getrandom::u64().expect("random");
+        let vlog = ValueLog::register(dir.path(), id, Default::default());
+        let sink = Sink {
+            vlog,
+            min: 1,
+            segment: 1,
+            base: 0,
+            file,
+        };
+        let meta = ItemMeta::new(Kind::String, 7, 1_900_000_000_000, 42);
+        let (hdr, n) = meta.header();
+        assert_eq!(separable(&hdr[..n]), Some(n));
+        let p = sink
+            .write(100, &[b"a value ", b"in the log"])
+            .expect("write");
+        let (record, len) = pointer_record(&hdr[..n], &p);
+        let record = &record[..len];
+        assert_eq!(separable(record), None, "already separated");
+        assert_eq!(pointer_of(record), Some((n, p)));
+        let item = decode(record).expect("decodes");
+        assert_eq!(item.meta, meta);
+        assert_eq!(item.value, b"a value in the log");
+        let mut whole = hdr[..n].to_vec();
+        whole.extend_from_slice(b"a value in the log");
+        assert_eq!(&*inline(record).expect("inline"), &whole[..]);
+        assert_eq!(
+            &*inline(&whole).expect("inline"),
+            &whole[..],
+            "inline stays"
+        );
+        let (h, q) = inline_header(record).expect("separated");
+        assert_eq!((&h[..], q), (&hdr[..n], p));
+        // Damage: a pointer cut short, one into another store's log, a collection marked.
+        assert!(decode(&record[..len - 1]).is_err_and(|e| e.is_damage()));
+        let (other, len2) = pointer_record(&hdr[..n], &Pointer { id: id ^ 1, ..p });
+        assert!(decode(&other[..len2]).is_err_and(|e| e.is_damage()));
+        let mut coll = record.to_vec();
+        coll[1] = (coll[1] & !KIND_MASK) | Kind::Hash as u8;
+        assert!(decode(&coll).is_err_and(|e| e.is_damage()));
+        assert_eq!(
+            separable(&ItemMeta::new(Kind::List, 0, 0, 1).header().0),
+            None
+        );
+    }
 }

@@ -212,7 +212,10 @@ impl ValueLog {
         }
         let path = self.dir.join(super::wal::segment_name(n));
         let file = File::open(&path).map_err(|e| {
-            let what = format!("a value's log segment {} cannot be opened: {e}", path.display());
+            let what = format!(
+                "a value's log segment {} cannot be opened: {e}",
+                path.display()
+            );
             if e.kind() == std::io::ErrorKind::NotFound {
                 StoreError::damaged(what)
             } else {
