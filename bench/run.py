@@ -91,6 +91,12 @@ MEMKEEP_MODES = {
     "memkeep-periodic": ["--sync", "periodic", "--sync-interval-ms", "1000"],
     "memkeep-never": ["--sync", "never"],
 }
+# W2 only: memkeep with values of 8 KiB and more only in the log (value_log_min, off by
+# default), beside the same sync mode without.
+VLOG_MODES = {
+    "memkeep-always-vlog": ["--sync", "always", "--value-log-min", "8k"],
+    "memkeep-never-vlog": ["--sync", "never", "--value-log-min", "8k"],
+}
 REDIS_MODES = {
     "redis-nopersist": ["--appendonly", "no"],
     "redis-everysec": ["--appendonly", "yes", "--appendfsync", "everysec"],
@@ -272,8 +278,9 @@ def free_ports(n: int) -> list[int]:
 
 def server_argv(name: str, bins: dict, mc_port: str, resp_port: str, data_dir: str, logfile: str) -> list[str]:
     """The exact command line of a server (placeholders allowed, for the report)."""
-    if name in MEMKEEP_MODES:
-        return [bins["memkeep"], "-p", mc_port, "--resp-port", resp_port, "-l", "127.0.0.1", "-H", data_dir] + MEMKEEP_MODES[name]
+    if name in MEMKEEP_MODES or name in VLOG_MODES:
+        mode = MEMKEEP_MODES.get(name) or VLOG_MODES[name]
+        return [bins["memkeep"], "-p", mc_port, "--resp-port", resp_port, "-l", "127.0.0.1", "-H", data_dir] + mode
     if name == "memcached":
         argv = [bins["memcached"], "-p", mc_port, "-l", "127.0.0.1", "-U", "0", "-m", "4096", "-t", "2"]
         if os.geteuid() == 0:
@@ -286,7 +293,7 @@ def server_argv(name: str, bins: dict, mc_port: str, resp_port: str, data_dir: s
 
 
 def protocols(name: str) -> list[str]:
-    if name in MEMKEEP_MODES:
+    if name in MEMKEEP_MODES or name in VLOG_MODES:
         return ["memcache", "resp"]
     if name == "memcached":
         return ["memcache"]
@@ -594,7 +601,10 @@ class Runner:
         shape = {"vmin": value, "vmax": value, "raw": lambda k, v=value: raw_bytes(k, v, v)}
         conns = 16
         record_w = workload in self.args.only
-        for name, proto in self.kv_targets():
+        targets = self.kv_targets()
+        if workload == "W2" and record_w:
+            targets += [(v, "memcache") for v in VLOG_MODES if v.removesuffix("-vlog") in self.servers]
+        for name, proto in targets:
             restart_here = do_restart and name in DURABLE and (proto == "memcache" or name in REDIS_MODES)
             if not record_w and not restart_here:
                 continue
@@ -1128,7 +1138,7 @@ def find_bins(args: argparse.Namespace) -> dict:
 # Report
 # ---------------------------------------------------------------------------------------------
 
-SERVER_ORDER = {s: i for i, s in enumerate(ALL_SERVERS)}
+SERVER_ORDER = {s: i for i, s in enumerate(ALL_SERVERS + list(VLOG_MODES))}
 
 
 def fmt_n(v, digits=0) -> str:
@@ -1644,6 +1654,9 @@ class Report:
             kv(wl, "memkeep-always", "memcache", "redis-always", "resp", "set")
             kv(wl, "memkeep-always", "resp", "redis-always", "resp", "set")
             kv(wl, "memkeep-always", "memcache", "memcached", "memcache", "get")
+        for ph in ("set", "get"):
+            kv("W2", "memkeep-always-vlog", "memcache", "redis-always", "resp", ph)
+            kv("W2", "memkeep-never-vlog", "memcache", "memcached", "memcache", ph)
         for wl, title in (("W3", "W3 redis-benchmark"), ("W3b", "W3b hashes and sorted sets"),
                           ("W3z", "W3z ranks in a 100,000-member sorted set"),
                           ("tls", "TLS (redis-benchmark --tls, openssl s_time)"),
