@@ -364,6 +364,26 @@ fn turning_value_log_min_off_keeps_the_values_already_in_the_log() {
     s.stop();
     let before = checked_in_log(s.data_dir());
     assert_eq!(before, 100);
+    s.relaunch();
+    let mut mc = Mc::open(&s);
+    let segments = mc.stat("log_value_segments").expect("log_value_segments");
+    let bytes = mc.stat("log_value_bytes").expect("log_value_bytes");
+    assert!(segments >= 2, "values went into {segments} segments");
+    assert!(
+        bytes >= 100 * 9000,
+        "{bytes} bytes kept for 900,000 bytes of values"
+    );
+    let info = Resp::connect(s.resp_addr().expect("resp")).cmd("INFO persistence");
+    let Reply::Bulk(Some(info)) = info else {
+        panic!("INFO: {info:?}")
+    };
+    let info = String::from_utf8_lossy(&info).into_owned();
+    assert!(
+        info.contains(&format!("memkeep_log_value_segments:{segments}\r\n")),
+        "{info}"
+    );
+    drop(mc);
+    s.stop();
     // Relaunched without the option (the harness's own flags only), and checkpointed many
     // times over: the segments holding the values stay.
     let dir = s.data_dir().to_path_buf();

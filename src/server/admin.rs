@@ -1290,8 +1290,17 @@ fn info_with(
         "persistence",
         "Persistence",
         format!(
-            "loading:0\r\nrdb_changes_since_last_save:0\r\nrdb_bgsave_in_progress:0\r\naof_enabled:0\r\nmemkeep_sync:{}\r\nmemkeep_log_fsyncs:{}\r\nmemkeep_log_fsync_writes:{}\r\nmemkeep_log_bytes:{}\r\n",
-            cfg.sync, cache.log_fsyncs, cache.log_fsync_writes, cache.log_bytes
+            "loading:0\r\nrdb_changes_since_last_save:0\r\nrdb_bgsave_in_progress:0\r\naof_enabled:0\r\nmemkeep_sync:{}\r\nmemkeep_log_fsyncs:{}\r\nmemkeep_log_fsync_writes:{}\r\nmemkeep_log_bytes:{}\r\n{}",
+            cfg.sync,
+            cache.log_fsyncs,
+            cache.log_fsync_writes,
+            cache.log_bytes,
+            shared.store.vlog().map_or_else(String::new, |v| {
+                let (segments, bytes) = v.footprint();
+                format!(
+                    "memkeep_log_value_segments:{segments}\r\nmemkeep_log_value_bytes:{bytes}\r\n"
+                )
+            })
         ),
     );
     section(

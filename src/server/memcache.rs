@@ -906,6 +906,12 @@ pub(super) fn stats(args: &[u8], out: &mut Vec<u8>, pass: &mut Pass<'_>) {
             stat(out, "log_fsyncs", cache.log_fsyncs);
             stat(out, "log_fsync_writes", cache.log_fsync_writes);
             stat(out, "log_bytes", cache.log_bytes);
+            if let Some(v) = shared.store.vlog() {
+                // Values in the log (`value_log_min`): the segments kept for them.
+                let (segments, bytes) = v.footprint();
+                stat(out, "log_value_segments", segments);
+                stat(out, "log_value_bytes", bytes);
+            }
             if cfg.max_disk > 0 {
                 stat(out, "max_disk", cfg.max_disk);
                 stat(out, "disk_used", cache.data_bytes);

@@ -179,6 +179,19 @@ impl ValueLog {
         lock(&self.holds).iter().copied().collect()
     }
 
+    /// The segments kept for their values and the bytes of their files (`stats`
+    /// `log_value_segments`/`log_value_bytes`: what the disk holds for values, live or not,
+    /// until collection exists).
+    pub fn footprint(&self) -> (u64, u64) {
+        let held = self.held();
+        let bytes = held
+            .iter()
+            .filter_map(|n| std::fs::metadata(self.dir.join(super::wal::segment_name(*n))).ok())
+            .map(|m| m.len())
+            .sum();
+        (held.len() as u64, bytes)
+    }
+
     /// Makes every segment before `before` that holds values durable (the checkpointer, before
     /// it writes a record whose snapshot may point into them).
     pub fn sync_held(&self, before: u64) -> std::io::Result<()> {
