@@ -943,7 +943,7 @@ fn walk(store: &LmdbStore, ck: &mut Checker<'_>, sum: &mut Summary) {
 fn fresh_txn<'s>(
     store: &'s LmdbStore,
     ck: &mut Checker<'_>,
-) -> Result<heed::RoTxn<'s, heed::WithoutTls>, ()> {
+) -> Result<crate::storage::lmdb::Reader<'s>, ()> {
     store.read_txn().map_err(|e| {
         ck.problem(format!("cannot read the recovered store: {e}"));
     })

@@ -521,3 +521,156 @@ fn a_replica_gets_the_values_whole_and_keeps_its_own_in_its_log() {
         "the replica keeps values in its log"
     );
 }
+
+/// Lists the data directory's log segments (spares excluded).
+fn segment_files(dir: &std::path::Path) -> Vec<u64> {
+    let mut v: Vec<u64> = std::fs::read_dir(dir)
+        .expect("data dir")
+        .filter_map(|e| {
+            let name = e.ok()?.file_name().into_string().ok()?;
+            let hex = name.strip_prefix("wal-")?.strip_suffix(".log")?;
+            u64::from_str_radix(hex, 16).ok()
+        })
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+/// Asks for checkpoints until `done` holds (the collector runs after each), for up to 30 s.
+/// Each is preceded by a small write: a checkpoint begins only when the log has something.
+fn checkpoint_until(
+    mc: &mut Mc,
+    dir: &std::path::Path,
+    what: &str,
+    done: impl Fn(&mut Mc) -> bool,
+) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !done(mc) {
+        assert!(Instant::now() < deadline, "never: {what}");
+        assert_eq!(mc.store("set", "tick", 0, b"t"), "STORED");
+        mc.checkpoints(dir, 1);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Stores `v` under `key` and notes it in `model`.
+fn set_noted(mc: &mut Mc, model: &mut BTreeMap<String, Vec<u8>>, key: String, v: Vec<u8>) {
+    assert_eq!(mc.store("set", &key, 0, &v), "STORED", "{key}");
+    model.insert(key, v);
+}
+
+#[test]
+fn collection_frees_the_segments_whose_values_died_and_moves_the_rest() {
+    let mut s = start(&["--value-log-min", "1k", "--sync", "always"], &[]);
+    let dir = s.data_dir().to_path_buf();
+    let mut mc = Mc::open(&s);
+    let mut model: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    // First 120 values, all overwritten below; then 100 values of which every fifth stays,
+    // with a value read all along after each of those (20), so that however checkpoints
+    // split them into segments, each segment is mostly dead: theirs are moved.
+    for i in 0..120 {
+        set_noted(&mut mc, &mut model, format!("a{i}"), value("a", i, 9000));
+    }
+    mc.checkpoints(&dir, 1);
+    for i in 0..100 {
+        set_noted(&mut mc, &mut model, format!("b{i}"), value("b", i, 9000));
+        if i % 5 == 0 {
+            let r = i / 5;
+            set_noted(&mut mc, &mut model, format!("r{r}"), value("r", r, 5000));
+        }
+    }
+    mc.checkpoints(&dir, 1);
+    let first = segment_files(&dir);
+    let old: Vec<u64> = first[..first.len() - 1].to_vec();
+    assert!(!old.is_empty(), "segments {first:?}");
+    let before = mc.stat("log_value_bytes").expect("log_value_bytes");
+    assert!(before >= 220 * 9000, "{before} bytes kept for the values");
+
+    // A reader of the r keys, through both protocols, while segments are moved and retired.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let stop = stop.clone();
+        let addr = s.resp_addr().expect("resp");
+        let mut rmc = Mc::open(&s);
+        std::thread::spawn(move || {
+            let mut r = Resp::connect(addr);
+            let mut reads = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for i in 0..20u64 {
+                    let key = format!("r{i}");
+                    let want = value("r", i, 5000);
+                    assert_eq!(rmc.get(&key), Some((0, want.clone())), "{key}");
+                    assert_eq!(
+                        r.call(&[b"GET", key.as_bytes()]),
+                        Reply::Bulk(Some(want)),
+                        "{key}"
+                    );
+                    reads += 2;
+                }
+            }
+            reads
+        })
+    };
+
+    for i in 0..120 {
+        set_noted(&mut mc, &mut model, format!("a{i}"), value("a2", i, 3000));
+    }
+    for i in (0..100).filter(|i| i % 5 != 0) {
+        if i % 2 == 0 {
+            set_noted(&mut mc, &mut model, format!("b{i}"), value("b2", i, 2000));
+        } else {
+            mc.w.write_all(format!("delete b{i}\r\n").as_bytes())
+                .expect("send");
+            assert_eq!(mc.line(), "DELETED");
+            model.remove(&format!("b{i}"));
+        }
+    }
+    checkpoint_until(&mut mc, &dir, "live values moved", |mc| {
+        mc.stat("log_value_moved_bytes").unwrap_or(0) >= 20 * 9000
+    });
+    checkpoint_until(&mut mc, &dir, "every old segment retired", |mc| {
+        let now = segment_files(&dir);
+        old.iter().all(|n| !now.contains(n))
+            && mc.stat("log_value_segments_retired").unwrap_or(0) >= old.len() as u64
+    });
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let reads = reader.join().expect("the reader saw every value");
+    assert!(reads > 0);
+
+    // Every value the model holds is at least 1k, so in the log: the last scan counted them.
+    let live = mc
+        .stat("log_value_live_bytes")
+        .expect("log_value_live_bytes");
+    let want: usize = model.values().map(Vec::len).sum();
+    assert_eq!(live, want as u64, "live bytes at the last scan");
+    let after = mc.stat("log_value_bytes").expect("log_value_bytes");
+    assert!(
+        after >= live,
+        "{live} live bytes in {after} bytes of segments"
+    );
+    let read_all = |s: &Server, when: &str| {
+        let mut mc = Mc::open(s);
+        let mut r = Resp::connect(s.resp_addr().expect("resp"));
+        for p in ["a", "b", "r"] {
+            for i in 0..120 {
+                let key = format!("{p}{i}");
+                let want = model.get(&key);
+                assert_eq!(mc.get(&key).map(|(_, v)| v), want.cloned(), "{key} {when}");
+                assert_eq!(
+                    r.call(&[b"GET", key.as_bytes()]),
+                    Reply::Bulk(want.cloned()),
+                    "{key} {when}"
+                );
+            }
+        }
+    };
+    read_all(&s, "after collection");
+    drop(mc);
+    s.restart();
+    read_all(&s, "after a clean restart");
+    s.kill9();
+    s.relaunch();
+    read_all(&s, "after kill -9");
+    s.stop();
+    checked_in_log(&dir);
+}

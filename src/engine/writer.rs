@@ -508,6 +508,9 @@ const COHORT_ENOUGH: usize = 8;
 /// Most elements of deleted collections reclaimed per batch.
 const GC_CHUNK: usize = 1000;
 
+/// Bytes of live values the value log's collector moves per batch, about (`vlog::Move`).
+const MOVE_BUDGET: usize = 2 << 20;
+
 /// A checkpoint starts once this much log has been written since the last one began, or once
 /// the log has anything and the last checkpoint is `CHECKPOINT_EVERY` old: what recovery
 /// replays after a crash is bounded by both.
@@ -880,6 +883,16 @@ impl<T: Send + Clone> Writer<T> {
     /// Whether an eviction pass is due (cache mode, over the cap).
     fn over(&self) -> bool {
         self.over.load(Ordering::Acquire) && self.broken.is_none()
+    }
+
+    /// Whether the value log's collector left values to move (`vlog::Move`).
+    fn moves_due(&self) -> bool {
+        let Some(v) = self.store.vlog() else {
+            return false;
+        };
+        let moving = !self.is_replica();
+        v.set_moving(moving);
+        moving && self.broken.is_none() && v.has_moves()
     }
 
     /// Shares the registry of watched keys with the workers (WATCH).
@@ -1376,6 +1389,21 @@ impl<T: Send + Clone> Writer<T> {
                         gc_more = store.gc_pending(txn)?;
                         evicted = Some(pass);
                     }
+                    // The value log's collection: live values of mostly dead segments written
+                    // again at the log's end (`vlog::Collector`), a budget per batch. Not by a
+                    // leader (the writer thread does it) nor by a replica (its primary's moves
+                    // come along as writes).
+                    if leader.is_none()
+                        && !replica
+                        && let Some(v) = store.vlog()
+                    {
+                        for m in v.take_moves(MOVE_BUDGET) {
+                            if store.relocate(txn, &m)? {
+                                v.note_moved(m.value.len() as u64);
+                            }
+                        }
+                        gc_more = gc_more || v.has_moves();
+                    }
                     Ok(txn.take_log(spare))
                 })()
             }
@@ -1778,7 +1806,7 @@ fn run<T: Send + Clone>(
         }
         let unused = {
             let mut w = lock(&core);
-            if w.gc_more || w.commit_due() || w.over() {
+            if w.gc_more || w.commit_due() || w.over() || w.moves_due() {
                 // Deleted collections still hold elements, a commit is due, or the data is
                 // over the cap: no sleep.
                 wait = Duration::ZERO;
@@ -1845,7 +1873,7 @@ fn run<T: Send + Clone>(
         if sweep_due && !sweep {
             next_sweep = Instant::now() + SWEEP_EVERY;
         }
-        if count > 0 || sweep || w.flush_due() || w.gc_more || w.poisoned {
+        if count > 0 || sweep || w.flush_due() || w.gc_more || w.poisoned || w.moves_due() {
             let (_, swept) = w.commit(&mut batch, sweep, None, false);
             batch.clear();
             if sweep {

@@ -1296,9 +1296,10 @@ fn info_with(
             cache.log_fsync_writes,
             cache.log_bytes,
             shared.store.vlog().map_or_else(String::new, |v| {
-                let (segments, bytes) = v.footprint();
+                let f = v.footprint();
                 format!(
-                    "memkeep_log_value_segments:{segments}\r\nmemkeep_log_value_bytes:{bytes}\r\n"
+                    "memkeep_log_value_segments:{}\r\nmemkeep_log_value_bytes:{}\r\nmemkeep_log_value_live_bytes:{}\r\nmemkeep_log_value_moved_bytes:{}\r\nmemkeep_log_value_segments_retired:{}\r\n",
+                    f.segments, f.bytes, f.live_bytes, f.moved_bytes, f.retired
                 )
             })
         ),

@@ -907,10 +907,15 @@ pub(super) fn stats(args: &[u8], out: &mut Vec<u8>, pass: &mut Pass<'_>) {
             stat(out, "log_fsync_writes", cache.log_fsync_writes);
             stat(out, "log_bytes", cache.log_bytes);
             if let Some(v) = shared.store.vlog() {
-                // Values in the log (`value_log_min`): the segments kept for them.
-                let (segments, bytes) = v.footprint();
-                stat(out, "log_value_segments", segments);
-                stat(out, "log_value_bytes", bytes);
+                // Values in the log (`value_log_min`): the segments kept for them, the
+                // bytes of values in them still live (at the collector's last scan), and
+                // the collector's work.
+                let f = v.footprint();
+                stat(out, "log_value_segments", f.segments);
+                stat(out, "log_value_bytes", f.bytes);
+                stat(out, "log_value_live_bytes", f.live_bytes);
+                stat(out, "log_value_moved_bytes", f.moved_bytes);
+                stat(out, "log_value_segments_retired", f.retired);
             }
             if cfg.max_disk > 0 {
                 stat(out, "max_disk", cfg.max_disk);

@@ -380,6 +380,31 @@ pub struct LmdbStore {
     vlog_min: usize,
 }
 
+/// A read transaction of the store. With values in the log it holds a reader slot
+/// (`vlog::ReaderSlot`) while open: a segment that pointers of its snapshot may name is not
+/// retired before it ends. Reads as a `RoTxn`.
+pub struct Reader<'e> {
+    // Declared first, so dropped first: the slot outlives the transaction.
+    txn: RoTxn<'e, WithoutTls>,
+    _slot: Option<super::vlog::ReaderSlot>,
+}
+
+impl<'e> Reader<'e> {
+    fn opened(txn: RoTxn<'e, WithoutTls>, slot: Option<super::vlog::ReaderSlot>) -> Reader<'e> {
+        if let Some(s) = &slot {
+            s.opened(txn.id() as u64);
+        }
+        Reader { txn, _slot: slot }
+    }
+}
+
+impl<'e> std::ops::Deref for Reader<'e> {
+    type Target = RoTxn<'e, WithoutTls>;
+    fn deref(&self) -> &Self::Target {
+        &self.txn
+    }
+}
+
 /// The writer's write transaction, kept open across batches (see `overlay.rs` for why).
 ///
 /// LMDB's write lock is a mutex owned by the thread that began the transaction, so this is
@@ -787,14 +812,36 @@ impl LmdbStore {
         })
     }
 
-    pub fn read_txn(&self) -> Result<RoTxn<'_, WithoutTls>, StoreError> {
-        Ok(self.env.read_txn()?)
+    pub fn read_txn(&self) -> Result<Reader<'_>, StoreError> {
+        let slot = self.vlog.as_ref().map(|v| v.enter());
+        let txn = self.env.read_txn()?;
+        Ok(Reader::opened(txn, slot))
     }
 
     /// A read transaction that owns a handle on the environment (one reference count more
     /// than `read_txn`), so that it may outlive a borrow of the store.
-    pub fn read_txn_static(&self) -> Result<RoTxn<'static, WithoutTls>, StoreError> {
-        Ok(self.env.clone().static_read_txn()?)
+    pub fn read_txn_static(&self) -> Result<Reader<'static>, StoreError> {
+        let slot = self.vlog.as_ref().map(|v| v.enter());
+        let txn = self.env.clone().static_read_txn()?;
+        Ok(Reader::opened(txn, slot))
+    }
+
+    /// Writes the value `m` names again, at the log's end (or inline, with separation off
+    /// now), if `m.key` still points where `m` says: the value log's collection
+    /// (`vlog::Collector`). The item is otherwise unchanged (header, CAS, expiry). Returns
+    /// whether it moved.
+    pub fn relocate(&self, txn: &mut LogTxn, m: &super::vlog::Move) -> Result<bool, StoreError> {
+        let Some(bytes) = self.items.get(txn, &m.key)? else {
+            return Ok(false);
+        };
+        let Some((header, p)) = item::inline_header(bytes) else {
+            return Ok(false);
+        };
+        if p != m.pointer || m.value.len() != p.len as usize {
+            return Ok(false);
+        }
+        self.items.put_parts(txn, &m.key, &[&header, &m.value])?;
+        Ok(true)
     }
 
     /// A write transaction that logs its changes into `log` (normally empty).
@@ -1646,6 +1693,65 @@ mod tests {
     }
 
     /// A store holding `value` under `k` (a string with flags and an expiry), its item meta.
+    #[test]
+    fn a_dead_value_segment_is_retired_only_once_no_older_reader_is_left() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (mut store, _) = LmdbStore::open(dir.path(), 1 << 26, 16).expect("open");
+        store.enable_separation(16).expect("separation");
+        let vlog = store.vlog().cloned().expect("a value log");
+        let path = dir.path().join(super::super::wal::segment_name(3));
+        let file = Arc::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(true)
+                .read(true)
+                .write(true)
+                .open(&path)
+                .expect("segment"),
+        );
+        let meta = ItemMeta::new(Kind::String, 0, 0, 1);
+        let (h, n) = meta.header();
+        let value = vec![7u8; 5000];
+        let mut txn = store.write_txn().expect("txn");
+        txn.set_sink(store.sink(3, 4096, || file.clone()));
+        store
+            .items
+            .put_parts(&mut txn, b"k", &[&h[..n], &value])
+            .expect("put");
+        txn.set_sink(None);
+        txn.commit_unlogged().expect("commit");
+        assert!(vlog.holds(3));
+        // A reader follows the pointer into segment 3 and keeps the value's slice.
+        let reader = store.read_txn().expect("reader");
+        let rec = store.items.get(&reader, b"k").expect("get").expect("k");
+        let slice = item::decode(rec).expect("decodes").value;
+        assert_eq!(slice, &value[..]);
+        // The key gets a short value, stored inline: from this snapshot on nothing points into
+        // segment 3.
+        let mut txn = store.write_txn().expect("txn");
+        store
+            .items
+            .put_parts(&mut txn, b"k", &[&h[..n], b"short"])
+            .expect("put");
+        txn.commit_unlogged().expect("commit");
+        let snap = store.read_txn().expect("snapshot");
+        let mut c = super::super::vlog::Collector::new(vlog.clone(), *store.items());
+        c.after_checkpoint(&snap, 4);
+        drop(snap);
+        assert!(c.waiting(), "segment 3 not found dead");
+        c.retire_ready();
+        assert!(
+            vlog.holds(3) && path.exists(),
+            "retired under a reader of an older snapshot"
+        );
+        assert_eq!(slice, &value[..], "the reader's slice still reads");
+        drop(reader);
+        c.retire_ready();
+        assert!(!c.waiting());
+        assert!(!vlog.holds(3) && !path.exists(), "not retired");
+        assert_eq!(vlog.footprint().retired, 1);
+    }
+
     fn store_with(dir: &Path, value: &[u8], cas: u64) -> (LmdbStore, ItemMeta) {
         let (store, _) = LmdbStore::open(dir, 1 << 26, 16).expect("open");
         let meta = ItemMeta::new(Kind::String, 9, 1 << 50, cas);

@@ -40,6 +40,8 @@ use crossbeam_skiplist::base::SkipList;
 use heed::types::Bytes;
 use heed::{RoTxn, WithoutTls};
 
+use super::lmdb::Reader;
+
 use super::StoreError;
 use super::item::{self, ItemRef};
 use super::lmdb::LmdbStore;
@@ -562,10 +564,10 @@ pub struct InLog {
 
 /// A read transaction kept open past its pass, so that the pages of the records it found stay
 /// unreused while they are read asynchronously (`server/uring.rs`).
-pub type KeptTxn = Rc<RoTxn<'static, WithoutTls>>;
+pub type KeptTxn = Rc<Reader<'static>>;
 
 enum SnapTxn<'s> {
-    Own(RoTxn<'static, WithoutTls>),
+    Own(Reader<'static>),
     /// Shared with reads still in flight, which keep it open after the pass (`Snap::keep`).
     Kept(KeptTxn),
     Within(&'s RoTxn<'s, WithoutTls>),

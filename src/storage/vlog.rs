@@ -15,8 +15,12 @@
 //!   batch (no header under the segment's salt), and its pointers go with its transaction;
 //! - a segment that may hold a value some pointer names is never retired (renamed to a spare
 //!   and rewritten, or deleted): `ValueLog::holds` lists them, and the checkpointer keeps them.
-//!   This first step never frees them (the footprint grows with overwrites; collection is
-//!   the next step of the plan);
+//!   Collection (`Collector`, run by the checkpointer) frees them: a scan of a checkpoint's
+//!   snapshot finds the ended segments no pointer names any more (dead from that snapshot on:
+//!   only the segment being written gets new pointers), and those are retired once no reader
+//!   with an older snapshot is left (`Reader`s are noted in `readers`); segments mostly dead
+//!   have their live values written again at the log's end (`Move`, by the writer), which
+//!   makes them dead for a later scan;
 //! - a checkpoint's snapshot names only segments that are on disk: the checkpointer
 //!   fdatasyncs every segment in `holds` before it writes its record (`sync_held`);
 //! - recovery and the rebuild of an aborted transaction replay values inline (they are whole
@@ -25,17 +29,21 @@
 //!   first turned on), so that `item::decode`, which knows no store, finds the segments of
 //!   the right store in this process (`resolve`; tests open many stores in one process).
 //!
-//! Reads: a pointer resolves to a slice of a read-only shared mapping of its segment, kept for
-//! the life of the process (segments are never retired, so the mapping never shows other
-//! bytes). An event loop asks `cold` first (`mincore`, as `resident.rs` does for `data.mdb`)
+//! Reads: a pointer resolves to a slice of a read-only shared mapping of its segment, kept until
+//! the segment is retired (no reader that could still use a slice is left by then: a slice is
+//! used only while the read transaction that found its pointer is open). An event loop asks `cold` first (`mincore`, as `resident.rs` does for `data.mdb`)
 //! and hands a value not in memory to a reader thread, which `pread`s it (`read_value`).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use heed::types::Bytes;
+use heed::{Database, RoTxn};
 
 use super::StoreError;
 
@@ -96,7 +104,7 @@ struct Seg {
     /// them through the page cache (`server/uring.rs` says why).
     direct: std::sync::OnceLock<Option<File>>,
     /// Every mapping made of it, newest last, as (address, length): older ones stay mapped
-    /// (slices handed out may still be in use) until the process ends.
+    /// (slices handed out may still be in use) until the segment is retired.
     maps: Mutex<Vec<(usize, usize)>>,
     /// The newest mapping's address and length, for the lock-free path.
     base: AtomicUsize,
@@ -108,6 +116,24 @@ struct Seg {
 // The mapping addresses are plain numbers; the pages are read-only and shared.
 unsafe impl Send for Seg {}
 unsafe impl Sync for Seg {}
+
+impl Drop for Seg {
+    fn drop(&mut self) {
+        for (addr, len) in lock(&self.maps).drain(..) {
+            // SAFETY: a mapping this segment made; a `Seg` is dropped only when its segment is
+            // retired (`ValueLog::retire`), when no reader that could hold a slice of it is
+            // left (or when the process ends).
+            unsafe { libc::munmap(addr as *mut libc::c_void, len) };
+        }
+    }
+}
+
+/// Reader slots per value log (`Reader`): more readers at once than this are counted, not
+/// noted, and hold every retirement back while they last.
+const READER_SLOTS: usize = 512;
+/// A slot's value while its reader opens its transaction (its snapshot not known yet: it
+/// holds back every retirement).
+const OPENING: u64 = 1;
 
 /// A store's separated values: its data directory's segments, as readers map them, and the
 /// segments that hold values.
@@ -121,6 +147,23 @@ pub struct ValueLog {
     synced: Mutex<BTreeSet<u64>>,
     page: usize,
     all_cold: bool,
+    /// The read transactions open on the store: 0 a free slot, `OPENING`, or the snapshot's
+    /// transaction id + 2 (see `ReaderSlot`).
+    readers: Box<[AtomicU64]>,
+    /// Readers that found no free slot.
+    untracked: AtomicUsize,
+    /// Live values the collector read, for the writer to write again (`Move`).
+    moves: Mutex<VecDeque<Move>>,
+    /// Whether the writer moves values (`set_moving`).
+    moving: std::sync::atomic::AtomicBool,
+    /// The bytes each ended segment holds (its log's end; its file may be longer, made
+    /// ahead as a spare): noted when it ends, or for one ended before this process, the end
+    /// of its last live value at the first scan (no less than its live bytes).
+    ends: Mutex<BTreeMap<u64, u64>>,
+    /// Figures for `stats` (see `footprint`).
+    live_bytes: AtomicU64,
+    moved_bytes: AtomicU64,
+    retired: AtomicU64,
 }
 
 /// The value logs open in this process, by id.
@@ -149,6 +192,14 @@ impl ValueLog {
             synced: Mutex::new(BTreeSet::new()),
             page: page.max(1),
             all_cold: std::env::var_os("MEMKEEP_TEST_ALL_COLD").is_some_and(|v| v == "1"),
+            readers: (0..READER_SLOTS).map(|_| AtomicU64::new(0)).collect(),
+            untracked: AtomicUsize::new(0),
+            moves: Mutex::new(VecDeque::new()),
+            moving: std::sync::atomic::AtomicBool::new(true),
+            ends: Mutex::new(BTreeMap::new()),
+            live_bytes: AtomicU64::new(0),
+            moved_bytes: AtomicU64::new(0),
+            retired: AtomicU64::new(0),
         });
         reg.push(v.clone());
         v
@@ -179,17 +230,129 @@ impl ValueLog {
         lock(&self.holds).iter().copied().collect()
     }
 
-    /// The segments kept for their values and the bytes of their files (`stats`
-    /// `log_value_segments`/`log_value_bytes`: what the disk holds for values, live or not,
-    /// until collection exists).
-    pub fn footprint(&self) -> (u64, u64) {
+    /// What the disk holds for values (`stats` `log_value_*`): the segment being written
+    /// counts its whole file.
+    pub fn footprint(&self) -> Footprint {
         let held = self.held();
+        let ends = lock(&self.ends).clone();
         let bytes = held
             .iter()
-            .filter_map(|n| std::fs::metadata(self.dir.join(super::wal::segment_name(*n))).ok())
-            .map(|m| m.len())
+            .filter_map(|n| match ends.get(n) {
+                Some(e) => Some(*e),
+                None => std::fs::metadata(self.dir.join(super::wal::segment_name(*n)))
+                    .ok()
+                    .map(|m| m.len()),
+            })
             .sum();
-        (held.len() as u64, bytes)
+        Footprint {
+            segments: held.len() as u64,
+            bytes,
+            live_bytes: self.live_bytes.load(Ordering::Relaxed),
+            moved_bytes: self.moved_bytes.load(Ordering::Relaxed),
+            retired: self.retired.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Notes a read transaction about to open on the store (`LmdbStore::read_txn`): until the
+    /// slot is dropped, no segment a pointer of its snapshot may name is retired.
+    pub fn enter(self: &Arc<Self>) -> ReaderSlot {
+        thread_local! {
+            static START: usize = {
+                static NEXT: AtomicUsize = AtomicUsize::new(0);
+                NEXT.fetch_add(7, Ordering::Relaxed)
+            };
+        }
+        let n = self.readers.len();
+        let start = START.with(|s| *s) % n.max(1);
+        for i in 0..n {
+            let at = (start + i) % n;
+            // SeqCst: the slot is taken before the transaction reads LMDB's meta page, so a
+            // collector that saw a newer snapshot committed sees the slot (`oldest_reader`).
+            if self.readers[at]
+                .compare_exchange(0, OPENING, Ordering::SeqCst, Ordering::Relaxed)
+                .is_ok()
+            {
+                return ReaderSlot {
+                    log: self.clone(),
+                    at: Some(at),
+                };
+            }
+        }
+        self.untracked.fetch_add(1, Ordering::SeqCst);
+        ReaderSlot {
+            log: self.clone(),
+            at: None,
+        }
+    }
+
+    /// The oldest snapshot (transaction id) a reader has open: `Some(0)` while one is opening
+    /// or some are untracked, None with no reader at all.
+    pub fn oldest_reader(&self) -> Option<u64> {
+        if self.untracked.load(Ordering::SeqCst) > 0 {
+            return Some(0);
+        }
+        self.readers
+            .iter()
+            .map(|s| s.load(Ordering::SeqCst))
+            .filter(|v| *v != 0)
+            .map(|v| v.saturating_sub(2))
+            .min()
+    }
+
+    /// Notes that segment `n` ended holding `used` bytes (the checkpointer, from the writer's
+    /// position when it began the checkpoint).
+    pub fn note_end(&self, n: u64, used: u64) {
+        if self.holds(n) {
+            lock(&self.ends).insert(n, used);
+        }
+    }
+
+    /// Forgets segment `n`, which no pointer names in any snapshot still open: its mappings
+    /// and descriptors go; the caller removes the file.
+    fn retire(&self, n: u64) {
+        lock(&self.holds).remove(&n);
+        lock(&self.synced).remove(&n);
+        lock(&self.ends).remove(&n);
+        let seg = self
+            .segs
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&n);
+        drop(seg);
+        self.retired.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Whether the collector left values for the writer to write again.
+    pub fn has_moves(&self) -> bool {
+        !lock(&self.moves).is_empty()
+    }
+
+    /// Whether the writer moves values (not a replica's: its primary's moves come along as
+    /// writes); the collector makes no moves while it does not, and those made go.
+    pub fn set_moving(&self, on: bool) {
+        if self.moving.swap(on, Ordering::Relaxed) && !on {
+            lock(&self.moves).clear();
+        }
+    }
+
+    /// Up to about `bytes` of the values to write again (at least one, if any).
+    pub fn take_moves(&self, bytes: usize) -> Vec<Move> {
+        let mut q = lock(&self.moves);
+        let mut out = Vec::new();
+        let mut taken = 0;
+        while let Some(m) = q.front() {
+            if !out.is_empty() && taken + m.value.len() > bytes {
+                break;
+            }
+            taken += m.value.len();
+            out.extend(q.pop_front());
+        }
+        out
+    }
+
+    /// Notes `n` bytes of values written again (the writer, after its batch committed them).
+    pub fn note_moved(&self, n: u64) {
+        self.moved_bytes.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Makes every segment before `before` that holds values durable (the checkpointer, before
@@ -314,6 +477,240 @@ impl ValueLog {
     }
 }
 
+/// `ValueLog::footprint`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Footprint {
+    /// Segments kept for their values, and the bytes of their files.
+    pub segments: u64,
+    pub bytes: u64,
+    /// Bytes of values some pointer names, at the collector's last scan.
+    pub live_bytes: u64,
+    /// Bytes of live values the collector had written again.
+    pub moved_bytes: u64,
+    /// Segments of values retired.
+    pub retired: u64,
+}
+
+/// A read transaction's slot (`ValueLog::enter`), freed when dropped.
+pub struct ReaderSlot {
+    log: Arc<ValueLog>,
+    at: Option<usize>,
+}
+
+impl ReaderSlot {
+    /// Notes the snapshot the transaction opened at.
+    pub fn opened(&self, txnid: u64) {
+        if let Some(at) = self.at {
+            self.log.readers[at].store(txnid.saturating_add(2), Ordering::SeqCst);
+        }
+    }
+}
+
+impl Drop for ReaderSlot {
+    fn drop(&mut self) {
+        match self.at {
+            Some(at) => self.log.readers[at].store(0, Ordering::Release),
+            None => {
+                self.log.untracked.fetch_sub(1, Ordering::Release);
+            }
+        }
+    }
+}
+
+/// A live value in a segment being emptied, read by the collector: the writer writes it again
+/// at the log's end if `key` still points where `pointer` says (`LmdbStore::relocate`).
+pub struct Move {
+    pub key: Box<[u8]>,
+    pub pointer: Pointer,
+    pub value: Box<[u8]>,
+}
+
+/// Values read for moving per collector round: what the moves hold in memory at most.
+const MOVE_ROUND: usize = 16 << 20;
+/// A segment is emptied (its live values moved) when less than this fraction of its bytes
+/// is live: the disk then holds at most about twice the live values (and the segment being
+/// written), and each byte moved frees at least one.
+const MOVE_BELOW: f64 = 0.5;
+/// Scans take at most this share of the checkpointer's time: the next waits this many times
+/// as long as the last took.
+const SCAN_SPACING: u32 = 20;
+
+/// Collection of a store's value segments, run by the checkpointer after each checkpoint
+/// (see the module doc).
+pub struct Collector {
+    vlog: Arc<ValueLog>,
+    items: Database<Bytes, Bytes>,
+    /// Segments no pointer named in the snapshot of the transaction paired with them.
+    dead: Vec<(u64, u64)>,
+    next_scan: Instant,
+}
+
+impl Collector {
+    pub fn new(vlog: Arc<ValueLog>, items: Database<Bytes, Bytes>) -> Collector {
+        Collector {
+            vlog,
+            items,
+            dead: Vec::new(),
+            next_scan: Instant::now(),
+        }
+    }
+
+    /// Whether segments wait for older readers to go (to be tried again later).
+    pub fn waiting(&self) -> bool {
+        !self.dead.is_empty()
+    }
+
+    /// Retires every dead segment no open reader's snapshot can name; removes their files
+    /// (`wal::retire`).
+    pub fn retire_ready(&mut self) {
+        if self.dead.is_empty() {
+            return;
+        }
+        let oldest = self.vlog.oldest_reader();
+        let dir = self.vlog.dir.clone();
+        self.dead.retain(|&(n, txnid)| {
+            if oldest.is_some_and(|o| o < txnid) {
+                return true;
+            }
+            self.vlog.retire(n);
+            let path = dir.join(super::wal::segment_name(n));
+            match super::wal::retire(&dir, n, &path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => log::warn!("cannot retire {}: {e}", path.display()),
+            }
+            false
+        });
+    }
+
+    /// After a checkpoint of snapshot `txn` whose log starts at segment `first`: retires what
+    /// may go, and (when a scan is due) finds the dead segments and the values to move.
+    pub fn after_checkpoint(&mut self, txn: &RoTxn, first: u64) {
+        self.retire_ready();
+        if Instant::now() < self.next_scan {
+            return;
+        }
+        let ended: Vec<u64> = lock(&self.vlog.holds)
+            .range(..first)
+            .filter(|n| !self.dead.iter().any(|(d, _)| d == *n))
+            .copied()
+            .collect();
+        if ended.is_empty() {
+            return;
+        }
+        let started = Instant::now();
+        if let Err(e) = self.scan(txn, &ended) {
+            log::warn!(
+                "cannot collect the value log in {}: {e}",
+                self.vlog.dir.display()
+            );
+        }
+        let took = started.elapsed();
+        self.next_scan = Instant::now() + took.saturating_mul(SCAN_SPACING);
+    }
+
+    fn scan(&mut self, txn: &RoTxn, ended: &[u64]) -> Result<(), heed::Error> {
+        let id = self.vlog.id;
+        // Live bytes per segment, as of this snapshot, and where its last live value ends.
+        let mut live: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut last: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut total = 0u64;
+        for r in self.items.iter(txn)? {
+            let (_, v) = r?;
+            // A pointer record is short: longer records are values, not read (they may be
+            // cold, and the scan must not read them in).
+            if v.len() > super::item::MAX_HEADER + POINTER_LEN {
+                continue;
+            }
+            if let Some((_, p)) = super::item::pointer_of(v)
+                && p.id == id
+            {
+                *live.entry(p.segment).or_default() += u64::from(p.len);
+                let end = last.entry(p.segment).or_default();
+                *end = (*end).max(p.end());
+                total += u64::from(p.len);
+            }
+        }
+        self.vlog.live_bytes.store(total, Ordering::Relaxed);
+        let txnid = txn.id() as u64;
+        let mut victims: Vec<(f64, u64)> = Vec::new();
+        for &n in ended {
+            let bytes = live.get(&n).copied().unwrap_or(0);
+            if bytes == 0 {
+                self.dead.push((n, txnid));
+                continue;
+            }
+            // Its used bytes, not its file's (a spare is made longer than it fills).
+            let size = *lock(&self.vlog.ends)
+                .entry(n)
+                .or_insert_with(|| last.get(&n).copied().unwrap_or(0));
+            if size > 0 && (bytes as f64) < MOVE_BELOW * size as f64 {
+                victims.push((bytes as f64 / size as f64, n));
+            }
+        }
+        // The writer has not finished the last round's moves, or moves none: no new ones.
+        if victims.is_empty() || self.vlog.has_moves() || !self.vlog.moving.load(Ordering::Relaxed)
+        {
+            return Ok(());
+        }
+        victims.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let mut chosen = BTreeSet::new();
+        let mut budget = 0u64;
+        for (_, n) in victims {
+            let bytes = live.get(&n).copied().unwrap_or(0);
+            if !chosen.is_empty() && budget + bytes > MOVE_ROUND as u64 {
+                break;
+            }
+            budget += bytes;
+            chosen.insert(n);
+        }
+        let mut moves = Vec::new();
+        let mut held = 0usize;
+        for r in self.items.iter(txn)? {
+            let (k, v) = r?;
+            if v.len() > super::item::MAX_HEADER + POINTER_LEN {
+                continue;
+            }
+            let Some((_, p)) = super::item::pointer_of(v) else {
+                continue;
+            };
+            if p.id != id || !chosen.contains(&p.segment) {
+                continue;
+            }
+            let mut value = vec![0u8; p.len as usize].into_boxed_slice();
+            if let Err(e) = self.vlog.read_value(&p, &mut value) {
+                log::warn!("cannot read a value to move it: {e}");
+                continue;
+            }
+            if crc32fast::hash(&value) != p.crc {
+                // Left where it is: a read of it reports the damage.
+                log::warn!(
+                    "a value in log segment {} (bytes {}..{}) does not match its checksum",
+                    p.segment,
+                    p.offset,
+                    p.end()
+                );
+                continue;
+            }
+            held += value.len();
+            moves.push(Move {
+                key: k.into(),
+                pointer: p,
+                value,
+            });
+            if held >= MOVE_ROUND {
+                break;
+            }
+        }
+        lock(&self.vlog.moves).extend(moves);
+        Ok(())
+    }
+}
+
+/// How long the checkpointer waits, with dead segments held back by readers, before it tries
+/// to retire them again.
+pub const RETIRE_RETRY: Duration = Duration::from_millis(200);
+
 fn bad(p: &Pointer, why: &str) -> StoreError {
     StoreError::damaged(format!(
         "a value pointer into log segment {} (bytes {}..{}) is {why}",
@@ -367,7 +764,8 @@ pub fn resolve(p: &Pointer) -> Result<&'static [u8], StoreError> {
 }
 
 /// The descriptors of the segment `p` names, buffered and (where allowed) `O_DIRECT`, open
-/// until the process ends (for a worker's ring to read the value from).
+/// until the segment is retired, which waits for the read transaction that found `p` (for a
+/// worker's ring to read the value from, keeping that transaction open meanwhile).
 pub fn raw_fds(p: &Pointer) -> Option<(std::os::fd::RawFd, Option<std::os::fd::RawFd>)> {
     use std::os::fd::AsRawFd;
     use std::os::unix::fs::OpenOptionsExt;
@@ -493,5 +891,59 @@ mod tests {
         let other = Pointer { id: id ^ 1, ..p };
         assert!(resolve(&other).is_err_and(|e| e.is_damage()));
         vlog.sync_held(6).expect("sync");
+    }
+
+    #[test]
+    fn the_oldest_reader_holds_back_what_may_be_retired() {
+        let dir = tempfile::tempdir().expect("dir");
+        let id = getrandom::u64().expect("random");
+        let vlog = ValueLog::register(dir.path(), id, BTreeSet::new());
+        assert_eq!(vlog.oldest_reader(), None);
+        let a = vlog.enter();
+        // Opening: its snapshot is not known yet, so it holds back everything.
+        assert_eq!(vlog.oldest_reader(), Some(0));
+        a.opened(9);
+        assert_eq!(vlog.oldest_reader(), Some(9));
+        let b = vlog.enter();
+        b.opened(4);
+        assert_eq!(vlog.oldest_reader(), Some(4));
+        drop(b);
+        assert_eq!(vlog.oldest_reader(), Some(9));
+        // More readers than slots: the extra ones are counted and hold back everything.
+        let many: Vec<ReaderSlot> = (0..READER_SLOTS).map(|_| vlog.enter()).collect();
+        for m in &many {
+            m.opened(20);
+        }
+        assert_eq!(vlog.oldest_reader(), Some(0));
+        drop(many);
+        assert_eq!(vlog.oldest_reader(), Some(9));
+        drop(a);
+        assert_eq!(vlog.oldest_reader(), None);
+    }
+
+    #[test]
+    fn moves_are_taken_by_budget_and_dropped_when_the_writer_moves_none() {
+        let dir = tempfile::tempdir().expect("dir");
+        let id = getrandom::u64().expect("random");
+        let vlog = ValueLog::register(dir.path(), id, BTreeSet::new());
+        let m = |k: u8, n: usize| Move {
+            key: vec![k].into(),
+            pointer: Pointer {
+                id,
+                segment: 1,
+                offset: 0,
+                len: n as u32,
+                crc: 0,
+            },
+            value: vec![k; n].into(),
+        };
+        lock(&vlog.moves).extend([m(1, 600), m(2, 600), m(3, 600)]);
+        // At least one, then as many as fit.
+        assert_eq!(vlog.take_moves(100).len(), 1);
+        assert_eq!(vlog.take_moves(1200).len(), 2);
+        assert!(!vlog.has_moves());
+        lock(&vlog.moves).push_back(m(4, 10));
+        vlog.set_moving(false);
+        assert!(!vlog.has_moves());
     }
 }
