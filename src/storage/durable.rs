@@ -427,7 +427,7 @@ pub fn cover(data: &File, need: u64) -> std::io::Result<()> {
 /// A checkpoint the writer has prepared: the snapshot to pin and the record to write.
 struct Job {
     /// The store's separated values: the segments holding them are synced before the record
-    /// and never retired (`vlog.rs`).
+    /// and kept until the collector finds them dead (`vlog.rs`).
     vlog: Option<Arc<crate::storage::vlog::ValueLog>>,
     /// The store's items, for the value log's collector to scan.
     items: heed::Database<heed::types::Bytes, heed::types::Bytes>,

@@ -40,11 +40,9 @@ use crossbeam_skiplist::base::SkipList;
 use heed::types::Bytes;
 use heed::{RoTxn, WithoutTls};
 
-use super::lmdb::Reader;
-
 use super::StoreError;
 use super::item::{self, ItemRef};
-use super::lmdb::LmdbStore;
+use super::lmdb::{LmdbStore, Reader};
 use super::resident::Fetched;
 
 /// An item record, or None for a deleted key.

@@ -392,6 +392,41 @@ struct Outcome {
     /// memkeep had its log segment mapped at the cut (`never` and `periodic` append through
     /// a shared mapping of a recycled segment: `wal::Mapping`).
     log_mapped: bool,
+    /// `+vlog` modes: value segments the collector had retired, and bytes of values it had
+    /// moved, just before the cut (`stats`), so the table shows the cuts came with collection
+    /// at work.
+    vlog_retired: u64,
+    vlog_moved: u64,
+}
+
+/// `log_value_segments_retired` and `log_value_moved_bytes` from `stats` (zeros if the server
+/// does not answer in time).
+fn collection_stats(addr: std::net::SocketAddr) -> (u64, u64) {
+    use std::io::{BufRead, BufReader, Write};
+    let Ok(c) = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)) else {
+        return (0, 0);
+    };
+    let _ = c.set_read_timeout(Some(Duration::from_secs(2)));
+    let Ok(mut w) = c.try_clone() else {
+        return (0, 0);
+    };
+    if w.write_all(b"stats\r\n").is_err() {
+        return (0, 0);
+    }
+    let (mut retired, mut moved) = (0, 0);
+    for line in BufReader::new(c).lines() {
+        let Ok(line) = line else { break };
+        if line == "END" {
+            break;
+        }
+        let mut f = line.split(' ').skip(1);
+        match (f.next(), f.next().and_then(|v| v.parse().ok())) {
+            (Some("log_value_segments_retired"), Some(v)) => retired = v,
+            (Some("log_value_moved_bytes"), Some(v)) => moved = v,
+            _ => {}
+        }
+    }
+    (retired, moved)
 }
 
 /// Whether process `pid` has a log segment mapped (in `/proc/PID/maps`).
@@ -474,6 +509,7 @@ fn run_cut(mode: Mode, kind: Kind, seed: u64, label: &str, wait_mapped: bool) ->
     let mut cut_at = None;
     let mut fired = true;
     let mut mapped = false;
+    let mut collected = (0, 0);
     let clock = rig.mounted().cut_clock();
     let mnt = rig.mnt.clone();
     let (histories, early) = load_until(addr, resp_addr, &mnt, &mut rng, clock, || {
@@ -483,6 +519,9 @@ fn run_cut(mode: Mode, kind: Kind, seed: u64, label: &str, wait_mapped: bool) ->
             std::thread::sleep(Duration::from_millis(50));
         }
         std::thread::sleep(cut_after);
+        if mode.value_log {
+            collected = collection_stats(addr);
+        }
         mapped = log_mapped(pid);
         let (at, f) = rig.cut(kind, cut_seed);
         (cut_at, fired) = (Some(at), f);
@@ -498,6 +537,8 @@ fn run_cut(mode: Mode, kind: Kind, seed: u64, label: &str, wait_mapped: bool) ->
         fell_back: !fired,
         early_refusals: early,
         log_mapped: mapped,
+        vlog_retired: collected.0,
+        vlog_moved: collected.1,
         ..Outcome::default()
     };
     let server = rig.server.as_mut().expect("server");
@@ -581,6 +622,11 @@ struct Row {
     fell_back: usize,
     /// Cuts made while the log was appended through a mapping.
     log_mapped: usize,
+    /// `+vlog` modes: value segments retired and bytes moved by the collector before the cuts
+    /// (summed), and the cuts that came after at least one retirement.
+    vlog_retired: u64,
+    vlog_moved: u64,
+    cuts_after_retiring: usize,
 }
 
 fn notes(r: &Row) -> String {
@@ -591,6 +637,14 @@ fn notes(r: &Row) -> String {
             r.not_started,
             r.wrong_values,
             r.damaged - r.not_started - r.wrong_values
+        ));
+    }
+    if r.vlog_retired > 0 || r.vlog_moved > 0 {
+        n.push(format!(
+            "collector before the cuts: {} value segments retired, {} KiB of values moved; {} cuts came after a retirement",
+            r.vlog_retired,
+            r.vlog_moved / 1024,
+            r.cuts_after_retiring
         ));
     }
     if r.fell_back > 0 {
@@ -660,6 +714,9 @@ fn power_cuts_never_damage_a_store_and_always_mode_loses_nothing_acknowledged() 
             row.lost += out.lost;
             row.fell_back += out.fell_back as usize;
             row.log_mapped += out.log_mapped as usize;
+            row.vlog_retired += out.vlog_retired;
+            row.vlog_moved += out.vlog_moved;
+            row.cuts_after_retiring += usize::from(out.vlog_retired > 0);
             if let Some(age) = out.oldest_lost {
                 row.oldest_lost = Some(row.oldest_lost.map_or(age, |a| a.max(age)));
             }
