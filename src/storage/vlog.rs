@@ -31,8 +31,9 @@
 //!
 //! Reads: a pointer resolves to a slice of a read-only shared mapping of its segment, kept until
 //! the segment is retired (no reader that could still use a slice is left by then: a slice is
-//! used only while the read transaction that found its pointer is open). An event loop asks `cold` first (`mincore`, as `resident.rs` does for `data.mdb`)
-//! and hands a value not in memory to a reader thread, which `pread`s it (`read_value`).
+//! used only while the read transaction that found its pointer is open). An event loop asks
+//! `cold` first (`mincore`, as `resident.rs` does for `data.mdb`) and hands a value not in
+//! memory to its ring or a reader thread (`read_value`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fs::File;
