@@ -1692,23 +1692,13 @@ mod tests {
         assert!(!err.0.contains('\n'));
     }
 
-    /// A store holding `value` under `k` (a string with flags and an expiry), its item meta.
     #[test]
     fn a_dead_value_segment_is_retired_only_once_no_older_reader_is_left() {
         let dir = tempfile::tempdir().expect("dir");
         let (mut store, _) = LmdbStore::open(dir.path(), 1 << 26, 16).expect("open");
         store.enable_separation(16).expect("separation");
         let vlog = store.vlog().cloned().expect("a value log");
-        let path = dir.path().join(super::super::wal::segment_name(3));
-        let file = Arc::new(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(true)
-                .read(true)
-                .write(true)
-                .open(&path)
-                .expect("segment"),
-        );
+        let (path, file) = super::super::vlog::test_segment(dir.path(), 3);
         let meta = ItemMeta::new(Kind::String, 0, 0, 1);
         let (h, n) = meta.header();
         let value = vec![7u8; 5000];
@@ -1752,6 +1742,7 @@ mod tests {
         assert_eq!(vlog.footprint().retired, 1);
     }
 
+    /// A store holding `value` under `k` (a string with flags and an expiry), its item meta.
     fn store_with(dir: &Path, value: &[u8], cas: u64) -> (LmdbStore, ItemMeta) {
         let (store, _) = LmdbStore::open(dir, 1 << 26, 16).expect("open");
         let meta = ItemMeta::new(Kind::String, 9, 1 << 50, cas);

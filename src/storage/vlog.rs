@@ -838,6 +838,20 @@ impl Sink {
     }
 }
 
+/// Tests: a new, empty segment file `n` in `dir` (read and write), and its path.
+#[cfg(test)]
+pub(crate) fn test_segment(dir: &Path, n: u64) -> (PathBuf, Arc<File>) {
+    let path = dir.join(super::wal::segment_name(n));
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .expect("segment");
+    (path, Arc::new(file))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -858,16 +872,7 @@ mod tests {
     #[test]
     fn a_value_written_by_a_sink_resolves_and_reads_back() {
         let dir = tempfile::tempdir().expect("dir");
-        let path = dir.path().join(super::super::wal::segment_name(5));
-        let file = Arc::new(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(true)
-                .read(true)
-                .write(true)
-                .open(&path)
-                .expect("segment"),
-        );
+        let (_, file) = test_segment(dir.path(), 5);
         let id = getrandom::u64().expect("random");
         let vlog = ValueLog::register(dir.path(), id, BTreeSet::new());
         let sink = Sink {
