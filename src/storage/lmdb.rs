@@ -96,9 +96,10 @@ impl Table {
         parts: &[&[u8]],
     ) -> Result<(), heed::Error> {
         let len = parts.iter().map(|p| p.len()).sum::<usize>();
-        if let Some((record, n)) = self.separate(txn, key, parts, len)? {
+        if let Some((record, n, hole)) = self.separate(txn, key, parts, len)? {
             self.db.put(&mut txn.txn, key, &record[..n])?;
             txn.log.put(self.id, key, parts);
+            txn.log.note_written(hole);
             return Ok(());
         }
         self.db.put_reserved(&mut txn.txn, key, len, |space| {
@@ -124,10 +125,14 @@ impl Table {
         seen: impl FnOnce(&[u8]) -> T,
     ) -> Result<Option<T>, heed::Error> {
         let len = parts.iter().map(|p| p.len()).sum::<usize>();
+        let mut written = None;
         let there = match self.separate(txn, key, parts, len)? {
-            Some((record, n)) => self
-                .db
-                .get_or_put_reserved(&mut txn.txn, key, n, |space| space.write_all(&record[..n]))?,
+            Some((record, n, hole)) => {
+                written = Some(hole);
+                self.db.get_or_put_reserved(&mut txn.txn, key, n, |space| {
+                    space.write_all(&record[..n])
+                })?
+            }
             None => self
                 .db
                 .get_or_put_reserved(&mut txn.txn, key, len, |space| {
@@ -141,6 +146,9 @@ impl Table {
             Some(old) => Ok(Some(seen(old))),
             None => {
                 txn.log.put(self.id, key, parts);
+                if let Some(hole) = written {
+                    txn.log.note_written(hole);
+                }
                 Ok(None)
             }
         }
@@ -193,7 +201,9 @@ impl Table {
     /// When `parts` (an item record of `len` bytes) is to be stored in `items` with its value
     /// in the log (the transaction has a sink, the value is a string's of at least the sink's
     /// `min` bytes): writes the value where the batch will put it (`vlog::Sink::write`) and
-    /// returns the pointer record to store instead. The log record stays the whole item.
+    /// returns the pointer record to store instead, its length, and where in the batch buffer
+    /// the value went (for `LogBuf::note_written`, once the record is logged). The log record
+    /// stays the whole item.
     #[allow(clippy::type_complexity)]
     fn separate(
         &self,
@@ -201,8 +211,14 @@ impl Table {
         key: &[u8],
         parts: &[&[u8]],
         len: usize,
-    ) -> Result<Option<([u8; item::MAX_HEADER + super::vlog::POINTER_LEN], usize)>, heed::Error>
-    {
+    ) -> Result<
+        Option<(
+            [u8; item::MAX_HEADER + super::vlog::POINTER_LEN],
+            usize,
+            (usize, usize),
+        )>,
+        heed::Error,
+    > {
         let Some(sink) = txn.sink.as_ref().filter(|_| self.id == DB_ITEMS) else {
             return Ok(None);
         };
@@ -220,7 +236,8 @@ impl Table {
         value.extend_from_slice(&parts[1..]);
         let at = txn.log.put_value_at(key.len()) + n;
         let p = sink.write(at, &value).map_err(heed::Error::Io)?;
-        Ok(Some(item::pointer_record(&first[..n], &p)))
+        let (record, size) = item::pointer_record(&first[..n], &p);
+        Ok(Some((record, size, (at, len - n))))
     }
 
     /// Stores `value` only if `key` is absent; true if it did.

@@ -107,6 +107,11 @@ pub struct LogBuf {
     /// edited again in the same LMDB transaction is rewritten in the dirty pages it already
     /// has, so it counts only when it needs more pages.
     patched_dirty: u64,
+    /// Ranges of `buf` (start, length) that a `vlog::Sink` has already written at their
+    /// place in the segment, the same bytes: an append through the segment's mapping skips
+    /// them (`Mapping::put_except`) rather than copy each separated value into the page cache
+    /// twice. In buffer order.
+    written: Vec<(usize, usize)>,
 }
 
 impl Default for LogBuf {
@@ -116,6 +121,7 @@ impl Default for LogBuf {
             patched: Vec::new(),
             patched_bytes: 0,
             patched_dirty: 0,
+            written: Vec::new(),
         }
     }
 }
@@ -189,6 +195,13 @@ impl LogBuf {
         self.patched.clear();
         self.patched_bytes = 0;
         self.patched_dirty = 0;
+        self.written.clear();
+    }
+
+    /// Notes that `buf[start..start + len]`, the value of the record just put, is already in
+    /// the segment where this batch will be appended (`vlog::Sink::write`).
+    pub fn note_written(&mut self, (start, len): (usize, usize)) {
+        self.written.push((start, len));
     }
 
     /// The whole new items of the batch's `PATCH` records, in record order.
@@ -222,6 +235,7 @@ impl LogBuf {
     pub fn share(&mut self) -> std::sync::Arc<Vec<u8>> {
         let mut next = Vec::with_capacity(self.buf.len().clamp(SHARE_MIN, KEEP_CAPACITY));
         next.resize(HEADER, 0);
+        self.written.clear();
         std::sync::Arc::new(std::mem::replace(&mut self.buf, next))
     }
 
@@ -1053,17 +1067,48 @@ impl Mapping {
         })
     }
 
-    /// Copies `bytes` to offset `at`, if they fit inside the mapping.
-    fn put(&mut self, at: u64, bytes: &[u8]) -> bool {
+    /// Copies `bytes` to `at` in the mapping (false, copying nothing, if they do not fit),
+    /// except for the ranges of `bytes` in `skip` (start, length; in order, inside
+    /// `bytes`), which are in the file already. Ranges out of order or out of bounds make it
+    /// copy everything.
+    fn put_except(&mut self, at: u64, bytes: &[u8], skip: &[(usize, usize)]) -> bool {
         let Ok(at) = usize::try_from(at) else {
             return false;
         };
         if at.checked_add(bytes.len()).is_none_or(|end| end > self.len) {
             return false;
         }
-        // Safety: `at..at + bytes.len()` is inside the mapping (checked above), which lives
-        // as long as `self`, and `bytes` is ordinary memory, never part of it.
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.ptr.add(at), bytes.len()) };
+        let mut ordered = true;
+        let mut from = 0;
+        for &(start, len) in skip {
+            if start < from || start.checked_add(len).is_none_or(|end| end > bytes.len()) {
+                ordered = false;
+                break;
+            }
+            from = start + len;
+        }
+        let copy = |from: usize, to: usize| {
+            // Safety: `at..at + bytes.len()` is inside the mapping (checked above), which
+            // lives as long as `self`, `from..to` is inside `bytes`, and `bytes` is ordinary
+            // memory, never part of the mapping.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    bytes.as_ptr().add(from),
+                    self.ptr.add(at + from),
+                    to - from,
+                )
+            };
+        };
+        if !ordered {
+            copy(0, bytes.len());
+            return true;
+        }
+        let mut from = 0;
+        for &(start, len) in skip {
+            copy(from, start);
+            from = start + len;
+        }
+        copy(from, bytes.len());
         true
     }
 }
@@ -1172,8 +1217,13 @@ impl Wal {
     pub fn append(&mut self, batch: &mut LogBuf) -> io::Result<u64> {
         let seq = self.next_seq;
         let patched = batch.patched_bytes() / PATCH_REPLAY_DISCOUNT;
+        let written = std::mem::take(&mut batch.written);
         let bytes = batch.seal(seq, self.salt)?;
-        if !self.map.as_mut().is_some_and(|m| m.put(self.len, bytes)) {
+        if !self
+            .map
+            .as_mut()
+            .is_some_and(|m| m.put_except(self.len, bytes, &written))
+        {
             self.file.write_all_at(bytes, self.len)?;
         }
         self.len += bytes.len() as u64;
@@ -1595,6 +1645,63 @@ mod tests {
         );
         let (seqs, _) = read_from(&dir.path().join(segment_name(n)), n, 5);
         assert_eq!(seqs, vec![5]);
+    }
+
+    /// Through a mapping, the ranges a batch notes as already written (a separated value the
+    /// sink wrote at its place) are not copied again: what is in the file there stays. With
+    /// the sink's bytes there, the batch reads back whole; ranges out of order are copied.
+    #[test]
+    fn an_append_through_a_mapping_skips_the_values_already_written() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        prepare_spare(dir.path(), 2 << 20).expect("spare");
+        let mut w = Wal::resume(dir.path(), 1, Format::Blank, 0, 1).expect("wal");
+        w.set_mapped(true);
+        assert!(w.map.is_some(), "a 2 MiB spare is mapped");
+        let at_value = HEADER + 8 + 1;
+        let file = w.file();
+        // The first batch's value range holds other bytes: the append must leave them.
+        let first = vec![b'v'; 30_000];
+        let start = w.position();
+        file.write_all_at(&vec![b's'; first.len()], start + at_value as u64)
+            .expect("sink write");
+        let mut b = put_batch(&first);
+        b.note_written((at_value, first.len()));
+        w.append(&mut b).expect("append");
+        let mut there = vec![0u8; first.len() + 2];
+        file.read_exact_at(&mut there, start + at_value as u64 - 1)
+            .expect("read");
+        assert!(
+            there[1..=first.len()].iter().all(|&c| c == b's'),
+            "a noted range was copied again"
+        );
+        assert_eq!(there[0], b'k', "the key before the range was copied");
+        // Undone, and written again the way the writer does: the sink's bytes first.
+        w.undo(start, 1).expect("undo");
+        let second = vec![b'w'; 30_000];
+        file.write_all_at(&second, start + at_value as u64)
+            .expect("sink write");
+        let mut b = put_batch(&second);
+        b.note_written((at_value, second.len()));
+        w.append(&mut b).expect("append");
+        // Ranges out of order: everything is copied.
+        let third = vec![b'x'; 5_000];
+        let mut b = put_batch(&third);
+        b.note_written((at_value + 10, 10));
+        b.note_written((at_value, 5));
+        w.append(&mut b).expect("append");
+        drop(w);
+        let mut r =
+            SegmentReader::open(&dir.path().join(segment_name(1)), 1, Some(1)).expect("open");
+        let mut buf = Vec::new();
+        let mut values = Vec::new();
+        while r.next_batch(&mut buf).expect("read").is_some() {
+            for op in ops(&buf) {
+                if let Ok(Op::Put { value, .. }) = op {
+                    values.push(value.to_vec());
+                }
+            }
+        }
+        assert_eq!(values, vec![second, third]);
     }
 
     /// Reads segment file `path`, numbered `n`, as recovery does with `first` next.
