@@ -10,9 +10,11 @@
 //! Invariants:
 //! - a pointer's bytes are in its segment file before the pointer is in any transaction: the
 //!   writer writes the value at its future place in the segment while it applies the batch
-//!   (`Sink::write`), then appends the whole batch over it (the same bytes). A batch that is
-//!   then not appended leaves only bytes past the log's end, which recovery never reads as a
-//!   batch (no header under the segment's salt), and its pointers go with its transaction;
+//!   (`Sink::write`), then appends the batch: a `pwrite` of all of it (`always`: the same
+//!   bytes over the value), or a copy into the segment's mapping that skips the values already
+//!   there (`LogBuf::note_written`; `never`, `periodic`). A batch that is then not appended
+//!   leaves only bytes past the log's end, which recovery never reads as a batch (no header
+//!   under the segment's salt), and its pointers go with its transaction;
 //! - a segment that may hold a value some pointer names is never retired (renamed to a spare
 //!   and rewritten, or deleted): `ValueLog::holds` lists them, and the checkpointer keeps them.
 //!   Collection (`Collector`, run by the checkpointer) frees them: a scan of a checkpoint's
