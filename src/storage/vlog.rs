@@ -260,9 +260,11 @@ impl ValueLog {
     /// slot is dropped, no segment a pointer of its snapshot may name is retired.
     pub fn enter(self: &Arc<Self>) -> ReaderSlot {
         thread_local! {
+            // A cache line (8 slots) apart per thread: two workers whose slots shared a line
+            // would take it from each other at every read transaction.
             static START: usize = {
                 static NEXT: AtomicUsize = AtomicUsize::new(0);
-                NEXT.fetch_add(7, Ordering::Relaxed)
+                NEXT.fetch_add(8, Ordering::Relaxed)
             };
         }
         let n = self.readers.len();
