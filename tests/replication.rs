@@ -600,6 +600,45 @@ fn replicaof_at_run_time_then_no_one_promotes() {
     assert!(t.elapsed() >= Duration::from_millis(300));
 }
 
+/// The stored CAS counter is a bound, raised a reserve at a time (`Writer::cas_bound`; the
+/// reserve made small here), and a replica's is written by its primary's records and full copy.
+/// Promoted, a replica whose own uniques had passed its primary's stores a bound of its own
+/// before it hands out more, so a crash right after repeats none of them.
+#[test]
+fn a_promoted_replica_stores_its_own_cas_bound_before_a_crash() {
+    let small_reserve = || Options {
+        resp: true,
+        args: vec!["--sync".into(), "always".into()],
+        env: vec![("MEMKEEP_TEST_CAS_RESERVE".into(), "10".into())],
+        ..Options::default()
+    };
+    let p = Server::start_with(env!("CARGO_BIN_EXE_memkeep"), small_reserve());
+    write_everything(&p, 0);
+    let mut r = Server::start_with(env!("CARGO_BIN_EXE_memkeep"), small_reserve());
+    // More uniques of its own than its primary will have handed out.
+    let mut mc = Mc::connect(&r);
+    for i in 0..300 {
+        assert_eq!(mc.call(&format!("set own{i} 0 0 1\r\nv\r\n")), "STORED");
+    }
+    let port = p.resp_addr().expect("resp").port();
+    ok(resp(&r).cmd(&format!("REPLICAOF 127.0.0.1 {port}")));
+    converge(&p, &r);
+    ok(resp(&r).cmd("REPLICAOF NO ONE"));
+    assert_eq!(mc.call("set promoted 0 0 1\r\nv\r\n"), "STORED");
+    let (_, before, _) = mc.gets("promoted").expect("stored");
+    assert!(before > 300, "its own uniques went on ({before})");
+    drop(mc);
+    r.kill9();
+    r.relaunch();
+    let mut mc = Mc::connect(&r);
+    assert_eq!(mc.call("set after 0 0 1\r\nv\r\n"), "STORED");
+    let (_, after, _) = mc.gets("after").expect("stored");
+    assert!(
+        after > before,
+        "the first CAS unique after the crash ({after}) passes the last one before it ({before})"
+    );
+}
+
 #[test]
 fn a_full_copy_of_100k_keys_while_the_primary_takes_writes_converges() {
     let p = primary();

@@ -505,6 +505,10 @@ const COHORT_WAIT_MAX: Duration = Duration::from_micros(1000);
 /// A batch with this many writes waits for no more (`Cohort`).
 const COHORT_ENOUGH: usize = 8;
 
+/// How far above the last CAS unique handed out the stored bound goes (`cas_bound`): a
+/// restart skips up to this many uniques.
+const CAS_RESERVE: u64 = 1 << 20;
+
 /// Most elements of deleted collections reclaimed per batch.
 const GC_CHUNK: usize = 1000;
 
@@ -572,6 +576,14 @@ pub struct Writer<T> {
     clock: Arc<Clock>,
     cfg: WriterConfig,
     cas: u64,
+    /// What the stored CAS counter (`META_CAS`) says in the open transaction: a bound above
+    /// every CAS unique handed out, raised `CAS_RESERVE` at a time, so a batch writes it only
+    /// when its uniques pass it, not every batch (one B-tree put and log record fewer per
+    /// batch). A restart starts above it, so uniques never repeat. 0 on a replica: its
+    /// primary's records write it.
+    cas_bound: u64,
+    /// `CAS_RESERVE`; `MEMKEEP_TEST_CAS_RESERVE` makes it small for tests.
+    cas_reserve: u64,
     flush_at: FlushAt,
     mailboxes: Vec<Arc<Mailbox<T>>>,
     outboxes: Vec<Vec<Completion<T>>>,
@@ -788,6 +800,12 @@ impl<T: Send + Clone> Writer<T> {
             clock,
             cfg,
             cas: persisted.cas,
+            cas_bound: persisted.cas,
+            cas_reserve: std::env::var("MEMKEEP_TEST_CAS_RESERVE")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .filter(|n| *n > 0)
+                .unwrap_or(CAS_RESERVE),
             flush_at,
             mailboxes,
             outboxes,
@@ -1332,6 +1350,8 @@ impl<T: Send + Clone> Writer<T> {
         let mut cache = if evict { self.cache.take() } else { None };
         let mut evicted = None;
         let spare = self.log.take().unwrap_or_default();
+        // The stored CAS bound this batch raises, once it is logged (see `cas_bound`).
+        let mut bound = None;
         // Where this batch will be appended (nothing else is, before it, under the lock).
         let sink = self
             .store
@@ -1368,8 +1388,16 @@ impl<T: Send + Clone> Writer<T> {
                             )?);
                         }
                     }
-                    if cas != self.cas {
-                        store.put_cas(txn, cas)?;
+                    if replica {
+                        // Its counter follows its primary's records (`repl::apply`), which
+                        // write the stored one too: kept exact, as they leave it.
+                        if cas != self.cas {
+                            store.put_cas(txn, cas)?;
+                        }
+                    } else if cas > self.cas_bound {
+                        let b = cas.saturating_add(self.cas_reserve);
+                        store.put_cas(txn, b)?;
+                        bound = Some(b);
                     }
                     // A replica reclaims nothing itself: its primary's reclaiming comes along.
                     if !replica && store.gc_pending(txn)? {
@@ -1425,6 +1453,11 @@ impl<T: Send + Clone> Writer<T> {
         }
         // CAS uniques handed out by a failed batch are skipped, never reused.
         self.cas = cas;
+        if replica {
+            // Unknown once a primary's records have written it: the first batch after a
+            // promotion stores a bound of its own.
+            self.cas_bound = 0;
+        }
         let mut log = match applied_log {
             Ok(log) => {
                 self.gc_more = gc_more;
@@ -1497,6 +1530,9 @@ impl<T: Send + Clone> Writer<T> {
                         failed = true;
                     }
                     Ok(_) => {
+                        if let Some(b) = bound {
+                            self.cas_bound = b;
+                        }
                         self.count_log_bytes(&log);
                         self.uncommitted_patched += log.patched_dirty();
                         let shared = log.share();
@@ -1516,7 +1552,11 @@ impl<T: Send + Clone> Writer<T> {
                         }
                     }
                 }
-            } else if let Err(e) = self.log_and_commit(&mut log) {
+            } else if let Err(e) = self.log_and_commit(&mut log).inspect(|()| {
+                if let Some(b) = bound {
+                    self.cas_bound = b;
+                }
+            }) {
                 log.reset();
                 if self.broken.is_some() {
                     failed = true;
@@ -1697,6 +1737,8 @@ impl<T: Send + Clone> Writer<T> {
         let blocking = self.blocking.clone();
         let mut mine = Waiters::default();
         let mut open = self.open.take();
+        let (replica, cas_bound, reserve) = (self.is_replica(), self.cas_bound, self.cas_reserve);
+        let mut bound = None;
         let sink = self
             .store
             .sink(self.wal.segment(), self.wal.position(), || self.wal.file());
@@ -1716,7 +1758,13 @@ impl<T: Send + Clone> Writer<T> {
                 &blocking,
                 &mut mine,
             )?;
-            store.put_cas(txn, cas)?;
+            if replica {
+                store.put_cas(txn, cas)?;
+            } else if cas > cas_bound {
+                let b = cas.saturating_add(reserve);
+                store.put_cas(txn, b)?;
+                bound = Some(b);
+            }
             Ok((outcome, txn.take_log(LogBuf::default())))
         })();
         if let Some(Ok(t)) = open.as_mut().map(OpenTxn::txn) {
@@ -1725,6 +1773,9 @@ impl<T: Send + Clone> Writer<T> {
         self.open = open;
         // CAS uniques handed out by an aborted write are skipped, never reused.
         self.cas = cas;
+        if replica {
+            self.cas_bound = 0;
+        }
         match result {
             Ok((o, mut log)) => {
                 if !log.is_empty()
@@ -1732,6 +1783,9 @@ impl<T: Send + Clone> Writer<T> {
                 {
                     mine.rollback(&blocking);
                     return failed_outcome(e);
+                }
+                if let Some(b) = bound {
+                    self.cas_bound = b;
                 }
                 waiters.append(mine);
                 watches.publish(&mut touched);

@@ -141,7 +141,11 @@ impl<T: Send + Clone> Writer<T> {
                     hub.committed(id as u64, self.wal.last_seq());
                 }
                 match self.store.reload_persisted() {
-                    Ok(p) => self.cas = self.cas.max(p.cas),
+                    Ok(p) => {
+                        self.cas = self.cas.max(p.cas);
+                        // The copy wrote the stored counter (see `Writer::cas_bound`).
+                        self.cas_bound = 0;
+                    }
                     Err(e) => error!("full copy: cannot read the copy's counters: {e}"),
                 }
                 self.gc_more = false;
