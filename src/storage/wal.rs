@@ -1217,7 +1217,8 @@ impl Wal {
     pub fn append(&mut self, batch: &mut LogBuf) -> io::Result<u64> {
         let seq = self.next_seq;
         let patched = batch.patched_bytes() / PATCH_REPLAY_DISCOUNT;
-        let written = std::mem::take(&mut batch.written);
+        // Taken out while `seal` borrows the batch, then given back (its capacity kept).
+        let mut written = std::mem::take(&mut batch.written);
         let bytes = batch.seal(seq, self.salt)?;
         if !self
             .map
@@ -1226,11 +1227,14 @@ impl Wal {
         {
             self.file.write_all_at(bytes, self.len)?;
         }
-        self.len += bytes.len() as u64;
+        let n = bytes.len() as u64;
+        written.clear();
+        batch.written = written;
+        self.len += n;
         // A patch replays as a rewrite of its whole value: that is what the log's length
         // since the checkpoint stands for (the recovery's work), so it counts too, at the
         // discount below.
-        self.since_checkpoint += bytes.len() as u64 + patched;
+        self.since_checkpoint += n + patched;
         self.last_patched = patched;
         self.next_seq += 1;
         self.unsynced = true;
@@ -1628,17 +1632,7 @@ mod tests {
         drop(w);
         let (seqs, _) = read_from(&dir.path().join(segment_name(1)), 1, 1);
         assert_eq!(seqs, vec![1, 2, 3, 4]);
-        let mut r =
-            SegmentReader::open(&dir.path().join(segment_name(1)), 1, Some(1)).expect("open");
-        let mut buf = Vec::new();
-        let mut values = Vec::new();
-        while r.next_batch(&mut buf).expect("read").is_some() {
-            for op in ops(&buf) {
-                if let Ok(Op::Put { value, .. }) = op {
-                    values.push(value.to_vec());
-                }
-            }
-        }
+        let values = put_values(&dir.path().join(segment_name(1)), 1);
         assert_eq!(
             values,
             vec![b"one".to_vec(), big, b"two".to_vec(), b"four".to_vec()]
@@ -1690,8 +1684,13 @@ mod tests {
         b.note_written((at_value, 5));
         w.append(&mut b).expect("append");
         drop(w);
-        let mut r =
-            SegmentReader::open(&dir.path().join(segment_name(1)), 1, Some(1)).expect("open");
+        let values = put_values(&dir.path().join(segment_name(1)), 1);
+        assert_eq!(values, vec![second, third]);
+    }
+
+    /// The values of every `PUT` in segment file `path`, numbered `n`, in log order.
+    fn put_values(path: &Path, n: u64) -> Vec<Vec<u8>> {
+        let mut r = SegmentReader::open(path, n, Some(1)).expect("open");
         let mut buf = Vec::new();
         let mut values = Vec::new();
         while r.next_batch(&mut buf).expect("read").is_some() {
@@ -1701,7 +1700,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(values, vec![second, third]);
+        values
     }
 
     /// Reads segment file `path`, numbered `n`, as recovery does with `first` next.
