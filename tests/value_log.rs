@@ -709,3 +709,48 @@ fn collection_frees_the_segments_whose_values_died_and_moves_the_rest() {
     s.stop();
     checked_in_log(&dir);
 }
+
+#[test]
+fn a_trickle_of_values_leaves_a_bounded_number_of_segments() {
+    // One value per checkpoint: each lands in a segment of its own and stays live, so without
+    // merging every one of them would be kept (a day of one write a second: 86,400 files).
+    let mut s = start(&["--value-log-min", "1k", "--sync", "never"], &[]);
+    let dir = s.data_dir().to_path_buf();
+    let mut mc = Mc::open(&s);
+    let mut model: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    const VALUES: u64 = 60;
+    for i in 0..VALUES {
+        set_noted(&mut mc, &mut model, format!("t{i}"), value("t", i, 3000));
+        mc.checkpoints(&dir, 1);
+    }
+    // The collector keeps at most 16 small segments, plus the one being written and those it
+    // moves values into meanwhile.
+    checkpoint_until(&mut mc, &dir, "small segments merged", |mc| {
+        mc.stat("log_value_segments").unwrap_or(u64::MAX) <= 20
+    });
+    assert!(
+        mc.stat("log_value_moved_bytes").unwrap_or(0) >= 3000 * (VALUES - 20),
+        "values were moved"
+    );
+    let files = segment_files(&dir).len();
+    assert!(files <= 24, "{files} segment files for {VALUES} values");
+    let read_all = |s: &Server, when: &str| {
+        let mut mc = Mc::open(s);
+        let mut r = Resp::connect(s.resp_addr().expect("resp"));
+        for (key, want) in &model {
+            assert_eq!(mc.get(key), Some((0, want.clone())), "{key} {when}");
+            assert_eq!(
+                r.call(&[b"GET", key.as_bytes()]),
+                Reply::Bulk(Some(want.clone())),
+                "{key} {when}"
+            );
+        }
+    };
+    read_all(&s, "after merging");
+    drop(mc);
+    s.kill9();
+    s.relaunch();
+    read_all(&s, "after kill -9");
+    s.stop();
+    checked_in_log(&dir);
+}
