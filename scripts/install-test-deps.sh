@@ -8,7 +8,8 @@
 #   client test (tests/memcached_clients.rs), sasl2-bin (saslpasswd2, so `make conformance` can
 #   replay proto/binary/sasl.txt against memcached -S), strace (tests/fsync_order.rs), fuse3
 #   (fusermount3, for the power-loss test's FUSE file system in tests/powerloss/; the fuser
-#   crate mounts without libfuse, so no -dev package is needed), tcl (tclsh, for Redis's own
+#   crate mounts without libfuse, so no -dev package is needed), e2fsprogs (mkfs.ext4, for the
+#   full disk of tests/disk_full.rs), tcl (tclsh, for Redis's own
 #   test suite in `make redis-tests`).
 # - apt: php-cli and php-redis (phpredis), ruby and ruby-redis (redis-rb), nodejs and npm when
 #   node/npm are missing, for the client-library programs of tests/client_libs.rs.
@@ -56,6 +57,8 @@ command -v tclsh >/dev/null 2>&1 || need+=(tcl)
 command -v strace >/dev/null 2>&1 || need+=(strace)
 # tests/powerloss/ mounts a FUSE file system (it needs /dev/fuse too, which no package brings).
 command -v fusermount3 >/dev/null 2>&1 || need+=(fuse3)
+# tests/disk_full.rs makes a small ext4 file system in a file and loop-mounts it.
+{ command -v mkfs.ext4 >/dev/null 2>&1 || [ -x /sbin/mkfs.ext4 ]; } || need+=(e2fsprogs)
 # tests/tls.rs makes its certificates and checks handshakes with the openssl command.
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
 # Client libraries in other languages (tests/client_libs.rs).

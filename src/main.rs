@@ -100,10 +100,14 @@ fn main() -> ExitCode {
         log::warn!("{warning}");
     }
     raise_open_files_limit(config.max_connections);
+    let data_dir = config.data_dir.clone();
     match memkeep::server::run(config, clock) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("memkeep: {e}");
+            eprintln!(
+                "memkeep: {e}{}",
+                memkeep::storage::disk_full_hint(&data_dir)
+            );
             ExitCode::from(1)
         }
     }

@@ -532,6 +532,10 @@ const CHECKPOINT_GROWTH: u64 = 4 << 20;
 const PRESSURE_GROWTH: u64 = 32 << 20;
 const PACED_GATHER: Duration = Duration::from_micros(1000);
 
+/// With the writer broken (a log or LMDB write failed), how often the log recalls it and
+/// counts the writes refused meanwhile.
+const REFUSED_REMINDER: Duration = Duration::from_secs(60);
+
 /// After a commit did not fit the map, how long before the writer tries again by itself.
 const FULL_RETRY: Duration = Duration::from_millis(100);
 
@@ -603,6 +607,8 @@ pub struct Writer<T> {
     retired: Vec<Map>,
     /// The collections whose elements the open transaction changed, as last published.
     dirty: Dirty,
+    /// Writes refused since the last reminder in the log, and when that was (see `refuse`).
+    refused: (u64, Instant),
     /// Every batch in the open transaction, in order, as appended (`LogBuf::share`; the
     /// overlay's versions share the same buffers): their records are replayed into a fresh
     /// transaction when this one must be aborted (a write failed half-way).
@@ -797,6 +803,7 @@ impl<T: Send + Clone> Writer<T> {
             paced: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             log: Some(LogBuf::default()),
             broken: None,
+            refused: (0, Instant::now()),
             clock,
             cfg,
             cas: persisted.cas,
@@ -1057,9 +1064,36 @@ impl<T: Send + Clone> Writer<T> {
         unused
     }
 
+    /// Refuses every later write (see `broken`). Logged once: what keeps failing afterwards is
+    /// counted and recalled every `REFUSED_REMINDER` (`refuse`), never logged per attempt.
     fn break_log(&mut self, why: String) {
+        if self.broken.is_some() {
+            debug!("also: {why}");
+            return;
+        }
+        // A full disk shows as whatever the failed call made of it (LMDB turns a short write
+        // into EIO): say so when the data directory's file system has no room left.
+        let why = format!("{why}{}", crate::storage::disk_full_hint(self.wal.dir()));
         error!("{why}; refusing writes until memkeep is restarted");
         self.broken = Some(why);
+        self.refused = (0, Instant::now());
+    }
+
+    /// Counts `writes` refused because the writer is broken, and says so in the log at most
+    /// once per `REFUSED_REMINDER`.
+    fn refuse(&mut self, writes: usize) {
+        let Some(why) = &self.broken else {
+            return;
+        };
+        self.refused.0 += writes as u64;
+        if self.refused.1.elapsed() >= REFUSED_REMINDER {
+            warn!(
+                "{} writes refused in the last {} s: {why}; restart memkeep once the cause is fixed",
+                self.refused.0,
+                self.refused.1.elapsed().as_secs()
+            );
+            self.refused = (0, Instant::now());
+        }
     }
 
     /// Publishes (and keeps) an empty overlay over LMDB transaction `base`, which holds
@@ -1096,6 +1130,11 @@ impl<T: Send + Clone> Writer<T> {
 
     /// Whether the open transaction should be committed now.
     fn commit_due(&self) -> bool {
+        if self.broken.is_some() {
+            // Nothing reaches LMDB any more (the log holds what was acknowledged; a restart
+            // replays it): only completions held for a commit are due, to fail them.
+            return !self.held.is_empty();
+        }
         if self.full_until.is_some_and(|t| Instant::now() < t) {
             return false;
         }
@@ -1119,6 +1158,15 @@ impl<T: Send + Clone> Writer<T> {
             .overlay()
             .commit_asked
             .store(false, Ordering::Release);
+        if let Some(why) = &self.broken {
+            let e = StoreError::Backend(why.clone());
+            for (worker, mut c) in self.held.drain(..) {
+                c.outcome = Outcome::Failed;
+                self.outboxes[worker].push(c);
+            }
+            self.deliver(None);
+            return Err(e);
+        }
         if self.poisoned {
             self.rebuild();
         }
@@ -1660,7 +1708,10 @@ impl<T: Send + Clone> Writer<T> {
     /// what is there, and run each write alone, so one write's failure (the map is full) does
     /// not fail its batch-mates.
     fn fallback(&mut self, batch: &mut Vec<Submission<T>>, e: StoreError, ctx: Ctx) {
-        if e.is_damage() {
+        if self.broken.is_some() {
+            // Said once when it broke: every write fails, quietly.
+            self.refuse(batch.iter().map(|s| s.reqs.len()).sum());
+        } else if e.is_damage() {
             // Logged once where it was found; the writes that meet it say so.
             debug!("batch met damage, retrying each write alone: {e}");
         } else if !matches!(e, StoreError::Full) {
@@ -1860,7 +1911,14 @@ fn run<T: Send + Clone>(
         }
         let unused = {
             let mut w = lock(&core);
-            if w.gc_more || w.commit_due() || w.over() || w.moves_due() {
+            if w.broken.is_some() {
+                // Nothing more can be written: no commit, reclaim or eviction will come due
+                // (spinning on them burnt a core with the disk full). Submissions still wake
+                // this thread, to be refused, and held completions to be failed.
+                if w.commit_due() {
+                    wait = Duration::ZERO;
+                }
+            } else if w.gc_more || w.commit_due() || w.over() || w.moves_due() {
                 // Deleted collections still hold elements, a commit is due, or the data is
                 // over the cap: no sleep.
                 wait = Duration::ZERO;

@@ -130,6 +130,36 @@ impl From<heed::Error> for StoreError {
     }
 }
 
+/// Free bytes below which a failed write in the data directory is called a full disk.
+const DISK_FULL_BELOW: u64 = 4 << 20;
+
+/// Bytes an unprivileged writer could still use on the file system holding `dir` (statvfs).
+pub fn free_bytes(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `path` is NUL-terminated and `st` has room for the struct statvfs fills.
+    if unsafe { libc::statvfs(path.as_ptr(), st.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: statvfs returned 0, so it filled `st`.
+    let st = unsafe { st.assume_init() };
+    Some(st.f_bavail.saturating_mul(st.f_frsize))
+}
+
+/// What to add to the message of a failed write in `dir`: a full disk shows as whatever the
+/// failed call made of it (LMDB turns a short write into EIO), so say so when the file system
+/// has no room left; empty otherwise.
+pub fn disk_full_hint(dir: &Path) -> String {
+    match free_bytes(dir) {
+        Some(free) if free < DISK_FULL_BELOW => format!(
+            " (the file system of {} has {free} bytes free: the disk is full)",
+            dir.display()
+        ),
+        _ => String::new(),
+    }
+}
+
 /// Whether LMDB's error says the file is damaged, rather than that a limit or the system
 /// failed. Damage:
 /// - `Corrupted` (a page of the wrong type where the tree points), `PageNotFound` (a page

@@ -1198,6 +1198,11 @@ impl Wal {
         self.segment
     }
 
+    /// The directory the log (and the store) lives in.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// The sequence number of the last batch appended (0: none ever).
     pub fn last_seq(&self) -> u64 {
         self.next_seq - 1
