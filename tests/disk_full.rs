@@ -176,7 +176,10 @@ fn fill_the_disk_then_recover(args: &[&str], disk_mib: u64, room_mib: usize) {
     let mut mc = Mc::open(&s);
     let mut stored = 0usize;
     let refusal = loop {
-        assert!(stored < 10_000, "{disk_mib} MiB took {stored} values of 20 KB");
+        assert!(
+            stored < 10_000,
+            "{disk_mib} MiB took {stored} values of 20 KB"
+        );
         let r = mc.set(&format!("k{stored}"), &value(stored));
         if r != "STORED" {
             break r;
