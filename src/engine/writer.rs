@@ -34,7 +34,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use log::{debug, error, warn};
+use log::{debug, error, info, warn};
 
 use super::blocking::{Begin, Blocking, Journal};
 use crate::clock::Clock;
@@ -532,6 +532,9 @@ const CHECKPOINT_GROWTH: u64 = 4 << 20;
 const PRESSURE_GROWTH: u64 = 32 << 20;
 const PACED_GATHER: Duration = Duration::from_micros(1000);
 
+/// With the writer broken by a full disk, how often it tries again (`try_resume`).
+const RESUME_EVERY: Duration = Duration::from_secs(2);
+
 /// With the writer broken (a log or LMDB write failed), how often the log recalls it and
 /// counts the writes refused meanwhile.
 const REFUSED_REMINDER: Duration = Duration::from_secs(60);
@@ -609,6 +612,10 @@ pub struct Writer<T> {
     dirty: Dirty,
     /// Writes refused since the last reminder in the log, and when that was (see `refuse`).
     refused: (u64, Instant),
+    /// Broken by a failed LMDB commit: when to try it again (`try_resume`).
+    resume_at: Option<Instant>,
+    /// Set while `try_resume` tries: failures are not news.
+    resuming: bool,
     /// Every batch in the open transaction, in order, as appended (`LogBuf::share`; the
     /// overlay's versions share the same buffers): their records are replayed into a fresh
     /// transaction when this one must be aborted (a write failed half-way).
@@ -804,6 +811,8 @@ impl<T: Send + Clone> Writer<T> {
             log: Some(LogBuf::default()),
             broken: None,
             refused: (0, Instant::now()),
+            resume_at: None,
+            resuming: false,
             clock,
             cfg,
             cas: persisted.cas,
@@ -1067,16 +1076,70 @@ impl<T: Send + Clone> Writer<T> {
     /// Refuses every later write (see `broken`). Logged once: what keeps failing afterwards is
     /// counted and recalled every `REFUSED_REMINDER` (`refuse`), never logged per attempt.
     fn break_log(&mut self, why: String) {
-        if self.broken.is_some() {
+        if self.broken.is_some() || self.resuming {
             debug!("also: {why}");
+            self.broken.get_or_insert(why);
             return;
         }
         // A full disk shows as whatever the failed call made of it (LMDB turns a short write
         // into EIO): say so when the data directory's file system has no room left.
         let why = format!("{why}{}", crate::storage::disk_full_hint(self.wal.dir()));
-        error!("{why}; refusing writes until memkeep is restarted");
+        if self.resume_at.is_some() {
+            error!(
+                "{why}; refusing writes until LMDB commits again (tried every {} s) or memkeep is restarted",
+                RESUME_EVERY.as_secs()
+            );
+        } else {
+            error!("{why}; refusing writes until memkeep is restarted");
+        }
         self.broken = Some(why);
         self.refused = (0, Instant::now());
+    }
+
+    /// An append to the log failed with `e`, which is about to break the writer: a full disk
+    /// (or quota) left the log as it was (the failed batch's bytes lie past its end, where the
+    /// next append overwrites them, as after `Wal::undo`), so writes may resume
+    /// (`try_resume`). Any other failure, and any failed sync, stays broken: after a failed
+    /// fdatasync the kernel may have dropped the dirty pages it could not write.
+    fn note_resumable(&mut self, e: &std::io::Error) {
+        if self.broken.is_none() && matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) {
+            self.resume_at = Some(Instant::now() + RESUME_EVERY);
+        }
+    }
+
+    /// Broken by a failed LMDB commit or a log append that found the disk full (not by a
+    /// failed sync), so the log holds every acknowledged batch: every `RESUME_EVERY`, once the
+    /// disk has room, rebuilds the open transaction from those batches and commits it; writes
+    /// resume if that works. LMDB writes
+    /// a commit's meta page after its pages, so a commit that failed changed nothing it would
+    /// read; one whose meta page failed makes LMDB refuse every later transaction (MDB_PANIC),
+    /// and the writer stays broken.
+    fn try_resume(&mut self) {
+        let Some(at) = self.resume_at else {
+            return;
+        };
+        if self.broken.is_none() || Instant::now() < at {
+            return;
+        }
+        // No look at the free space first: root may write into blocks statvfs does not count
+        // as available, and a try costs a replay of at most `COMMIT_BYTES` of records.
+        let why = self.broken.take();
+        self.resuming = true;
+        self.rebuild();
+        let ok = self.broken.is_none() && self.commit_lmdb().is_ok();
+        self.resuming = false;
+        if ok {
+            info!(
+                "writes resume: LMDB committed again ({} writes refused since the last reminder; it was: {})",
+                self.refused.0,
+                why.unwrap_or_default()
+            );
+            self.resume_at = None;
+        } else {
+            // Still failing (said at debug level): keep the first reason, try again later.
+            self.broken = why;
+            self.resume_at = Some(Instant::now() + RESUME_EVERY);
+        }
     }
 
     /// Counts `writes` refused because the writer is broken, and says so in the log at most
@@ -1087,8 +1150,13 @@ impl<T: Send + Clone> Writer<T> {
         };
         self.refused.0 += writes as u64;
         if self.refused.1.elapsed() >= REFUSED_REMINDER {
+            let then = if self.resume_at.is_some() {
+                "writes resume by themselves once LMDB can commit again"
+            } else {
+                "restart memkeep once the cause is fixed"
+            };
             warn!(
-                "{} writes refused in the last {} s: {why}; restart memkeep once the cause is fixed",
+                "{} writes refused in the last {} s: {why}; {then}",
                 self.refused.0,
                 self.refused.1.elapsed().as_secs()
             );
@@ -1212,6 +1280,10 @@ impl<T: Send + Clone> Writer<T> {
                 Ok(())
             }
             Err(e) => {
+                if self.broken.is_none() {
+                    // The log is intact: try again once there may be room (`try_resume`).
+                    self.resume_at = Some(Instant::now() + RESUME_EVERY);
+                }
                 self.break_log(format!("cannot commit to LMDB: {e}"));
                 for (_, c) in self.held.iter_mut() {
                     c.outcome = Outcome::Failed;
@@ -1250,6 +1322,7 @@ impl<T: Send + Clone> Writer<T> {
         }
         if let Err(e) = self.wal.append(log) {
             let why = format!("cannot append to the write-ahead log: {e}");
+            self.note_resumable(&e);
             self.break_log(why.clone());
             self.poisoned = true;
             return Err(StoreError::Backend(why));
@@ -1573,6 +1646,7 @@ impl<T: Send + Clone> Writer<T> {
             if visible_now || leader.is_some() {
                 match self.wal.append(&mut log) {
                     Err(e) => {
+                        self.note_resumable(&e);
                         self.break_log(format!("cannot append to the write-ahead log: {e}"));
                         self.poisoned = true;
                         failed = true;
@@ -1914,9 +1988,13 @@ fn run<T: Send + Clone>(
             if w.broken.is_some() {
                 // Nothing more can be written: no commit, reclaim or eviction will come due
                 // (spinning on them burnt a core with the disk full). Submissions still wake
-                // this thread, to be refused, and held completions to be failed.
+                // this thread, to be refused, and held completions to be failed; a failed
+                // LMDB commit is tried again now and then.
+                w.try_resume();
                 if w.commit_due() {
                     wait = Duration::ZERO;
+                } else if let Some(at) = w.resume_at {
+                    wait = wait.min(at.saturating_duration_since(Instant::now()));
                 }
             } else if w.gc_more || w.commit_due() || w.over() || w.moves_due() {
                 // Deleted collections still hold elements, a commit is due, or the data is
