@@ -612,7 +612,8 @@ pub struct Writer<T> {
     dirty: Dirty,
     /// Writes refused since the last reminder in the log, and when that was (see `refuse`).
     refused: (u64, Instant),
-    /// Broken by a failed LMDB commit: when to try it again (`try_resume`).
+    /// Broken by a failed LMDB commit or a full disk under the log: when to try again
+    /// (`try_resume`).
     resume_at: Option<Instant>,
     /// Set while `try_resume` tries: failures are not news.
     resuming: bool,
@@ -1086,7 +1087,7 @@ impl<T: Send + Clone> Writer<T> {
         let why = format!("{why}{}", crate::storage::disk_full_hint(self.wal.dir()));
         if self.resume_at.is_some() {
             error!(
-                "{why}; refusing writes until LMDB commits again (tried every {} s) or memkeep is restarted",
+                "{why}; refusing writes until there is room again (tried every {} s) or memkeep is restarted",
                 RESUME_EVERY.as_secs()
             );
         } else {
@@ -1108,12 +1109,11 @@ impl<T: Send + Clone> Writer<T> {
     }
 
     /// Broken by a failed LMDB commit or a log append that found the disk full (not by a
-    /// failed sync), so the log holds every acknowledged batch: every `RESUME_EVERY`, once the
-    /// disk has room, rebuilds the open transaction from those batches and commits it; writes
-    /// resume if that works. LMDB writes
-    /// a commit's meta page after its pages, so a commit that failed changed nothing it would
-    /// read; one whose meta page failed makes LMDB refuse every later transaction (MDB_PANIC),
-    /// and the writer stays broken.
+    /// failed sync), so the log holds every acknowledged batch: every `RESUME_EVERY`, rebuilds
+    /// the open transaction from those batches and commits it; writes resume if that works.
+    /// LMDB writes a commit's meta page after its pages, so a commit that failed changed
+    /// nothing it would read; one whose meta page failed makes LMDB refuse every later
+    /// transaction (MDB_PANIC), and the writer stays broken.
     fn try_resume(&mut self) {
         let Some(at) = self.resume_at else {
             return;
@@ -1151,7 +1151,7 @@ impl<T: Send + Clone> Writer<T> {
         self.refused.0 += writes as u64;
         if self.refused.1.elapsed() >= REFUSED_REMINDER {
             let then = if self.resume_at.is_some() {
-                "writes resume by themselves once LMDB can commit again"
+                "writes resume by themselves once there is room again"
             } else {
                 "restart memkeep once the cause is fixed"
             };
@@ -1988,8 +1988,8 @@ fn run<T: Send + Clone>(
             if w.broken.is_some() {
                 // Nothing more can be written: no commit, reclaim or eviction will come due
                 // (spinning on them burnt a core with the disk full). Submissions still wake
-                // this thread, to be refused, and held completions to be failed; a failed
-                // LMDB commit is tried again now and then.
+                // this thread, to be refused, and held completions to be failed; after a full
+                // disk the commit is tried again now and then.
                 w.try_resume();
                 if w.commit_due() {
                     wait = Duration::ZERO;
