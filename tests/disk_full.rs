@@ -325,3 +325,109 @@ fn a_full_disk_with_values_in_the_log_refuses_writes_once_and_loses_none() {
     // with 8 MiB freed it failed, the disk full again.
     fill_the_disk_then_recover(&["--sync", "never", "--value-log-min", "8k"], 160, 40);
 }
+
+/// One field of INFO replication.
+fn info(s: &Server, field: &str) -> String {
+    let mut r = Resp::connect(s.resp_addr().expect("resp"));
+    let all = match r.call(&[b"INFO", b"replication"]) {
+        Reply::Bulk(Some(b)) | Reply::Verbatim(b) => String::from_utf8_lossy(&b).into_owned(),
+        other => panic!("INFO: {other:?}"),
+    };
+    all.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .unwrap_or_else(|| panic!("no {field} in INFO replication:\n{all}"))
+        .trim()
+        .to_string()
+}
+
+#[test]
+fn a_replica_with_a_full_disk_retries_less_and_less_often_then_catches_up() {
+    let disk = match SmallDisk::mount(160) {
+        Ok(d) => d,
+        Err(why) => {
+            eprintln!("SKIPPED: full-disk test needs a loop-mounted file system: {why}");
+            return;
+        }
+    };
+    let ballast = disk.path().join("ballast");
+    std::fs::write(&ballast, vec![7u8; 100 << 20]).expect("ballast");
+    let p = Server::start_with(
+        env!("CARGO_BIN_EXE_memkeep"),
+        Options {
+            resp: true,
+            args: vec!["--sync".into(), "never".into()],
+            ..Options::default()
+        },
+    );
+    let port = p.resp_addr().expect("resp").port();
+    let r = Server::start_with(
+        env!("CARGO_BIN_EXE_memkeep"),
+        Options {
+            resp: true,
+            args: vec![
+                "--sync".into(),
+                "never".into(),
+                "--replica-of".into(),
+                format!("127.0.0.1:{port}"),
+            ],
+            data_dir: Some(disk.path().join("data")),
+            ..Options::default()
+        },
+    );
+    // The primary takes every write; the replica's disk fills.
+    let mut mc = Mc::open(&p);
+    let mut stored = 0;
+    while !r.stderr().contains("refusing writes") {
+        assert!(stored < 6000, "the replica's disk never filled");
+        assert_eq!(mc.set(&format!("k{stored}"), &value(stored)), "STORED");
+        stored += 1;
+    }
+    // Links that fail on the replica's own writes are tried again after 1, 2, 4 ... s (each
+    // try can cost the primary a full copy of its data).
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let waits = loop {
+        let waits: Vec<u64> = r
+            .stderr()
+            .lines()
+            .filter_map(|l| l.split("next try in ").nth(1))
+            .filter_map(|w| w.trim_end_matches(" s").parse().ok())
+            .collect();
+        if waits.len() >= 3 {
+            break waits;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}",
+            r.stderr_tail(3000)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(waits[..3], [1, 2, 4], "{}", r.stderr_tail(3000));
+    // The replica still serves what it has.
+    assert_eq!(Mc::open(&r).get("k0"), Some(value(0)));
+    // Room again: its writes resume, and a later link catches up with everything.
+    std::fs::remove_file(&ballast).expect("remove ballast");
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    while info(&r, "master_link_status") != "up"
+        || info(&r, "slave_repl_offset") != info(&p, "master_repl_offset")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the replica never caught up: {}",
+            r.stderr_tail(3000)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let mut rmc = Mc::open(&r);
+    for i in (0..stored).step_by(17) {
+        assert_eq!(
+            rmc.get(&format!("k{i}")),
+            Some(value(i)),
+            "k{i} on the replica"
+        );
+    }
+    assert_eq!(
+        rmc.get(&format!("k{}", stored - 1)),
+        Some(value(stored - 1))
+    );
+}

@@ -1257,6 +1257,7 @@ impl<T: Send + Clone> Writer<T> {
                     self.full_until = Some(Instant::now() + FULL_RETRY);
                     return Err(StoreError::Full);
                 }
+                Err(e) if self.resuming => debug!("LMDB commit failed again: {e}"),
                 Err(e) => error!("LMDB commit failed: {e}"),
             }
         }

@@ -175,7 +175,10 @@ impl<T: Send + Clone> Writer<T> {
                 }
             }
             Err(e) => {
-                error!("full copy not installed: {e}");
+                error!(
+                    "full copy not installed: {e}{}",
+                    crate::storage::disk_full_hint(self.wal.dir())
+                );
                 Outcome::Failed
             }
         };
