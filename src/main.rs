@@ -43,7 +43,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let config = match Config::from_cli(&cli) {
+    let mut config = match Config::from_cli(&cli) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("memkeep: {e}");
@@ -99,7 +99,9 @@ fn main() -> ExitCode {
     for warning in cli.ignored() {
         log::warn!("{warning}");
     }
-    raise_open_files_limit(config.max_connections);
+    if let Some(cap) = raise_open_files_limit(config.max_connections) {
+        config.max_connections = cap;
+    }
     let data_dir = config.data_dir.clone();
     match memkeep::server::run(config, clock) {
         Ok(()) => ExitCode::SUCCESS,
@@ -113,17 +115,25 @@ fn main() -> ExitCode {
     }
 }
 
+/// Descriptors kept for memkeep's own files (data and lock files, log segments and spares,
+/// value-log segments being read, pollers, wakers, rings) when the open-files limit caps the
+/// clients; Redis keeps 32, memkeep opens more.
+const RESERVED_FDS: u64 = 128;
+
 /// Raises the open-files soft limit to the hard limit, as memcached and Redis do: every client
 /// is a descriptor, and the usual default soft limit (1024) is below what `max_connections` may
-/// allow. Warns when even that leaves fewer descriptors than connections.
-fn raise_open_files_limit(max_connections: usize) {
+/// allow. When even that leaves too few descriptors for `max_connections` clients and
+/// memkeep's own files, returns the lower cap (as Redis lowers maxclients): without it, clients
+/// took every descriptor and checkpoints failed ("cannot start a new log segment: Too many
+/// open files").
+fn raise_open_files_limit(max_connections: usize) -> Option<usize> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // Safety: a plain system call on a local struct.
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        return;
+        return None;
     }
     if lim.rlim_cur < lim.rlim_max {
         let raised = libc::rlimit {
@@ -140,13 +150,19 @@ fn raise_open_files_limit(max_connections: usize) {
             );
         }
     }
-    if lim.rlim_cur < max_connections as u64 {
+    let reserve = RESERVED_FDS.min(lim.rlim_cur / 2);
+    let room = usize::try_from(lim.rlim_cur.saturating_sub(reserve)).unwrap_or(usize::MAX);
+    if room < max_connections {
+        let cap = room.max(1);
         log::warn!(
-            "the open-files limit ({}) is below max_connections ({max_connections}): clients \
-             past it wait until others close",
+            "max_connections lowered from {max_connections} to {cap}: the open-files limit is {} \
+             and memkeep keeps {reserve} descriptors for its own files; clients past it are \
+             refused ('ERROR Too many open connections', '-ERR max number of clients reached')",
             lim.rlim_cur
         );
+        return Some(cap);
     }
+    None
 }
 
 /// Removes a directory (a scratch copy) when dropped.

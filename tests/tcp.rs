@@ -1700,3 +1700,103 @@ fn a_read_only_user_who_is_not_in_the_auth_file_stops_startup() {
         assert!(err.contains("auth_readonly"), "{extra:?}: {err}");
     }
 }
+
+/// Kills the process it holds when dropped.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn an_open_files_limit_below_max_connections_caps_the_clients_and_keeps_room_for_the_store() {
+    if Command::new("prlimit").arg("--version").output().is_err() {
+        eprintln!("SKIPPED: prlimit (util-linux) is not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = free_port();
+    let err_path = dir.path().join("stderr");
+    // 256 descriptors: memkeep keeps 128 for its own files, so 128 clients.
+    let child = Command::new("prlimit")
+        .arg("--nofile=256:256")
+        .arg(BIN)
+        .args([
+            "-p",
+            &port.to_string(),
+            "--resp-port",
+            "0",
+            "-l",
+            "127.0.0.1",
+        ])
+        .args(["--sync", "never", "-H"])
+        .arg(dir.path().join("data"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(File::create(&err_path).expect("stderr file"))
+        .spawn()
+        .expect("spawn prlimit memkeep");
+    let _server = KillOnDrop(child);
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    poll_until("memkeep listening", || open_stream(addr).ok());
+    let mut conns: Vec<TcpStream> = (0..200)
+        .map(|_| open_stream(addr).expect("connect"))
+        .collect();
+    let (mut answered, mut refused, mut accepted) = (0, 0, None);
+    for (i, c) in conns.iter_mut().enumerate() {
+        c.write_all(b"version\r\n").expect("send");
+        let mut r = BufReader::new(c.try_clone().expect("clone"));
+        let mut line = String::new();
+        r.read_line(&mut line).expect("reply");
+        match line.trim_end() {
+            l if l.starts_with("VERSION ") => {
+                answered += 1;
+                accepted.get_or_insert(i);
+            }
+            TOO_MANY => refused += 1,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!((answered, refused), (128, 72), "{}", read_lossy(&err_path));
+    // With every client slot taken, the store still opens files: a checkpoint starts a new
+    // log segment.
+    let c = &mut conns[accepted.expect("an accepted client")];
+    c.write_all(b"set k 0 0 1\r\nx\r\ndb_checkpoint\r\nstats\r\n")
+        .expect("send");
+    let mut r = BufReader::new(c.try_clone().expect("clone"));
+    let mut line = String::new();
+    r.read_line(&mut line).expect("reply");
+    assert_eq!(line.trim_end(), "STORED");
+    line.clear();
+    r.read_line(&mut line).expect("reply");
+    assert_eq!(line.trim_end(), "OK");
+    let mut max = None;
+    loop {
+        line.clear();
+        r.read_line(&mut line).expect("stats");
+        if line.trim_end() == "END" {
+            break;
+        }
+        if let Some(v) = line.trim_end().strip_prefix("STAT max_connections ") {
+            max = Some(v.to_string());
+        }
+    }
+    assert_eq!(max.as_deref(), Some("128"));
+    poll_until("the checkpoint", || {
+        let log = read_lossy(&err_path);
+        assert!(!log.contains("Too many open files"), "{log}");
+        std::fs::read_dir(dir.path().join("data"))
+            .expect("data dir")
+            .filter_map(|e| e.ok())
+            .any(|e| e.file_name().to_string_lossy() == "wal-0000000000000002.log")
+            .then_some(())
+    });
+    let log = read_lossy(&err_path);
+    assert!(
+        log.contains("max_connections lowered from 1024 to 128"),
+        "{log}"
+    );
+}

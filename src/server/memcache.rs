@@ -883,8 +883,17 @@ pub(super) fn stats(args: &[u8], out: &mut Vec<u8>, pass: &mut Pass<'_>) {
             stat(out, "bytes_written", t.bytes_written);
             // In cache mode the cap is the limit items are evicted at.
             stat(out, "limit_maxbytes", limit_maxbytes(cfg));
-            stat(out, "accepting_conns", 1);
-            stat(out, "listen_disabled_num", 0);
+            let g = &shared.gauges;
+            stat(
+                out,
+                "accepting_conns",
+                u64::from(!g.accept_paused.load(Ordering::Relaxed)),
+            );
+            stat(
+                out,
+                "listen_disabled_num",
+                g.listen_disabled.load(Ordering::Relaxed),
+            );
             stat(out, "threads", cfg.worker_threads());
             stat(out, "conn_yields", 0);
             stat(out, "malloc_fails", 0);

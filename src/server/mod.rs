@@ -650,6 +650,9 @@ pub fn run(config: Config, clock: Clock) -> Result<(), ServerError> {
     Ok(())
 }
 
+/// How long the acceptor waits after a failed accept before it tries again.
+const ACCEPT_PAUSE: Duration = Duration::from_millis(50);
+
 fn accept_loop(
     poll: &mut Poll,
     listeners: [(Option<&TcpListener>, Proto, bool); 3],
@@ -659,21 +662,39 @@ fn accept_loop(
 ) {
     let mut events = Events::with_capacity(64);
     let mut next_worker = 0usize;
-    let mut retry: Option<Duration> = None;
+    // After a failed accept (out of descriptors, say): no accept before this, whatever events
+    // come (each waiting client raised one, and each retry logged a line: about 300 a second
+    // with the descriptors used up); then every listener is tried again.
+    let mut paused_until: Option<Instant> = None;
+    // Accepts failed since the last that worked, for the log.
+    let mut failed = 0u64;
+    let gauges = &shared.gauges;
     while !stop.load(Ordering::Acquire) {
-        if let Err(e) = poll.poll(&mut events, retry)
+        let timeout = paused_until.map(|t| t.saturating_duration_since(Instant::now()));
+        if let Err(e) = poll.poll(&mut events, timeout)
             && e.kind() != io::ErrorKind::Interrupted
         {
             error!("acceptor poll failed: {e}");
             return;
         }
-        retry = None;
+        if paused_until.is_some_and(|t| Instant::now() < t) {
+            continue;
+        }
+        paused_until = None;
         // Accept on every listener each time: cheap, and it also retries after a failed accept.
         for (listener, proto, tls) in listeners {
+            if paused_until.is_some() {
+                break;
+            }
             let Some(listener) = listener else { continue };
             loop {
                 match listener.accept() {
                     Ok((stream, peer)) => {
+                        if failed > 0 {
+                            info!("accepting connections again ({failed} accepts failed)");
+                            failed = 0;
+                            gauges.accept_paused.store(false, Ordering::Relaxed);
+                        }
                         let stream = into_std(stream);
                         let curr = shared.gauges.curr_connections.load(Ordering::Relaxed);
                         if curr >= shared.config.max_connections {
@@ -702,8 +723,16 @@ fn accept_loop(
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(e) => {
                         // Out of file descriptors and the like: back off, then try again.
-                        warn!("accept failed: {e}");
-                        retry = Some(Duration::from_millis(50));
+                        if failed == 0 {
+                            warn!(
+                                "accept failed: {e}; new connections wait until it works again \
+                                 (stats listen_disabled_num counts these pauses)"
+                            );
+                            gauges.listen_disabled.fetch_add(1, Ordering::Relaxed);
+                            gauges.accept_paused.store(true, Ordering::Relaxed);
+                        }
+                        failed += 1;
+                        paused_until = Some(Instant::now() + ACCEPT_PAUSE);
                         break;
                     }
                 }

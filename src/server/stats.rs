@@ -186,6 +186,11 @@ impl Prefixes {
 #[derive(Debug, Default)]
 pub struct Gauges {
     pub curr_connections: AtomicUsize,
+    /// The acceptor is not accepting for now (out of descriptors): memcached's
+    /// `accepting_conns` 0.
+    pub accept_paused: std::sync::atomic::AtomicBool,
+    /// Times the acceptor stopped accepting (memcached's `listen_disabled_num`).
+    pub listen_disabled: AtomicU64,
 }
 
 /// CPU time this process has used, in seconds (user, system).
