@@ -150,7 +150,9 @@ fn raise_open_files_limit(max_connections: usize) -> Option<usize> {
             );
         }
     }
-    let reserve = RESERVED_FDS.min(lim.rlim_cur / 2);
+    // Under a tiny limit, still a quarter for clients (memkeep itself opens about 35 files
+    // at startup: the data file once per reader thread, pollers, wakers, rings, the log).
+    let reserve = RESERVED_FDS.min(lim.rlim_cur * 3 / 4);
     let room = usize::try_from(lim.rlim_cur.saturating_sub(reserve)).unwrap_or(usize::MAX);
     if room < max_connections {
         let cap = room.max(1);

@@ -690,11 +690,6 @@ fn accept_loop(
             loop {
                 match listener.accept() {
                     Ok((stream, peer)) => {
-                        if failed > 0 {
-                            info!("accepting connections again ({failed} accepts failed)");
-                            failed = 0;
-                            gauges.accept_paused.store(false, Ordering::Relaxed);
-                        }
                         let stream = into_std(stream);
                         let curr = shared.gauges.curr_connections.load(Ordering::Relaxed);
                         if curr >= shared.config.max_connections {
@@ -737,6 +732,12 @@ fn accept_loop(
                     }
                 }
             }
+        }
+        if paused_until.is_none() && failed > 0 {
+            // Every listener accepted or had nothing waiting: accepting again.
+            info!("accepting connections again ({failed} accepts failed)");
+            failed = 0;
+            gauges.accept_paused.store(false, Ordering::Relaxed);
         }
     }
 }
