@@ -569,6 +569,8 @@ pub struct Writer<T> {
     wal: Wal,
     checkpointer: Checkpointer,
     last_checkpoint: Instant,
+    /// Checkpoints that could not start, in a row (see `maybe_checkpoint`).
+    checkpoints_failing: u64,
     /// The data file's last page when the last checkpoint began, and the page size.
     checkpoint_pgno: u64,
     page_size: u64,
@@ -806,6 +808,7 @@ impl<T: Send + Clone> Writer<T> {
             wal,
             checkpointer,
             last_checkpoint: Instant::now(),
+            checkpoints_failing: 0,
             checkpoint_pgno,
             page_size,
             paced: Arc::new(std::sync::atomic::AtomicBool::new(false)),
@@ -1015,8 +1018,25 @@ impl<T: Send + Clone> Writer<T> {
         self.checkpoint_pgno = pgno;
         debug!("checkpoint begins at batch {}", self.wal.last_seq());
         self.forget_covered();
-        if let Err(e) = self.checkpointer.begin(&self.store, &mut self.wal) {
-            error!("cannot start a checkpoint: {e}");
+        match self.checkpointer.begin(&self.store, &mut self.wal) {
+            // Tried again each second: said once, and once more when one starts (out of
+            // descriptors it was an ERROR line a second).
+            Err(e) if self.checkpoints_failing == 0 => {
+                error!("cannot start a checkpoint: {e}; trying again each second");
+                self.checkpoints_failing = 1;
+            }
+            Err(e) => {
+                debug!("cannot start a checkpoint: {e}");
+                self.checkpoints_failing += 1;
+            }
+            Ok(()) if self.checkpoints_failing > 0 => {
+                info!(
+                    "checkpoints start again ({} attempts failed)",
+                    self.checkpoints_failing
+                );
+                self.checkpoints_failing = 0;
+            }
+            Ok(()) => {}
         }
     }
 

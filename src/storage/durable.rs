@@ -581,6 +581,8 @@ fn run(
 ) {
     prepare_spare(&dir, spare, &stats);
     let mut collector: Option<crate::storage::vlog::Collector> = None;
+    // Checkpoints that failed in a row (said once, at the first).
+    let mut failing = 0u64;
     loop {
         // Dead value segments held back by readers are tried again on a timer: the next
         // checkpoint may be long in coming on an idle store.
@@ -635,6 +637,10 @@ fn run(
                         }
                     }
                 }
+                if failing > 0 {
+                    log::info!("checkpoints succeed again ({failing} failed)");
+                    failing = 0;
+                }
                 log::debug!(
                     "checkpoint at batch {} (transaction {}) in {} us",
                     job.record.seq,
@@ -651,8 +657,18 @@ fn run(
                     .store(job.record.segment, Ordering::Release);
             }
             Err(e) => {
-                // The old checkpoint and its pinned snapshot stay the recovery point.
-                error!("checkpoint of {} failed: {e}", dir.display());
+                // The old checkpoint and its pinned snapshot stay the recovery point. Said
+                // once until one succeeds (the next is tried within a second).
+                if failing == 0 {
+                    error!(
+                        "checkpoint of {} failed: {e}{}; trying again",
+                        dir.display(),
+                        super::disk_full_hint(&dir)
+                    );
+                } else {
+                    log::debug!("checkpoint of {} failed: {e}", dir.display());
+                }
+                failing += 1;
                 stats.failures.fetch_add(1, Ordering::Relaxed);
                 drop(job.pin);
             }
