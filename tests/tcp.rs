@@ -371,11 +371,25 @@ struct Proc {
 
 impl Proc {
     fn start(dir: &Path, args: &[&str]) -> Proc {
+        Proc::start_under(&[], dir, args)
+    }
+
+    /// `start`, run through `wrapper` (a command that runs the rest of its arguments, e.g.
+    /// `prlimit --nofile=256:256`).
+    fn start_under(wrapper: &[&str], dir: &Path, args: &[&str]) -> Proc {
         let mut last = String::new();
         for launch in 0..5 {
             let port = common::free_port();
             let stderr_path = dir.join(format!("proc-stderr-{}-{launch}.log", port));
-            let mut child = Command::new(BIN)
+            let mut cmd = match wrapper.split_first() {
+                Some((first, rest)) => {
+                    let mut c = Command::new(first);
+                    c.args(rest).arg(BIN);
+                    c
+                }
+                None => Command::new(BIN),
+            };
+            let mut child = cmd
                 .args([
                     "-p",
                     &port.to_string(),
@@ -1701,16 +1715,6 @@ fn a_read_only_user_who_is_not_in_the_auth_file_stops_startup() {
     }
 }
 
-/// Kills the process it holds when dropped.
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn an_open_files_limit_below_max_connections_caps_the_clients_and_keeps_room_for_the_store() {
     if Command::new("prlimit").arg("--version").output().is_err() {
@@ -1718,83 +1722,48 @@ fn an_open_files_limit_below_max_connections_caps_the_clients_and_keeps_room_for
         return;
     }
     let dir = tempfile::tempdir().expect("temp dir");
-    let port = free_port();
-    let err_path = dir.path().join("stderr");
     // 256 descriptors: memkeep keeps 128 for its own files, so 128 clients.
-    let child = Command::new("prlimit")
-        .arg("--nofile=256:256")
-        .arg(BIN)
-        .args([
-            "-p",
-            &port.to_string(),
-            "--resp-port",
-            "0",
-            "-l",
-            "127.0.0.1",
-        ])
-        .args(["--sync", "never", "-H"])
-        .arg(dir.path().join("data"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(File::create(&err_path).expect("stderr file"))
-        .spawn()
-        .expect("spawn prlimit memkeep");
-    let _server = KillOnDrop(child);
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    poll_until("memkeep listening", || open_stream(addr).ok());
-    let mut conns: Vec<TcpStream> = (0..200)
-        .map(|_| open_stream(addr).expect("connect"))
+    let server = Proc::start_under(
+        &["prlimit", "--nofile=256:256"],
+        dir.path(),
+        &["--sync", "never"],
+    );
+    let addr = server.addr();
+    // One client first, once the start's probe connection is gone: it is the only one.
+    let mut first = Client::connect(addr, "first");
+    poll_until("the probe's connection closed", || {
+        (first.stats("")["curr_connections"] == "1").then_some(())
+    });
+    assert_eq!(first.stats("")["max_connections"], "128");
+    let (mut answered, mut refused) = (1, 0);
+    // All held open while counted, so no slot frees up meanwhile.
+    let mut conns: Vec<Client> = (1..200)
+        .map(|i| Client::connect(addr, &format!("c{i}")))
         .collect();
-    let (mut answered, mut refused, mut accepted) = (0, 0, None);
-    for (i, c) in conns.iter_mut().enumerate() {
-        c.write_all(b"version\r\n").expect("send");
-        let mut r = BufReader::new(c.try_clone().expect("clone"));
-        let mut line = String::new();
-        r.read_line(&mut line).expect("reply");
-        match line.trim_end() {
-            l if l.starts_with("VERSION ") => {
-                answered += 1;
-                accepted.get_or_insert(i);
-            }
-            TOO_MANY => refused += 1,
+    for c in conns.iter_mut() {
+        c.send(b"version\r\n");
+        match c.line() {
+            l if l.starts_with("VERSION ") => answered += 1,
+            l if l == TOO_MANY => refused += 1,
             other => panic!("{other:?}"),
         }
     }
-    assert_eq!((answered, refused), (128, 72), "{}", read_lossy(&err_path));
+    assert_eq!((answered, refused), (128, 72), "{}", server.stderr());
     // With every client slot taken, the store still opens files: a checkpoint starts a new
     // log segment.
-    let c = &mut conns[accepted.expect("an accepted client")];
-    c.write_all(b"set k 0 0 1\r\nx\r\ndb_checkpoint\r\nstats\r\n")
-        .expect("send");
-    let mut r = BufReader::new(c.try_clone().expect("clone"));
-    let mut line = String::new();
-    r.read_line(&mut line).expect("reply");
-    assert_eq!(line.trim_end(), "STORED");
-    line.clear();
-    r.read_line(&mut line).expect("reply");
-    assert_eq!(line.trim_end(), "OK");
-    let mut max = None;
-    loop {
-        line.clear();
-        r.read_line(&mut line).expect("stats");
-        if line.trim_end() == "END" {
-            break;
-        }
-        if let Some(v) = line.trim_end().strip_prefix("STAT max_connections ") {
-            max = Some(v.to_string());
-        }
-    }
-    assert_eq!(max.as_deref(), Some("128"));
+    first.set_ok("k", 0, 0, b"x");
+    first.send(b"db_checkpoint\r\n");
+    first.expect("OK");
     poll_until("the checkpoint", || {
-        let log = read_lossy(&err_path);
+        let log = server.stderr();
         assert!(!log.contains("Too many open files"), "{log}");
-        std::fs::read_dir(dir.path().join("data"))
+        std::fs::read_dir(dir.path())
             .expect("data dir")
             .filter_map(|e| e.ok())
             .any(|e| e.file_name().to_string_lossy() == "wal-0000000000000002.log")
             .then_some(())
     });
-    let log = read_lossy(&err_path);
+    let log = server.stderr();
     assert!(
         log.contains("max_connections lowered from 1024 to 128"),
         "{log}"
