@@ -1681,8 +1681,9 @@ impl<T: Send + Clone> Writer<T> {
                         let shared = log.share();
                         self.keep_uncommitted(shared.clone());
                         self.since.get_or_insert_with(Instant::now);
-                        if let Some(absorbed) = changes {
-                            let changes = absorbed.changes(&shared, HEADER);
+                        if let Some(changes) =
+                            changes.and_then(|a| a.changes(&shared, HEADER, &self.map))
+                        {
                             let base = self.open.as_ref().map_or(0, |o| o.id().saturating_sub(1));
                             let map = self.map.with(changes);
                             self.store

@@ -204,13 +204,18 @@ pub fn decode(bytes: &[u8]) -> Result<ItemRef<'_>, StoreError> {
 }
 
 /// The length of the header that starts `bytes` (its first two bytes are enough).
-fn header_len_of(bytes: &[u8]) -> Option<usize> {
+pub fn header_len_of(bytes: &[u8]) -> Option<usize> {
     let tag = *bytes.get(1)?;
     Some(
         BASE_LEN
             + if tag & HAS_FLAGS != 0 { 4 } else { 0 }
             + if tag & HAS_EXPIRY != 0 { 8 } else { 0 },
     )
+}
+
+/// Whether `bytes` is a record holding its value itself (not a pointer into the log).
+pub fn is_inline(bytes: &[u8]) -> bool {
+    bytes.get(1).is_some_and(|t| t & SEPARATED == 0)
 }
 
 /// If `header` (the start of an item record being stored, as `ItemMeta::header` makes it) is

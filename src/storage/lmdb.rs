@@ -194,7 +194,8 @@ impl Table {
             bytes,
         };
         let dirty = txn.patch_charge(self.id, key, item.len());
-        txn.log.patch(self.id, key, &patch, item.clone(), dirty);
+        txn.log
+            .patch(self.id, key, &patch, Some(item.clone()), dirty);
         Ok(())
     }
 
@@ -298,6 +299,13 @@ impl<'e> LogTxn<'e> {
     /// enough), and all of them again when it needs a longer run. The writer commits LMDB by
     /// this measure, so 1,000 small appends to one 1 MiB value no longer commit it every
     /// 4 appends (each commit then copying the whole value into fresh pages).
+    fn patched_before(&self, db: u8, key: &[u8]) -> bool {
+        let mut name = Vec::with_capacity(1 + key.len());
+        name.push(db);
+        name.extend_from_slice(key);
+        self.patched.contains_key(name.as_slice())
+    }
+
     fn patch_charge(&mut self, db: u8, key: &[u8], len: usize) -> u64 {
         // An overflow run: the page header, then the node's data. Pages of 4 KiB: where
         // LMDB's are larger, this counts a new run more often than it happens.
@@ -395,6 +403,8 @@ pub struct LmdbStore {
     vlog: Option<Arc<super::vlog::ValueLog>>,
     /// String values of at least this many bytes go to the log (0: none; `value_log_min`).
     vlog_min: usize,
+    /// LMDB's page size (`edit_in_place`).
+    page_size: usize,
 }
 
 /// A read transaction of the store. With values in the log it holds a reader slot
@@ -670,6 +680,7 @@ impl LmdbStore {
         }
         drop(rtxn);
         super::note_data_dir(dir);
+        let page_size = env.stat().page_size as usize;
         Ok((
             LmdbStore {
                 env,
@@ -686,6 +697,7 @@ impl LmdbStore {
                 hits: None,
                 vlog,
                 vlog_min: 0,
+                page_size,
             },
             Persisted { cas, flush_at },
         ))
@@ -1245,6 +1257,37 @@ fn patchable(
         && key.len() <= super::MAX_KEY
 }
 
+/// Whether LMDB rewrites the overflow run holding `data` (an item larger than a page, as
+/// `get` returned it from this write transaction) in place when it is replaced by `len`
+/// bytes: the run is dirty in this transaction and has pages enough (`mdb_cursor_put`).
+fn overflow_reusable(data: &[u8], len: usize, page: usize) -> bool {
+    // LMDB's page header (`MDB_page`): page number (8 bytes), pad (2), flags (2), and for an
+    // overflow page its page count (4); the data starts right after it.
+    const PAGE_HEADER: usize = 16;
+    const P_OVERFLOW: u16 = 0x04;
+    const P_DIRTY: u16 = 0x10;
+    if page == 0 || data.len() < page {
+        return false;
+    }
+    let start = data.as_ptr() as usize;
+    let Some(hdr) = start.checked_sub(PAGE_HEADER) else {
+        return false;
+    };
+    // Safety: an item of at least a page is stored in an overflow run (LMDB puts any node
+    // larger than half a page there), and the data of an overflow node starts right after
+    // its first page's header, in the same allocation: LMDB's map, or the dirty page LMDB
+    // made for this transaction. The header is read, never written.
+    let (flags, pages) = unsafe {
+        let h = std::ptr::with_exposed_provenance::<u8>(hdr);
+        (
+            std::ptr::read_unaligned(h.add(10).cast::<u16>()),
+            std::ptr::read_unaligned(h.add(12).cast::<u32>()),
+        )
+    };
+    let needed = (PAGE_HEADER - 1 + len) / page + 1;
+    flags & P_OVERFLOW != 0 && flags & P_DIRTY != 0 && pages as usize >= needed
+}
+
 /// `header` then `pieces` (`Edit::pieces`) in one new shared buffer, each byte written once.
 fn edited_shared(header: &[u8], pieces: &[super::Piece]) -> std::sync::Arc<[u8]> {
     let total = header.len()
@@ -1379,6 +1422,17 @@ impl<'e> LmdbWrite<'_, 'e> {
             header,
             edit,
         )?;
+        self.patched_meta(key, old, meta)
+    }
+
+    /// What a patched item's store changes besides its record: its use, its expiry index
+    /// entry and the count of expiring items.
+    fn patched_meta(
+        &mut self,
+        key: &[u8],
+        old: &ItemMeta,
+        meta: &ItemMeta,
+    ) -> Result<(), StoreError> {
         if let Some(a) = self.store.access() {
             a.note_write(key, *self.cas);
         }
@@ -1395,6 +1449,136 @@ impl<'e> LmdbWrite<'_, 'e> {
         let delta = i64::from(meta.expire_at != 0) - i64::from(old.expire_at != 0);
         self.store.count_expires(self.txn, delta)?;
         Ok(())
+    }
+
+    /// Makes `edit` (a write at an offset: APPEND, SETRANGE, SETBIT and the like; not a
+    /// prepend) of the large string under `key` where LMDB holds it, when LMDB rewrites the
+    /// item's overflow pages in place: they are dirty in this transaction (written by an
+    /// earlier store or edit of it) and long enough for the new item. Then only the header
+    /// and the edited bytes are written, where a store copied the whole item into LMDB (and
+    /// an edit of a 1 MiB value cost a 1 MiB copy). False, having changed nothing, when it
+    /// cannot be done so; the caller stores the item whole.
+    ///
+    /// How it knows: `mdb_cursor_put` reuses an overflow run that is dirty (or spilled,
+    /// which it copies back first) and has at least as many pages as the new data needs,
+    /// handing its memory back for `MDB_RESERVE` with the old bytes still in it. The run's
+    /// page header, just before the data `get` returns for an item larger than a page (such
+    /// an item always lives in an overflow run), says both: its flags and its page count.
+    fn edit_in_place(
+        &mut self,
+        key: &[u8],
+        old: &ItemMeta,
+        meta: &ItemMeta,
+        header: &[u8],
+        data: &[u8],
+        edit: &super::Edit,
+    ) -> Result<bool, StoreError> {
+        if edit.prepend != 0
+            || data.len() != edit.len
+            || key.is_empty()
+            || key.len() > super::MAX_KEY
+        {
+            return Ok(false);
+        }
+        let page = self.store.page_size;
+        let table = &self.store.items;
+        let Some(raw) = table.db.get(&self.txn.txn, key)? else {
+            return Ok(false);
+        };
+        let Some(old_n) = item::header_len_of(raw) else {
+            return Ok(false);
+        };
+        if !item::is_inline(raw) || old_n != header.len() || raw.len() < old_n || raw.len() < page {
+            return Ok(false);
+        }
+        let old_len = raw.len() - old_n;
+        let new_len = edit.new_len(old_len);
+        let total = old_n + new_len;
+        if !patchable(key, old, old_len, meta, new_len, edit) || edit.at > new_len {
+            return Ok(false);
+        }
+        if !overflow_reusable(raw, total, page) {
+            return Ok(false);
+        }
+        let mut old_header = [0u8; item::MAX_HEADER];
+        old_header[..old_n].copy_from_slice(&raw[..old_n]);
+        let old_header = &old_header[..old_n];
+        let at = old_n + edit.at;
+        let mut crc = 0u32;
+        table
+            .db
+            .put_reserved(&mut self.txn.txn, key, total, |space| {
+                let buf = space.as_uninit_mut();
+                if buf.len() != total {
+                    return Err(std::io::Error::other("reserved space of the wrong size"));
+                }
+                let head = &buf[..old_n];
+                // Safety: LMDB handed back the run that holds the old item (see above), whose
+                // first bytes are initialized; checked against the old header all the same,
+                // so that a run LMDB did not reuse fails the batch (rebuilt from the log)
+                // rather than keep what was in fresh memory.
+                let same = head
+                    .iter()
+                    .zip(old_header)
+                    .all(|(b, o)| unsafe { b.assume_init() } == *o);
+                if !same {
+                    return Err(std::io::Error::other(
+                        "LMDB did not edit the item's pages in place",
+                    ));
+                }
+                for (d, s) in buf.iter_mut().zip(header) {
+                    d.write(*s);
+                }
+                if let Some(gap) = buf.get_mut(old_n + old_len..at) {
+                    gap.fill(std::mem::MaybeUninit::new(0));
+                }
+                for (d, s) in buf[at..at + data.len()].iter_mut().zip(data) {
+                    d.write(*s);
+                }
+                // Safety: every byte is the old item's or was just written.
+                let value = unsafe {
+                    std::slice::from_raw_parts(buf.as_ptr().cast::<u8>().add(old_n), new_len)
+                };
+                crc = crc32fast::hash(value);
+                // Safety: as above, the whole reservation holds the new item.
+                unsafe { space.assume_written(total) };
+                Ok(())
+            })
+            .map_err(|e| StoreError::Backend(format!("cannot edit an item in place: {e}")))?;
+        let (Ok(new_len32), Ok(old_len32), Ok(at32)) = (
+            u32::try_from(new_len),
+            u32::try_from(old_len),
+            u32::try_from(edit.at),
+        ) else {
+            return Err(StoreError::Backend("an edited item past 4 GiB".into()));
+        };
+        let patch = super::wal::Patch {
+            old_header,
+            old_len: old_len32,
+            new_header: header,
+            new_len: new_len32,
+            crc,
+            prepend: &[],
+            at: at32,
+            bytes: data,
+        };
+        let id = table.id;
+        // Readers need the whole new item, but the overlay makes it from the record and the
+        // key's previous version when this transaction stored the key before: its version
+        // since is in the overlay (or earlier in this batch). Otherwise it gets a copy.
+        let again = self.txn.patched_before(id, key);
+        let dirty = self.txn.patch_charge(id, key, total);
+        let whole = if again {
+            None
+        } else {
+            match table.db.get(&self.txn.txn, key)? {
+                Some(b) => Some(std::sync::Arc::<[u8]>::from(b)),
+                None => return Err(StoreError::Backend("an edited item vanished".into())),
+            }
+        };
+        self.txn.log.patch(id, key, &patch, whole, dirty);
+        self.patched_meta(key, old, meta)?;
+        Ok(true)
     }
 
     /// The store and the open transaction, for the collection types.
@@ -1505,6 +1689,9 @@ impl WriteView for LmdbWrite<'_, '_> {
         edit: &super::Edit,
     ) -> Result<(), StoreError> {
         let (hdr, n) = meta.header();
+        if self.edit_in_place(key, old, meta, &hdr[..n], data, edit)? {
+            return Ok(());
+        }
         // The new item is built from the old value where LMDB holds it (no copy of it first),
         // and only then stored: the one copy of the value an edit needs besides LMDB's own.
         let (made, old_len) = {
@@ -1817,7 +2004,8 @@ mod tests {
         assert_eq!(log.patched_bytes(), (old.len() + data.len()) as u64);
         let mut expect = old.clone();
         expect.extend_from_slice(data);
-        let item = item::decode(&log.patched()[0]).expect("decode");
+        let whole = log.patched()[0].clone().expect("the whole item");
+        let item = item::decode(&whole).expect("decode");
         assert_eq!((item.meta, item.value), (new_meta, &expect[..]));
         let payload = log.payload().to_vec();
         drop(txn);

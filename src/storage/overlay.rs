@@ -65,6 +65,9 @@ enum Backing {
         end: usize,
     },
     Whole(Arc<[u8]>),
+    /// An edit (a `PATCH` record) of the key's previous version, made into the whole item
+    /// only when a reader asks (`Edited`).
+    Edited(Arc<Edited>),
 }
 
 impl std::ops::Deref for Rec {
@@ -73,6 +76,146 @@ impl std::ops::Deref for Rec {
         match &self.0 {
             Backing::Batch { buf, start, end } => buf.get(*start..*end).unwrap_or_default(),
             Backing::Whole(b) => b,
+            Backing::Edited(e) => e.item(),
+        }
+    }
+}
+
+impl Rec {
+    /// Bytes this version keeps to itself (an edit's whole item only once a reader made it).
+    fn held(&self) -> u64 {
+        match &self.0 {
+            Backing::Batch { start, end, .. } => end.saturating_sub(*start) as u64,
+            Backing::Whole(b) => b.len() as u64,
+            Backing::Edited(e) => e.patch_len() as u64 + e.made.get().map_or(0, |m| m.len() as u64),
+        }
+    }
+}
+
+/// Where a `PATCH` record's fields lie in its batch's buffer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct PatchSpan {
+    header: (usize, usize),
+    new_len: usize,
+    prepend: (usize, usize),
+    at: usize,
+    bytes: (usize, usize),
+}
+
+impl PatchSpan {
+    fn shifted(self, by: usize) -> PatchSpan {
+        let s = |(a, b): (usize, usize)| (a + by, b + by);
+        PatchSpan {
+            header: s(self.header),
+            prepend: s(self.prepend),
+            bytes: s(self.bytes),
+            ..self
+        }
+    }
+}
+
+/// An item made by an edit of the key's previous version: an in-place edit of a large
+/// string (`LmdbWrite::edit_in_place`) after an earlier store of it in the same LMDB
+/// transaction. The writer publishes the edit alone (where it copied the whole item, 1 MiB
+/// for each APPEND to a 1 MiB value); the first reader that asks makes the item, from the
+/// nearest version at hand and the edits since, once (`item`). Those bytes count toward the
+/// list's `made`, which makes the writer commit LMDB sooner, as superseded versions do.
+pub struct Edited {
+    /// The key's version before this edit (None only while dropping, see `Drop`).
+    prev: Option<Rec>,
+    /// The batch buffer holding the `PATCH` record, and where its fields are in it.
+    buf: Arc<Vec<u8>>,
+    span: PatchSpan,
+    made: std::sync::OnceLock<Box<[u8]>>,
+    /// Bytes made by readers, for the whole list (`Map::made`).
+    made_total: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl std::fmt::Debug for Edited {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Edited")
+            .field("span", &self.span)
+            .field("made", &self.made.get().map(|m| m.len()))
+            .finish()
+    }
+}
+
+impl Edited {
+    fn part(&self, (a, b): (usize, usize)) -> &[u8] {
+        self.buf.get(a..b).unwrap_or_default()
+    }
+
+    fn patch_len(&self) -> usize {
+        let s = self.span;
+        (s.header.1 - s.header.0) + (s.prepend.1 - s.prepend.0) + (s.bytes.1 - s.bytes.0)
+    }
+
+    /// The whole item (header and value), made on first use.
+    fn item(&self) -> &[u8] {
+        self.made.get_or_init(|| {
+            let made = self.make();
+            self.made_total
+                .fetch_add(made.len() as u64, Ordering::Relaxed);
+            made
+        })
+    }
+
+    /// Walks back to the nearest version whose bytes are at hand, then replays the edits
+    /// since, oldest first, on one buffer (no recursion: a chain can be thousands long).
+    fn make(&self) -> Box<[u8]> {
+        let mut chain: Vec<&Edited> = vec![self];
+        let mut cur = self.prev.as_ref();
+        let base: &[u8] = loop {
+            match cur.map(|r| &r.0) {
+                Some(Backing::Edited(e)) => match e.made.get() {
+                    Some(m) => break m,
+                    None => {
+                        chain.push(e);
+                        cur = e.prev.as_ref();
+                    }
+                },
+                Some(_) => break cur.map_or(&[][..], |r| &r[..]),
+                None => break &[],
+            }
+        };
+        let value = match item::decode(base) {
+            Ok(it) => it.value,
+            // Damaged (or missing): readers' own decode says so.
+            Err(_) => return base.into(),
+        };
+        let hlen = self.span.header.1 - self.span.header.0;
+        let mut out = Vec::with_capacity(hlen + self.span.new_len.max(value.len()));
+        out.resize(hlen, 0);
+        out.extend_from_slice(value);
+        for e in chain.iter().rev() {
+            let s = e.span;
+            let prepend = e.part(s.prepend);
+            if !prepend.is_empty() {
+                out.splice(hlen..hlen, prepend.iter().copied());
+            }
+            out.resize(hlen + s.new_len, 0);
+            let bytes = e.part(s.bytes);
+            if let Some(dst) = out.get_mut(hlen + s.at..hlen + s.at + bytes.len()) {
+                dst.copy_from_slice(bytes);
+            }
+        }
+        if let Some(h) = out.get_mut(..hlen) {
+            h.copy_from_slice(self.part(self.span.header));
+        }
+        out.into_boxed_slice()
+    }
+}
+
+impl Drop for Edited {
+    /// Frees a chain of edits one link at a time (a recursive drop of thousands of links
+    /// could overflow a thread's stack).
+    fn drop(&mut self) {
+        let mut next = self.prev.take();
+        while let Some(Rec(Backing::Edited(e))) = next {
+            match Arc::try_unwrap(e) {
+                Ok(mut inner) => next = inner.prev.take(),
+                Err(_) => break,
+            }
         }
     }
 }
@@ -95,25 +238,55 @@ enum Place {
     /// Bytes `start..end` of the records.
     At(usize, usize),
     Whole(Arc<[u8]>),
+    /// A `PATCH` record to apply to the key's previous version.
+    Edited(PatchSpan),
 }
 
 impl Absorbed {
-    /// The changes, reading spans from `buf`, where the records start at byte `offset`.
-    pub fn changes(self, buf: &Arc<Vec<u8>>, offset: usize) -> Changes {
-        self.0
-            .into_iter()
-            .map(|(key, span)| {
-                let rec = span.map(|s| match s {
-                    Place::At(start, end) => Rec(Backing::Batch {
+    /// The changes, reading spans from `buf`, where the records start at byte `offset`; an
+    /// edit applies to the key's version before it: earlier in the batch, or in `map` (the
+    /// writer's latest view). None when an edit has no previous version there (its batch
+    /// then waits for an LMDB commit).
+    pub fn changes(self, buf: &Arc<Vec<u8>>, offset: usize, map: &Map) -> Option<Changes> {
+        let mut out: Changes = Vec::with_capacity(self.0.len());
+        // Index of each key's latest change in `out`, made only if the batch has an edit.
+        let mut latest: Option<std::collections::HashMap<Box<[u8]>, usize>> = None;
+        let guard = crossbeam_epoch::pin();
+        for (key, place) in self.0 {
+            let rec = match place {
+                None => None,
+                Some(Place::At(start, end)) => Some(Rec(Backing::Batch {
+                    buf: buf.clone(),
+                    start: offset + start,
+                    end: offset + end,
+                })),
+                Some(Place::Whole(b)) => Some(Rec(Backing::Whole(b))),
+                Some(Place::Edited(span)) => {
+                    let seen = latest.get_or_insert_with(|| {
+                        out.iter()
+                            .enumerate()
+                            .map(|(i, (k, _))| (k.clone(), i))
+                            .collect()
+                    });
+                    let prev = match seen.get(&key) {
+                        Some(&i) => out.get(i).and_then(|(_, v)| v.clone()),
+                        None => map.get(&key, &guard).and_then(|v| v.clone()),
+                    }?;
+                    Some(Rec(Backing::Edited(Arc::new(Edited {
+                        prev: Some(prev),
                         buf: buf.clone(),
-                        start: offset + start,
-                        end: offset + end,
-                    }),
-                    Place::Whole(b) => Rec(Backing::Whole(b)),
-                });
-                (key, rec)
-            })
-            .collect()
+                        span: span.shifted(offset),
+                        made: std::sync::OnceLock::new(),
+                        made_total: map.made.clone(),
+                    }))))
+                }
+            };
+            if let Some(seen) = latest.as_mut() {
+                seen.insert(key.clone(), out.len());
+            }
+            out.push((key, rec));
+        }
+        Some(out)
     }
 }
 
@@ -263,6 +436,8 @@ const VERSION_OVERHEAD: u64 = 96;
 #[derive(Clone)]
 pub struct Map {
     list: Arc<SkipList<VKey, Val>>,
+    /// Bytes readers made of edits in the list (`Edited`), which it holds until it goes.
+    made: Arc<std::sync::atomic::AtomicU64>,
     /// The last batch this view sees (0: none).
     seq: u64,
     /// Versions this view sees.
@@ -275,6 +450,7 @@ impl Map {
     pub fn new() -> Map {
         Map {
             list: Arc::new(SkipList::new(crossbeam_epoch::default_collector().clone())),
+            made: Arc::new(std::sync::atomic::AtomicU64::new(0)),
             seq: 0,
             len: 0,
             superseded: 0,
@@ -293,7 +469,7 @@ impl Map {
 
     /// Bytes of versions a later version of the same key hides (held until the list goes).
     pub fn superseded(&self) -> u64 {
-        self.superseded
+        self.superseded + self.made.load(Ordering::Relaxed)
     }
 
     /// A view with `changes` (in write order; a later change of a key wins) added as the next
@@ -302,6 +478,7 @@ impl Map {
         let seq = self.seq + 1;
         let mut next = Map {
             list: self.list.clone(),
+            made: self.made.clone(),
             seq,
             len: self.len,
             superseded: self.superseded,
@@ -316,9 +493,8 @@ impl Map {
                 hidden[i] = !seen.insert(&key[..]);
             }
         }
-        let size = |k: &[u8], v: &Val| {
-            k.len() as u64 + v.as_ref().map_or(0, |v| v.len() as u64) + VERSION_OVERHEAD
-        };
+        let size =
+            |k: &[u8], v: &Val| k.len() as u64 + v.as_ref().map_or(0, Rec::held) + VERSION_OVERHEAD;
         let guard = crossbeam_epoch::pin();
         for (i, (key, val)) in changes.into_iter().enumerate() {
             if hidden.get(i).copied().unwrap_or(false) {
@@ -468,7 +644,7 @@ fn owner(key: &[u8]) -> Option<u64> {
 pub fn absorb(
     dirty: &mut Dirty,
     payload: &[u8],
-    patched: &[Arc<[u8]>],
+    patched: &[Option<Arc<[u8]>>],
 ) -> Result<Option<Absorbed>, String> {
     use super::lmdb::{DB_ELEMS, DB_ITEMS, DB_ZSCORE};
     use super::wal::Op;
@@ -487,12 +663,36 @@ pub fn absorb(
                 changes.push((key.into(), Some(Place::At(start, end))));
             }
             Op::Del { db, key } if db == DB_ITEMS => changes.push((key.into(), None)),
-            Op::Patch { db, key, .. } if db == DB_ITEMS => {
+            Op::Patch { db, key, patch } if db == DB_ITEMS => {
                 // Only strings are patched; without the whole item, readers wait for LMDB.
                 let Some(item) = patched.next() else {
                     return Ok(None);
                 };
-                changes.push((key.into(), Some(Place::Whole(item.clone()))));
+                let place = match item {
+                    Some(item) => Place::Whole(item.clone()),
+                    None => {
+                        let span = |s: &[u8]| {
+                            let start = (s.as_ptr() as usize).wrapping_sub(base);
+                            (start, start.wrapping_add(s.len()))
+                        };
+                        let spans = [
+                            span(patch.new_header),
+                            span(patch.prepend),
+                            span(patch.bytes),
+                        ];
+                        if spans.iter().any(|&(a, b)| b < a || b > payload.len()) {
+                            return Err("a patch's fields outside its batch".into());
+                        }
+                        Place::Edited(PatchSpan {
+                            header: spans[0],
+                            new_len: patch.new_len as usize,
+                            prepend: spans[1],
+                            at: patch.at as usize,
+                            bytes: spans[2],
+                        })
+                    }
+                };
+                changes.push((key.into(), Some(place)));
             }
             Op::Put { db, key, .. } | Op::Del { db, key } if db == DB_ELEMS || db == DB_ZSCORE => {
                 match owner(key) {
@@ -932,6 +1132,122 @@ mod tests {
         txn.commit_unlogged().expect("commit");
     }
 
+    /// Appends to `log` a `PATCH` of `key` whose readers make the item (no whole item).
+    fn log_edit(log: &mut LogBuf, key: &[u8], new_len: u32, prepend: &[u8], at: u32, bytes: &[u8]) {
+        let (hdr, n) = ItemMeta::new(Kind::String, 0, 0, 2).header();
+        let p = crate::storage::wal::Patch {
+            old_header: &hdr[..n],
+            old_len: 0,
+            new_header: &hdr[..n],
+            new_len,
+            crc: 0,
+            prepend,
+            at,
+            bytes,
+        };
+        log.patch(crate::storage::lmdb::DB_ITEMS, key, &p, None, 0);
+    }
+
+    /// The next view: `log`'s batch over `map`.
+    fn next(map: &Map, log: LogBuf) -> Option<Map> {
+        let mut dirty = Dirty::new_sync();
+        let mut log = log;
+        let a = absorb(&mut dirty, log.payload(), log.patched())
+            .expect("readable")
+            .expect("absorbable");
+        let shared = log.share();
+        let changes = a.changes(&shared, crate::storage::wal::HEADER, map)?;
+        Some(map.with(changes))
+    }
+
+    fn edited_value(map: &Map, key: &[u8]) -> Option<Vec<u8>> {
+        let g = crossbeam_epoch::pin();
+        let rec = map.get(key, &g)?.as_ref()?;
+        Some(
+            crate::storage::item::decode(rec)
+                .expect("decodes")
+                .value
+                .to_vec(),
+        )
+    }
+
+    #[test]
+    fn edits_are_made_into_whole_items_from_the_versions_before_them() {
+        use crate::storage::lmdb::DB_ITEMS;
+        let mut log = LogBuf::default();
+        log.put(DB_ITEMS, b"k", &[&record(Kind::String, b"hello world")]);
+        let m1 = next(&Map::new(), log).expect("a store");
+        // One edit in a batch, then two in the next (the second on the first, in the batch).
+        let mut log = LogBuf::default();
+        log_edit(&mut log, b"k", 13, b"", 11, b"!!");
+        let m2 = next(&m1, log).expect("the key has a version");
+        let mut log = LogBuf::default();
+        log_edit(&mut log, b"k", 15, b">>", 0, b"");
+        log_edit(&mut log, b"k", 21, b"", 20, b"Z");
+        let m3 = next(&m2, log).expect("the key has a version");
+        let before = m3.superseded();
+        // The newest first: made from the stored version and all three edits, in order.
+        assert_eq!(
+            edited_value(&m3, b"k").as_deref(),
+            Some(&b">>hello world!!\0\0\0\0\0Z"[..])
+        );
+        assert_eq!(
+            edited_value(&m2, b"k").as_deref(),
+            Some(&b"hello world!!"[..])
+        );
+        assert_eq!(
+            edited_value(&m1, b"k").as_deref(),
+            Some(&b"hello world"[..])
+        );
+        // What readers made counts toward the next LMDB commit.
+        assert!(
+            m3.superseded() >= before + 2 * 21,
+            "{} after {before}",
+            m3.superseded()
+        );
+        // Then an edit on a version already made.
+        let mut log = LogBuf::default();
+        log_edit(&mut log, b"k", 21, b"", 0, b"<");
+        let m4 = next(&m3, log).expect("the key has a version");
+        assert_eq!(
+            edited_value(&m4, b"k").as_deref(),
+            Some(&b"<>hello world!!\0\0\0\0\0Z"[..])
+        );
+        // An edit of a key with no version here cannot be made: its batch waits for LMDB.
+        let mut log = LogBuf::default();
+        log_edit(&mut log, b"other", 5, b"", 0, b"x");
+        assert!(next(&m4, log).is_none());
+    }
+
+    #[test]
+    fn a_long_chain_of_edits_is_made_and_freed_without_recursion() {
+        use crate::storage::lmdb::DB_ITEMS;
+        let mut log = LogBuf::default();
+        log.put(DB_ITEMS, b"k", &[&record(Kind::String, b"")]);
+        let mut map = next(&Map::new(), log).expect("a store");
+        // 200,000 one-byte appends, 1,000 to a batch, on a thread with a small stack: a
+        // recursive make or drop would need far more than it has.
+        let n = 200_000u32;
+        let worker = std::thread::Builder::new()
+            .stack_size(256 << 10)
+            .spawn(move || {
+                for b in 0..n / 1000 {
+                    let mut log = LogBuf::default();
+                    for i in 0..1000u32 {
+                        let at = b * 1000 + i;
+                        log_edit(&mut log, b"k", at + 1, b"", at, &[(at % 251) as u8]);
+                    }
+                    map = next(&map, log).expect("the key has a version");
+                }
+                let v = edited_value(&map, b"k").expect("a value");
+                assert_eq!(v.len(), n as usize);
+                assert!(v.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+                drop(map);
+            })
+            .expect("spawn");
+        worker.join().expect("made and freed");
+    }
+
     #[test]
     fn absorb_takes_items_and_names_changed_collections_and_refuses_clears() {
         use crate::storage::lmdb::{DB_ELEMS, DB_EXPIRY, DB_ITEMS, DB_ZSCORE, ZRANK_DIR};
@@ -952,7 +1268,11 @@ mod tests {
             .expect("readable")
             .expect("visible");
         let shared = log.share();
-        let map = Map::new().with(absorbed.changes(&shared, crate::storage::wal::HEADER));
+        let empty = Map::new();
+        let changes = absorbed
+            .changes(&shared, crate::storage::wal::HEADER, &empty)
+            .expect("no edits");
+        let map = empty.with(changes);
         let g = crossbeam_epoch::pin();
         // Served from the batch's own bytes, exactly the record written.
         let a = record(Kind::String, b"1");

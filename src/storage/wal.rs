@@ -99,7 +99,7 @@ pub struct LogBuf {
     /// The whole new items (header and value) of the batch's `PATCH` records, in record
     /// order: the writer publishes them to readers (`overlay::absorb`), which cannot rebuild
     /// them from the record alone. Never written to the log.
-    patched: Vec<std::sync::Arc<[u8]>>,
+    patched: Vec<Option<std::sync::Arc<[u8]>>>,
     /// Value bytes the `PATCH` records stand for: what replaying them rewrites, though the
     /// log holds only the change.
     patched_bytes: u64,
@@ -204,8 +204,9 @@ impl LogBuf {
         self.written.push((start, len));
     }
 
-    /// The whole new items of the batch's `PATCH` records, in record order.
-    pub fn patched(&self) -> &[std::sync::Arc<[u8]>] {
+    /// The whole new items of the batch's `PATCH` records, in record order; None for one
+    /// that readers make from the record and the key's previous version (`overlay::Edited`).
+    pub fn patched(&self) -> &[Option<std::sync::Arc<[u8]>>] {
         &self.patched
     }
 
@@ -278,9 +279,16 @@ impl LogBuf {
     }
 
     /// Records that `key` in `db` was changed as `p` says; `item` is the whole new item
-    /// (header and value), kept for readers (see `patched`); `dirty` is what LMDB took new
-    /// pages for (see `patched_dirty`).
-    pub fn patch(&mut self, db: u8, key: &[u8], p: &Patch, item: std::sync::Arc<[u8]>, dirty: u64) {
+    /// (header and value), kept for readers, or None when they make it (see `patched`);
+    /// `dirty` is what LMDB took new pages for (see `patched_dirty`).
+    pub fn patch(
+        &mut self,
+        db: u8,
+        key: &[u8],
+        p: &Patch,
+        item: Option<std::sync::Arc<[u8]>>,
+        dirty: u64,
+    ) {
         let b = &mut self.buf;
         b.reserve(32 + key.len() + p.old_header.len() + p.new_header.len() + p.bytes.len());
         b.push(OP_PATCH);
