@@ -1451,8 +1451,9 @@ impl<'e> LmdbWrite<'_, 'e> {
         Ok(())
     }
 
-    /// Makes `edit` (a write at an offset: APPEND, SETRANGE, SETBIT and the like; not a
-    /// prepend) of the large string under `key` where LMDB holds it, when LMDB rewrites the
+    /// Makes `edit` (a write at an offset: APPEND, SETRANGE, SETBIT and the like; or a
+    /// prepend, which shifts the old value within the pages) of the large string under `key`
+    /// where LMDB holds it, when LMDB rewrites the
     /// item's overflow pages in place: they are dirty in this transaction (written by an
     /// earlier store or edit of it) and long enough for the new item. Then only the header
     /// and the edited bytes are written, where a store copied the whole item into LMDB (and
@@ -1473,11 +1474,13 @@ impl<'e> LmdbWrite<'_, 'e> {
         data: &[u8],
         edit: &super::Edit,
     ) -> Result<bool, StoreError> {
-        if edit.prepend != 0
-            || data.len() != edit.len
-            || key.is_empty()
-            || key.len() > super::MAX_KEY
-        {
+        // A write of `data` at `at`, or a prepend of `data` (shifting the old value).
+        let shape_ok = if edit.prepend > 0 {
+            edit.len == 0 && edit.at == 0 && data.len() == edit.prepend
+        } else {
+            data.len() == edit.len
+        };
+        if !shape_ok || key.is_empty() || key.len() > super::MAX_KEY {
             return Ok(false);
         }
         let page = self.store.page_size;
@@ -1529,11 +1532,18 @@ impl<'e> LmdbWrite<'_, 'e> {
                 for (d, s) in buf.iter_mut().zip(header) {
                     d.write(*s);
                 }
-                if let Some(gap) = buf.get_mut(old_n + old_len..at) {
-                    gap.fill(std::mem::MaybeUninit::new(0));
-                }
-                for (d, s) in buf[at..at + data.len()].iter_mut().zip(data) {
-                    d.write(*s);
+                if edit.prepend > 0 {
+                    buf.copy_within(old_n..old_n + old_len, old_n + edit.prepend);
+                    for (d, s) in buf[old_n..old_n + data.len()].iter_mut().zip(data) {
+                        d.write(*s);
+                    }
+                } else {
+                    if let Some(gap) = buf.get_mut(old_n + old_len..at) {
+                        gap.fill(std::mem::MaybeUninit::new(0));
+                    }
+                    for (d, s) in buf[at..at + data.len()].iter_mut().zip(data) {
+                        d.write(*s);
+                    }
                 }
                 // Safety: every byte is the old item's or was just written.
                 let value = unsafe {
@@ -1552,15 +1562,20 @@ impl<'e> LmdbWrite<'_, 'e> {
         ) else {
             return Err(StoreError::Backend("an edited item past 4 GiB".into()));
         };
+        let (prepend, bytes): (&[u8], &[u8]) = if edit.prepend > 0 {
+            (data, &[])
+        } else {
+            (&[], data)
+        };
         let patch = super::wal::Patch {
             old_header,
             old_len: old_len32,
             new_header: header,
             new_len: new_len32,
             crc,
-            prepend: &[],
+            prepend,
             at: at32,
-            bytes: data,
+            bytes,
         };
         let id = table.id;
         // Readers need the whole new item, but the overlay makes it from the record and the
