@@ -292,13 +292,7 @@ impl<'e> std::ops::Deref for LogTxn<'e> {
 }
 
 impl<'e> LogTxn<'e> {
-    /// The bytes of new pages LMDB took for storing an item of `len` bytes under `key` by a
-    /// patch: all of them the first time in this transaction (the committed pages are copied
-    /// on write); after that, none while the item fits the overflow pages its last version
-    /// took, which LMDB rewrites in place (`mdb_cursor_put` reuses a dirty overflow run big
-    /// enough), and all of them again when it needs a longer run. The writer commits LMDB by
-    /// this measure, so 1,000 small appends to one 1 MiB value no longer commit it every
-    /// 4 appends (each commit then copying the whole value into fresh pages).
+    /// Whether this transaction stored the item under `key` by a patch before.
     fn patched_before(&self, db: u8, key: &[u8]) -> bool {
         let mut name = Vec::with_capacity(1 + key.len());
         name.push(db);
@@ -306,6 +300,13 @@ impl<'e> LogTxn<'e> {
         self.patched.contains_key(name.as_slice())
     }
 
+    /// The bytes of new pages LMDB took for storing an item of `len` bytes under `key` by a
+    /// patch: all of them the first time in this transaction (the committed pages are copied
+    /// on write); after that, none while the item fits the overflow pages its last version
+    /// took, which LMDB rewrites in place (`mdb_cursor_put` reuses a dirty overflow run big
+    /// enough), and all of them again when it needs a longer run. The writer commits LMDB by
+    /// this measure, so 1,000 small appends to one 1 MiB value no longer commit it every
+    /// 4 appends (each commit then copying the whole value into fresh pages).
     fn patch_charge(&mut self, db: u8, key: &[u8], len: usize) -> u64 {
         // An overflow run: the page header, then the node's data. Pages of 4 KiB: where
         // LMDB's are larger, this counts a new run more often than it happens.
@@ -1453,9 +1454,9 @@ impl<'e> LmdbWrite<'_, 'e> {
 
     /// Makes `edit` (a write at an offset: APPEND, SETRANGE, SETBIT and the like; or a
     /// prepend, which shifts the old value within the pages) of the large string under `key`
-    /// where LMDB holds it, when LMDB rewrites the
-    /// item's overflow pages in place: they are dirty in this transaction (written by an
-    /// earlier store or edit of it) and long enough for the new item. Then only the header
+    /// where LMDB holds it, when LMDB rewrites the item's overflow pages in place: they are
+    /// dirty in this transaction (written by an earlier store or edit of it) and long enough
+    /// for the new item. Then only the header
     /// and the edited bytes are written, where a store copied the whole item into LMDB (and
     /// an edit of a 1 MiB value cost a 1 MiB copy). False, having changed nothing, when it
     /// cannot be done so; the caller stores the item whole.

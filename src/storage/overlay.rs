@@ -16,6 +16,9 @@
 //!   empty), so a pass sees exactly the store after some batch: MGET and EXEC are atomic,
 //!   and nothing a reader saw can be "unseen" later in its pass.
 //! - Each batch is published in one swap, before any of its replies leaves.
+//! - An edit of a large string (a `PATCH` record) is published as the whole new item, or, when
+//!   the key has a version here already, as the edit over that version (`Edited`), made
+//!   whole by the first reader that asks.
 //! - Every `items` record lives here: strings, deletions, and collections' metadata. A
 //!   collection's elements (`elems`, `zscore`) do not: the state names, in `dirty`, every
 //!   collection id whose elements changed since `base`. A reader that is about to read the
