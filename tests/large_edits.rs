@@ -154,7 +154,14 @@ fn edit_key(
     let v = model.get_mut(&key).expect("modelled key");
     let n = 1 + rng.below(300) as usize;
     let data = letters(rng, n);
-    match rng.below(9) {
+    match rng.below(10) {
+        9 => {
+            // The whole value replaced by one as long (the CRC the next patch carries must
+            // not come from the edits before it).
+            let fresh = letters(rng, v.len());
+            assert_eq!(mc.store("set", &key, &fresh), "STORED\r\n");
+            *v = fresh;
+        }
         0 => {
             assert_eq!(mc.store("append", &key, &data), "STORED\r\n");
             v.extend_from_slice(&data);

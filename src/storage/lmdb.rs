@@ -95,6 +95,7 @@ impl Table {
         key: &[u8],
         parts: &[&[u8]],
     ) -> Result<(), heed::Error> {
+        txn.forget_crc(self.id, key);
         let len = parts.iter().map(|p| p.len()).sum::<usize>();
         if let Some((record, n, hole)) = self.separate(txn, key, parts, len)? {
             self.db.put(&mut txn.txn, key, &record[..n])?;
@@ -124,6 +125,7 @@ impl Table {
         parts: &[&[u8]],
         seen: impl FnOnce(&[u8]) -> T,
     ) -> Result<Option<T>, heed::Error> {
+        txn.forget_crc(self.id, key);
         let len = parts.iter().map(|p| p.len()).sum::<usize>();
         let mut written = None;
         let there = match self.separate(txn, key, parts, len)? {
@@ -167,6 +169,7 @@ impl Table {
         header: usize,
         edit: &super::Edit,
     ) -> Result<(), heed::Error> {
+        txn.forget_crc(self.id, key);
         self.db.put(&mut txn.txn, key, &item)?;
         let value = item.get(header..).unwrap_or_default();
         let parts = (
@@ -194,6 +197,7 @@ impl Table {
             bytes,
         };
         let dirty = txn.patch_charge(self.id, key, item.len());
+        txn.set_crc(self.id, key, value.len(), patch.crc);
         txn.log
             .patch(self.id, key, &patch, Some(item.clone()), dirty);
         Ok(())
@@ -243,6 +247,7 @@ impl Table {
 
     /// Stores `value` only if `key` is absent; true if it did.
     pub fn put_new(&self, txn: &mut LogTxn, key: &[u8], value: &[u8]) -> Result<bool, heed::Error> {
+        txn.forget_crc(self.id, key);
         match self
             .db
             .put_with_flags(&mut txn.txn, heed::PutFlags::NO_OVERWRITE, key, value)
@@ -257,6 +262,7 @@ impl Table {
     }
 
     pub fn delete(&self, txn: &mut LogTxn, key: &[u8]) -> Result<bool, heed::Error> {
+        txn.forget_crc(self.id, key);
         let found = self.db.delete(&mut txn.txn, key)?;
         if found {
             txn.log.del(self.id, key);
@@ -265,6 +271,7 @@ impl Table {
     }
 
     pub fn clear(&self, txn: &mut LogTxn) -> Result<(), heed::Error> {
+        txn.crcs.clear();
         self.db.clear(&mut txn.txn)?;
         txn.log.clear(self.id);
         Ok(())
@@ -279,6 +286,11 @@ pub struct LogTxn<'e> {
     /// The string items this transaction stored through `Table::patch`, by database number
     /// and key, with the number of pages their last version took (`patch_charge`).
     patched: std::collections::HashMap<Box<[u8]>, usize>,
+    /// The length and CRC-32 of the value of string items this transaction stored by a patch,
+    /// by database number and key, for the CRC of the next patch of the same value
+    /// (`edit_in_place`): forgotten by every other write of the key through `Table`, the only
+    /// way this transaction writes.
+    crcs: std::collections::HashMap<Box<[u8]>, (usize, u32)>,
     /// Where the batch being applied will be appended, when its large string values are to
     /// live in the log (`vlog.rs`): set by the writer for each batch, taken with its records.
     sink: Option<super::vlog::Sink>,
@@ -292,6 +304,31 @@ impl<'e> std::ops::Deref for LogTxn<'e> {
 }
 
 impl<'e> LogTxn<'e> {
+    fn name(db: u8, key: &[u8]) -> Vec<u8> {
+        let mut name = Vec::with_capacity(1 + key.len());
+        name.push(db);
+        name.extend_from_slice(key);
+        name
+    }
+
+    /// The length and CRC-32 of the value under `key`, if its last write was a patch.
+    fn crc_of(&self, db: u8, key: &[u8]) -> Option<(usize, u32)> {
+        if self.crcs.is_empty() {
+            return None;
+        }
+        self.crcs.get(Self::name(db, key).as_slice()).copied()
+    }
+
+    fn set_crc(&mut self, db: u8, key: &[u8], len: usize, crc: u32) {
+        self.crcs.insert(Self::name(db, key).into(), (len, crc));
+    }
+
+    fn forget_crc(&mut self, db: u8, key: &[u8]) {
+        if !self.crcs.is_empty() {
+            self.crcs.remove(Self::name(db, key).as_slice());
+        }
+    }
+
     /// Whether this transaction stored the item under `key` by a patch before.
     fn patched_before(&self, db: u8, key: &[u8]) -> bool {
         let mut name = Vec::with_capacity(1 + key.len());
@@ -463,6 +500,7 @@ impl OpenTxn {
                 txn,
                 log: LogBuf::default(),
                 patched: Default::default(),
+                crcs: Default::default(),
                 sink: None,
             }),
             owner: std::thread::current().id(),
@@ -880,6 +918,7 @@ impl LmdbStore {
             txn: self.env.write_txn()?,
             log,
             patched: Default::default(),
+            crcs: Default::default(),
             sink: None,
         })
     }
@@ -1508,6 +1547,12 @@ impl<'e> LmdbWrite<'_, 'e> {
         old_header[..old_n].copy_from_slice(&raw[..old_n]);
         let old_header = &old_header[..old_n];
         let at = old_n + edit.at;
+        // The CRC of the new value, from the last patch's when it wrote this very value (no
+        // other write of the key since: see `LogTxn::crcs`), else from the whole value.
+        let known = self
+            .txn
+            .crc_of(table.id, key)
+            .and_then(|(len, crc)| (len == old_len).then_some(crc));
         let mut crc = 0u32;
         table
             .db
@@ -1530,6 +1575,28 @@ impl<'e> LmdbWrite<'_, 'e> {
                         "LMDB did not edit the item's pages in place",
                     ));
                 }
+                // Safety: the old value's bytes, initialized as above.
+                let old_value = |from: usize, to: usize| -> Vec<u8> {
+                    buf[old_n + from..old_n + to]
+                        .iter()
+                        .map(|b| unsafe { b.assume_init() })
+                        .collect()
+                };
+                let from_known = known.and_then(|c| {
+                    use super::wal::crc_edit;
+                    if edit.prepend > 0 {
+                        return Some(crc_edit::prepend(c, old_len, data));
+                    }
+                    let a = edit.at;
+                    if a >= old_len {
+                        return Some(crc_edit::append(c, old_len, a - old_len, data));
+                    }
+                    // Overwritten up to the old end, the rest appended.
+                    let k = data.len().min(old_len - a);
+                    let (over, past) = data.split_at(k);
+                    let c = crc_edit::overwrite(c, old_len, a, &old_value(a, a + k), over)?;
+                    Some(crc_edit::append(c, old_len, 0, past))
+                });
                 for (d, s) in buf.iter_mut().zip(header) {
                     d.write(*s);
                 }
@@ -1550,7 +1617,7 @@ impl<'e> LmdbWrite<'_, 'e> {
                 let value = unsafe {
                     std::slice::from_raw_parts(buf.as_ptr().cast::<u8>().add(old_n), new_len)
                 };
-                crc = crc32fast::hash(value);
+                crc = from_known.unwrap_or_else(|| crc32fast::hash(value));
                 // Safety: as above, the whole reservation holds the new item.
                 unsafe { space.assume_written(total) };
                 Ok(())
@@ -1584,6 +1651,7 @@ impl<'e> LmdbWrite<'_, 'e> {
         // since is in the overlay (or earlier in this batch). Otherwise it gets a copy.
         let again = self.txn.patched_before(id, key);
         let dirty = self.txn.patch_charge(id, key, total);
+        self.txn.set_crc(id, key, new_len, crc);
         let whole = if again {
             None
         } else {

@@ -160,6 +160,55 @@ impl Patch<'_> {
     }
 }
 
+/// The CRC-32 of a value after an edit, from the CRC of the value before it and the bytes the
+/// edit touched: what a `PATCH` record of an edit made in place carries, without a pass over
+/// the whole value (`LmdbWrite::edit_in_place`). CRC-32 is affine in its input, so the CRC of
+/// `A || B` is the CRC of `A` moved past `|B|` bytes, xor the CRC of `B` (zlib's
+/// `crc32_combine`, which `crc32fast::Hasher::combine` implements).
+pub mod crc_edit {
+    use crc32fast::Hasher;
+
+    /// `crc` moved past `n` bytes: the CRC of `A || Z` xor the CRC of `Z`, for `A` with CRC
+    /// `crc` and any `Z` of `n` bytes.
+    fn shift(crc: u32, n: u64) -> u32 {
+        let mut h = Hasher::new_with_initial_len(crc, 0);
+        h.combine(&Hasher::new_with_initial_len(0, n));
+        h.finalize()
+    }
+
+    /// The value (CRC `crc`, `len` bytes) followed by `zeros` zero bytes and `data`.
+    pub fn append(crc: u32, len: usize, zeros: usize, data: &[u8]) -> u32 {
+        const Z: [u8; 4096] = [0; 4096];
+        let mut h = Hasher::new_with_initial_len(crc, len as u64);
+        let mut left = zeros;
+        while left > 0 {
+            let n = left.min(Z.len());
+            h.update(&Z[..n]);
+            left -= n;
+        }
+        h.update(data);
+        h.finalize()
+    }
+
+    /// The value (CRC `crc`, `len` bytes) with the bytes `old` at offset `at` replaced by
+    /// `new`, as many: for equal lengths the CRCs of two strings xor to the CRC of their xor
+    /// (less that of zeros), and zeros in front change nothing of it.
+    pub fn overwrite(crc: u32, len: usize, at: usize, old: &[u8], new: &[u8]) -> Option<u32> {
+        if old.len() != new.len() {
+            return None;
+        }
+        let after = len.checked_sub(at)?.checked_sub(old.len())?;
+        Some(crc ^ shift(crc32fast::hash(old) ^ crc32fast::hash(new), after as u64))
+    }
+
+    /// `data` followed by the value (CRC `crc`, `len` bytes).
+    pub fn prepend(crc: u32, len: usize, data: &[u8]) -> u32 {
+        let mut h = Hasher::new_with_initial_len(crc32fast::hash(data), data.len() as u64);
+        h.combine(&Hasher::new_with_initial_len(crc, len as u64));
+        h.finalize()
+    }
+}
+
 /// Keep at most this much buffer between batches (a batch of large values can grow it far).
 const KEEP_CAPACITY: usize = 4 << 20;
 /// The least capacity `LogBuf::share` starts a buffer with.
@@ -1571,6 +1620,43 @@ pub(crate) fn raw_batch(format: Format, seq: u64, payload: &[u8]) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn crcs_of_edits_follow_the_crc_of_the_value_before() {
+        use super::crc_edit;
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            (rng % n) as usize
+        };
+        let mut v: Vec<u8> = (0..5000).map(|i| (i * 7 % 251) as u8).collect();
+        let mut crc = crc32fast::hash(&v);
+        for _ in 0..2000 {
+            let data: Vec<u8> = (0..1 + next(300)).map(|_| next(256) as u8).collect();
+            match next(4) {
+                0 => {
+                    crc = crc_edit::prepend(crc, v.len(), &data);
+                    v.splice(0..0, data.iter().copied());
+                }
+                1 => {
+                    let gap = next(3) * next(50);
+                    crc = crc_edit::append(crc, v.len(), gap, &data);
+                    v.resize(v.len() + gap, 0);
+                    v.extend_from_slice(&data);
+                }
+                _ => {
+                    let at = next((v.len() - data.len()) as u64 + 1);
+                    let old = v[at..at + data.len()].to_vec();
+                    crc = crc_edit::overwrite(crc, v.len(), at, &old, &data).expect("fits");
+                    v[at..at + data.len()].copy_from_slice(&data);
+                }
+            }
+            assert_eq!(crc, crc32fast::hash(&v), "after an edit, {} bytes", v.len());
+        }
+        assert_eq!(crc_edit::overwrite(crc, 10, 8, b"abc", b"xyz"), None);
+    }
+
     use super::*;
 
     #[test]
