@@ -1644,9 +1644,10 @@ impl<T: Send + Clone> Writer<T> {
         if !log.is_empty() {
             let mut dirty = self.dirty.clone();
             let changes = match overlay::absorb(&mut dirty, log.payload(), log.patched()) {
-                Ok(c) => {
-                    c.filter(|_| !self.near_full(log.payload_len() + log.patched_dirty() as usize))
-                }
+                Ok(c) => c.filter(|a| {
+                    !self.near_full(log.payload_len() + log.patched_dirty() as usize)
+                        && a.edits_resolve(&self.map)
+                }),
                 Err(e) => {
                     error!("cannot read back a batch's records: {e}");
                     None

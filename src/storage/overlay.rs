@@ -296,6 +296,35 @@ enum Place {
 }
 
 impl Absorbed {
+    /// Whether every edit has a version of its key to apply to: earlier in the batch, or in
+    /// `map` (then `changes` makes them all). Checked before the batch is logged, so that a
+    /// batch readers cannot see is treated as one from the start (`Handled::Held`).
+    pub fn edits_resolve(&self, map: &Map) -> bool {
+        if !self
+            .0
+            .iter()
+            .any(|(_, p)| matches!(p, Some(Place::Edited(_))))
+        {
+            return true;
+        }
+        let guard = crossbeam_epoch::pin();
+        // Whether each key's latest change so far in the batch left a record.
+        let mut seen = std::collections::HashMap::new();
+        for (key, place) in &self.0 {
+            if matches!(place, Some(Place::Edited(_))) {
+                let there = match seen.get(&key[..]) {
+                    Some(&record) => record,
+                    None => map.get(key, &guard).is_some_and(|v| v.is_some()),
+                };
+                if !there {
+                    return false;
+                }
+            }
+            seen.insert(&key[..], place.is_some());
+        }
+        true
+    }
+
     /// The changes, reading spans from `buf`, where the records start at byte `offset`; an
     /// edit applies to the key's version before it: earlier in the batch, or in `map` (the
     /// writer's latest view). None when an edit has no previous version there (its batch
@@ -1266,10 +1295,33 @@ mod tests {
             edited_value(&m4, b"k").as_deref(),
             Some(&b"<>hello world!!\0\0\0\0\0Z"[..])
         );
-        // An edit of a key with no version here cannot be made: its batch waits for LMDB.
+        // An edit of a key with no version here cannot be made: its batch waits for LMDB,
+        // which the writer knows before it logs the batch.
         let mut log = LogBuf::default();
         log_edit(&mut log, b"other", 5, b"", 0, b"x");
+        let mut dirty = Dirty::new_sync();
+        let a = absorb(&mut dirty, log.payload(), log.patched())
+            .expect("readable")
+            .expect("absorbable");
+        assert!(!a.edits_resolve(&m4));
         assert!(next(&m4, log).is_none());
+        // Nor after its deletion earlier in the same batch; after a store there, it can.
+        let mut log = LogBuf::default();
+        log.del(DB_ITEMS, b"k");
+        log_edit(&mut log, b"k", 5, b"", 0, b"x");
+        let a = absorb(&mut dirty, log.payload(), log.patched())
+            .expect("readable")
+            .expect("absorbable");
+        assert!(!a.edits_resolve(&m4));
+        let mut log = LogBuf::default();
+        log.put(DB_ITEMS, b"new", &[&record(Kind::String, b"abc")]);
+        log_edit(&mut log, b"new", 4, b"", 3, b"d");
+        let a = absorb(&mut dirty, log.payload(), log.patched())
+            .expect("readable")
+            .expect("absorbable");
+        assert!(a.edits_resolve(&m4));
+        let m5 = next(&m4, log).expect("a version in the batch");
+        assert_eq!(edited_value(&m5, b"new").as_deref(), Some(&b"abcd"[..]));
     }
 
     #[test]
