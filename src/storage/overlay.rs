@@ -1328,7 +1328,7 @@ mod tests {
     fn random_chains_of_prepends_writes_and_gaps_make_what_the_edits_made() {
         use crate::storage::lmdb::DB_ITEMS;
         let mut rng = 0x2545_f491_4f6c_dd1du64;
-        let mut next = |n: u64| {
+        let mut roll = |n: u64| {
             rng ^= rng << 13;
             rng ^= rng >> 7;
             rng ^= rng << 17;
@@ -1337,34 +1337,30 @@ mod tests {
         let mut model: Vec<u8> = (0..3000).map(|i| (i % 199) as u8).collect();
         let mut log = LogBuf::default();
         log.put(DB_ITEMS, b"k", &[&record(Kind::String, &model)]);
-        let mut map = next_view(&Map::new(), log);
+        let mut map = next(&Map::new(), log).expect("a store");
         for _ in 0..40 {
             let mut log = LogBuf::default();
-            for _ in 0..1 + next(8) {
-                let data: Vec<u8> = (0..1 + next(40)).map(|_| next(256) as u8).collect();
-                if next(3) == 0 {
+            for _ in 0..1 + roll(8) {
+                let data: Vec<u8> = (0..1 + roll(40)).map(|_| roll(256) as u8).collect();
+                if roll(3) == 0 {
                     let new_len = (model.len() + data.len()) as u32;
                     log_edit(&mut log, b"k", new_len, &data, 0, b"");
                     model.splice(0..0, data.iter().copied());
                 } else {
-                    let at = next(model.len() as u64 + 30);
+                    let at = roll(model.len() as u64 + 30);
                     let new_len = model.len().max(at + data.len());
                     log_edit(&mut log, b"k", new_len as u32, b"", at as u32, &data);
                     model.resize(new_len, 0);
                     model[at..at + data.len()].copy_from_slice(&data);
                 }
             }
-            map = next_view(&map, log);
+            map = next(&map, log).expect("the key has a version");
             // Read now and then: later versions then start from one already made.
-            if next(4) == 0 {
+            if roll(4) == 0 {
                 assert_eq!(edited_value(&map, b"k").as_deref(), Some(&model[..]));
             }
         }
         assert_eq!(edited_value(&map, b"k").as_deref(), Some(&model[..]));
-    }
-
-    fn next_view(map: &Map, log: LogBuf) -> Map {
-        next(map, log).expect("the key has a version")
     }
 
     #[test]
