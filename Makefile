@@ -24,6 +24,7 @@ lint:
 
 unit:
 	$(CARGO) test --release
+	python3 -m unittest bench/test_bench.py
 
 test: deps lint unit
 

@@ -761,6 +761,8 @@ def render(records: list[dict]) -> str:
     w(f"| machine | {mi.get('cpu', '?')}, nproc {mi.get('nproc', '?')}, {mi.get('mem_gib', '?')} GiB, kernel "
       f"{mi.get('kernel', '?')} |")
     w(f"| data directories | {mi.get('data_fs', '?')} |")
+    if (pr := common.page_reporting_text(mi)) is not None:
+        w(f"| free page reporting (VM) | {pr} |")
     for k, v in meta.get("versions", {}).items():
         w(f"| {k} | {v} |")
     w("")

@@ -69,6 +69,16 @@ class Sections(unittest.TestCase):
         self.assertIn("old body", merged)
 
 
+class MachineTable(unittest.TestCase):
+    def test_free_page_reporting_is_shown_only_where_the_kernel_has_it(self):
+        meta = {"type": "meta", "scale": 1, "date": "today",
+                "machine": {"nproc": 2, "kernel": "k", "page_reporting_min_free_ms": 0}}
+        md = run.Report([meta]).markdown(None)
+        self.assertIn("| free page reporting (VM) | on (`min_free_ms` 0)", md)
+        del meta["machine"]["page_reporting_min_free_ms"]
+        self.assertNotIn("free page reporting", run.Report([meta]).markdown(None))
+
+
 class DurableReport(unittest.TestCase):
     @staticmethod
     def phase(workload, server, conns, ops, consumers=None, **more):
