@@ -2,8 +2,9 @@
 //!
 //! The read buffer is a zero-filled `Vec` with `[rpos, rend)` the unparsed bytes, so reads go
 //! straight into it without unsafe code; it grows up to `read_cap` (enough for the largest
-//! request) and, once empty, shrinks back if it grew past `READ_KEEP`. The write buffer holds encoded replies not yet sent;
-//! past `WRITE_HIGH` pending bytes the connection stops taking requests until the client reads.
+//! request) and, once empty, shrinks back if it grew past `READ_KEEP`. The write buffer holds
+//! encoded replies not yet sent; past `WRITE_HIGH` pending bytes the connection stops taking
+//! requests until the client reads.
 
 use std::io::{self, Read, Write};
 
@@ -11,7 +12,7 @@ use mio::net::TcpStream;
 
 use super::stats::Counters;
 
-/// Initial (and idle) read buffer size.
+/// Initial read buffer size, and what an emptied one larger than `READ_KEEP` goes back to.
 const READ_INITIAL: usize = 16 * 1024;
 /// A read buffer grown past `READ_INITIAL` is kept, once empty, up to this size (as `wbuf` is up
 /// to `WRITE_KEEP`); a larger one goes back to `READ_INITIAL`. Why: a client storing values a
