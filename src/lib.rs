@@ -69,4 +69,6 @@ pub mod scripting;
 pub mod semantics;
 pub mod server;
 pub mod storage;
+#[cfg(test)]
+pub(crate) mod test_rng;
 pub mod types;

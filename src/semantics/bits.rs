@@ -520,13 +520,8 @@ mod tests {
         // Random BITFIELDs (reads inside, across and outside the bytes the writes cover,
         // past the end, signed and unsigned, every overflow policy) and SETBITs on short
         // strings, against `reference`.
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
+        let mut rng = crate::test_rng::Xorshift(0x9e37_79b9_7f4a_7c15);
+        let mut next = |n: u64| rng.below(n);
         let max = 48;
         for round in 0..3_000 {
             let mut s = ModelStore::default();

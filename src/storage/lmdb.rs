@@ -304,6 +304,7 @@ impl<'e> std::ops::Deref for LogTxn<'e> {
 }
 
 impl<'e> LogTxn<'e> {
+    /// The maps' key for `key` of database `db`: the database number, then the key.
     fn name(db: u8, key: &[u8]) -> Vec<u8> {
         let mut name = Vec::with_capacity(1 + key.len());
         name.push(db);
@@ -331,10 +332,7 @@ impl<'e> LogTxn<'e> {
 
     /// Whether this transaction stored the item under `key` by a patch before.
     fn patched_before(&self, db: u8, key: &[u8]) -> bool {
-        let mut name = Vec::with_capacity(1 + key.len());
-        name.push(db);
-        name.extend_from_slice(key);
-        self.patched.contains_key(name.as_slice())
+        self.patched.contains_key(Self::name(db, key).as_slice())
     }
 
     /// The bytes of new pages LMDB took for storing an item of `len` bytes under `key` by a
@@ -348,9 +346,7 @@ impl<'e> LogTxn<'e> {
         // An overflow run: the page header, then the node's data. Pages of 4 KiB: where
         // LMDB's are larger, this counts a new run more often than it happens.
         let pages = (len + 16).div_ceil(4096);
-        let mut name = Vec::with_capacity(1 + key.len());
-        name.push(db);
-        name.extend_from_slice(key);
+        let name = Self::name(db, key);
         match self.patched.get_mut(name.as_slice()) {
             Some(p) if *p >= pages => 0,
             Some(p) => {

@@ -1327,13 +1327,8 @@ mod tests {
     #[test]
     fn random_chains_of_prepends_writes_and_gaps_make_what_the_edits_made() {
         use crate::storage::lmdb::DB_ITEMS;
-        let mut rng = 0x2545_f491_4f6c_dd1du64;
-        let mut roll = |n: u64| {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            (rng % n) as usize
-        };
+        let mut rng = crate::test_rng::Xorshift(0x2545_f491_4f6c_dd1d);
+        let mut roll = |n: u64| rng.below(n) as usize;
         let mut model: Vec<u8> = (0..3000).map(|i| (i % 199) as u8).collect();
         let mut log = LogBuf::default();
         log.put(DB_ITEMS, b"k", &[&record(Kind::String, &model)]);

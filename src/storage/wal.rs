@@ -1623,13 +1623,8 @@ mod tests {
     #[test]
     fn crcs_of_edits_follow_the_crc_of_the_value_before() {
         use super::crc_edit;
-        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = |n: u64| {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            (rng % n) as usize
-        };
+        let mut rng = crate::test_rng::Xorshift(0x9e37_79b9_7f4a_7c15);
+        let mut next = |n: u64| rng.below(n) as usize;
         let mut v: Vec<u8> = (0..5000).map(|i| (i * 7 % 251) as u8).collect();
         let mut crc = crc32fast::hash(&v);
         for _ in 0..2000 {

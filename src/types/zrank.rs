@@ -395,17 +395,6 @@ mod tests {
         k
     }
 
-    /// A pseudo-random sequence, the same every run.
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-    }
-
     fn check(store: &LmdbStore, txn: &RoTxn, model: &BTreeSet<Vec<u8>>) {
         let len = model.len() as u64;
         let problems = verify(&store.zscore, txn, ID, len).expect("verify");
@@ -443,7 +432,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let (store, _) = LmdbStore::open(dir.path(), 64 << 20, 16).expect("open");
         let mut model = BTreeSet::new();
-        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let mut rng = crate::test_rng::Xorshift(0x9e37_79b9_7f4a_7c15);
         // Grow to a few thousand (many splits), shrink to a few (merges, emptied chunks), grow
         // again; every phase checked against the model.
         for (phase, (steps, insert_pct)) in
@@ -451,18 +440,18 @@ mod tests {
         {
             let mut txn = store.write_txn().expect("txn");
             for _ in 0..steps {
-                let r = rng.next();
+                let r = rng.next_u64();
                 if r % 100 < insert_pct || model.is_empty() {
                     let k = ix(
-                        rng.next() % 500,
-                        format!("m{}", rng.next() % 100_000).as_bytes(),
+                        rng.next_u64() % 500,
+                        format!("m{}", rng.next_u64() % 100_000).as_bytes(),
                     );
                     if model.insert(k.clone()) {
                         store.zscore.put(&mut txn, &k, &[]).expect("put");
                         inserted(&store.zscore, &mut txn, ID, &k).expect("inserted");
                     }
                 } else {
-                    let nth = (rng.next() % model.len() as u64) as usize;
+                    let nth = (rng.next_u64() % model.len() as u64) as usize;
                     let k = model.iter().nth(nth).cloned().expect("nth");
                     model.remove(&k);
                     assert!(store.zscore.delete(&mut txn, &k).expect("delete"));
