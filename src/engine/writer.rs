@@ -46,7 +46,6 @@ use crate::storage::cache::{Cache, CacheStats};
 use crate::storage::durable::{Checkpointer, Durable};
 use crate::storage::lmdb::{LmdbStore, LmdbWrite, LogTxn, OpenTxn};
 use crate::storage::overlay::{self, Dirty, Map};
-use crate::storage::prefault::Prefaulter;
 use crate::storage::wal::{EndSync, HEADER, LogBuf, Wal};
 use crate::storage::watch::{Touched, Watches};
 use crate::types::CollOp;
@@ -650,9 +649,6 @@ pub struct Writer<T> {
     nearly_full: Arc<std::sync::atomic::AtomicBool>,
     /// LMDB's data file (to keep it covering every page LMDB counts).
     data: std::fs::File,
-    /// Reads the pages LMDB's growth will write into the page cache ahead of its commits
-    /// (`storage::prefault`); None where it could not start or is turned off.
-    prefault: Option<Prefaulter>,
     /// Cache mode: the evictor and what it shares (None: the store is a store).
     cache: Option<Cache>,
     /// Where the sweeper's expired items are counted (`with_cache` sets it, cap or not).
@@ -849,12 +845,6 @@ impl<T: Send + Clone> Writer<T> {
             full_until: None,
             map_size,
             nearly_full: Arc::new(std::sync::atomic::AtomicBool::new(false)),
-            // `MEMKEEP_PREFAULT=0` turns it off, for A/B runs.
-            prefault: if std::env::var_os("MEMKEEP_PREFAULT").is_some_and(|v| v == "0") {
-                None
-            } else {
-                Prefaulter::start(&data, (checkpoint_pgno + 1) * page_size)
-            },
             data,
             cache: None,
             counters: None,
@@ -1301,9 +1291,6 @@ impl<T: Send + Clone> Writer<T> {
                 let need = (self.store.env().info().last_page_number as u64 + 1) * self.page_size;
                 if let Err(e) = crate::storage::durable::cover(&self.data, need) {
                     warn!("cannot extend the data file: {e}");
-                }
-                if let Some(p) = self.prefault.as_mut() {
-                    p.grew(&self.data, need);
                 }
                 self.publish_empty(id);
                 self.uncommitted.clear();

@@ -12,7 +12,6 @@ pub mod item;
 pub mod lmdb;
 pub mod model;
 pub mod overlay;
-pub mod prefault;
 pub mod resident;
 pub mod vlog;
 pub mod wal;
