@@ -19,10 +19,11 @@
 //!   existed (batches from byte 0, CRC without a salt) are still read, never written.
 //! - `wal-spare-<16 hex digits>`: segments a checkpoint no longer needs, kept (at most
 //!   `MAX_SPARES`) to become later segments, and extended with written zeros beforehand. An
-//!   fdatasync after an append must commit the file's new size to the journal; one after an
-//!   overwrite of blocks already written flushes only the data (1.5x more syncs per second on
-//!   ext4 here). So the log is written into recycled files, and does not grow while it fits.
-//!   Recovery never reads a spare: the name does not parse as a segment's.
+//!   fdatasync after an append must commit the file's new size to the journal (on ext4
+//!   without one, write the inode and extent tree synchronously); one after an overwrite of
+//!   blocks already written flushes only the data (1.5x more syncs per second on ext4 here).
+//!   So the log is written into recycled files, and does not grow while it fits. Recovery
+//!   never reads a spare: the name does not parse as a segment's.
 //! - `checkpoint`: the last checkpoint: the LMDB transaction id and meta page of a snapshot
 //!   whose pages are all on disk, the sequence number of the last batch that snapshot holds, and
 //!   the first segment to replay after it. Replaced atomically (write, fsync, rename, fsync the
@@ -931,10 +932,11 @@ pub fn spare_target(used: u64) -> u64 {
 
 /// Makes sure a spare of at least `target` bytes exists, extending the longest one (or a new
 /// file) with zeros actually written (fallocate's unwritten extents would still need a journal
-/// commit at the first write into them) and synced, so the writer's fdatasyncs in it never
-/// flush them or a size change. Slow (up to `SPARE_MAX_TARGET` of writes): for the
-/// checkpointer thread, never the writer. The spare being extended has a name the writer does
-/// not take (`SPARE_PREP`); renames decide which of the two threads gets a file.
+/// commit, or synchronous metadata writes without a journal, at the first write into them)
+/// and synced, so the writer's fdatasyncs in it never flush them or a size change. Slow (up
+/// to `SPARE_MAX_TARGET` of writes): for the checkpointer thread, never the writer. The spare
+/// being extended has a name the writer does not take (`SPARE_PREP`); renames decide which of
+/// the two threads gets a file.
 pub fn prepare_spare(dir: &Path, target: u64) -> io::Result<()> {
     let prep = dir.join(SPARE_PREP);
     // Left by a crash while it was being extended: start again.
@@ -966,7 +968,7 @@ pub fn prepare_spare(dir: &Path, target: u64) -> io::Result<()> {
         let n = (target - at).min(zeros.len() as u64);
         file.write_all_at(&zeros[..n as usize], at)?;
         at += n;
-        // A few MiB at a time: a journal commit the writer waits for (its log growing past a
+        // A few MiB at a time: a metadata sync the writer waits for (its log growing past a
         // spare's end) must not also wait for tens of MiB of these zeros.
         if at % (4 << 20) == 0 {
             fdatasync(&file)?;
