@@ -443,15 +443,15 @@ mod tests {
                 let r = rng.next_u64();
                 if r % 100 < insert_pct || model.is_empty() {
                     let k = ix(
-                        rng.next_u64() % 500,
-                        format!("m{}", rng.next_u64() % 100_000).as_bytes(),
+                        rng.below(500),
+                        format!("m{}", rng.below(100_000)).as_bytes(),
                     );
                     if model.insert(k.clone()) {
                         store.zscore.put(&mut txn, &k, &[]).expect("put");
                         inserted(&store.zscore, &mut txn, ID, &k).expect("inserted");
                     }
                 } else {
-                    let nth = (rng.next_u64() % model.len() as u64) as usize;
+                    let nth = rng.below(model.len() as u64) as usize;
                     let k = model.iter().nth(nth).cloned().expect("nth");
                     model.remove(&k);
                     assert!(store.zscore.delete(&mut txn, &k).expect("delete"));

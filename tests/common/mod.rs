@@ -71,7 +71,6 @@ pub fn now_ms() -> u64 {
         .as_millis() as u64
 }
 
-/// A loopback port that was free a moment ago (bind port 0, read it, drop the listener).
 /// A small deterministic generator (xorshift), so a failing run replays with its seed.
 pub struct Rng(pub u64);
 
@@ -88,6 +87,7 @@ impl Rng {
     }
 }
 
+/// A loopback port that was free a moment ago (bind port 0, read it, drop the listener).
 pub fn free_port() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
     l.local_addr().unwrap().port()
